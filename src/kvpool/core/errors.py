@@ -1,0 +1,63 @@
+"""One error hierarchy. A cache miss is a return value; these are for what went wrong.
+
+Errors carry a `kind` that crosses the wire unchanged, so a remote error is re-raised as the same
+class on the client side (translated in one place: `error_from_reply`).
+"""
+
+
+class KVPoolError(Exception):
+    kind = "internal"
+
+
+class UsageError(KVPoolError, ValueError):
+    """The caller asked for something invalid (bad key, size, tenant, message)."""
+
+    kind = "usage"
+
+
+class ProtocolError(UsageError):
+    """A control message could not be decoded or is not a known request."""
+
+    kind = "protocol"
+
+
+class CapacityError(KVPoolError):
+    """The pool cannot hold the object: larger than any segment, or full after eviction."""
+
+    kind = "capacity"
+
+
+class UnavailableError(KVPoolError):
+    """The master or a node could not be reached in time."""
+
+    kind = "unavailable"
+
+
+class TransferError(KVPoolError):
+    """A data-plane transfer failed (dead peer, NIXL error)."""
+
+    kind = "transfer"
+
+
+class LeaseExpiredError(TransferError):
+    """A read finished after its lease expired; its bytes may belong to another object."""
+
+    kind = "lease_expired"
+
+
+_BY_KIND = {
+    cls.kind: cls
+    for cls in (
+        KVPoolError,
+        UsageError,
+        ProtocolError,
+        CapacityError,
+        UnavailableError,
+        TransferError,
+        LeaseExpiredError,
+    )
+}
+
+
+def error_from_reply(kind: str, message: str) -> KVPoolError:
+    return _BY_KIND.get(kind, KVPoolError)(message)
