@@ -1,0 +1,1 @@
+"""Benchmarks, process orchestration for tests and the demo, reports and plots."""

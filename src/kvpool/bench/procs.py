@@ -1,0 +1,160 @@
+"""Start and stop kvpool and vLLM processes for tests, benchmarks and the demo.
+
+Rules:
+- Every service started here is told `--ready-file PATH`; it writes a JSON object there once it
+  serves (address, ports, pid). We poll that file, so ports can be chosen by the OS (port 0).
+- Every process is started in its own session and tracked; `stop()` sends SIGTERM, then SIGKILL
+  after a grace period, to the whole process group. `stop_all()` runs at interpreter exit.
+- Output goes to a log file next to the ready file, shown in errors when a start fails.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_LIVE: list["ManagedProcess"] = []
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    argv: list[str]
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    popen: subprocess.Popen | None = None
+    info: dict = field(default_factory=dict)  # the ready file's JSON
+
+    @property
+    def ready_file(self) -> Path:
+        return self.workdir / f"{self.name}.ready.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / f"{self.name}.log"
+
+    @property
+    def pid(self) -> int:
+        if self.popen is None:
+            raise RuntimeError(f"{self.name} was not started")
+        return self.popen.pid
+
+    def start(self, timeout_s: float = 60.0, ready_file_arg: bool = True) -> "ManagedProcess":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.ready_file.unlink(missing_ok=True)
+        argv = list(self.argv) + (["--ready-file", str(self.ready_file)] if ready_file_arg else [])
+        log = open(self.log_file, "ab")
+        self.popen = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+            start_new_session=True,
+        )
+        log.close()
+        _LIVE.append(self)
+        if ready_file_arg:
+            self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.ready_file.exists():
+                try:
+                    self.info = json.loads(self.ready_file.read_text())
+                    return self.info
+                except json.JSONDecodeError:
+                    pass  # being written
+            if self.popen is not None and self.popen.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.popen.returncode} before it was ready:\n{self.tail_log()}"
+                )
+            time.sleep(0.05)
+        self.kill()
+        raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.tail_log()}")
+
+    def tail_log(self, num_lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-num_lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def _signal_group(self, sig: int) -> None:
+        if self.popen is None:
+            return
+        try:
+            os.killpg(self.popen.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group, as a crash would."""
+        self._signal_group(signal.SIGKILL)
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self._forget()
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM, wait up to `grace_s`, then SIGKILL. Returns the exit code."""
+        if self.popen is None:
+            return None
+        if self.popen.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.popen.wait(timeout=10)
+        # children left in the group (vLLM's workers) go too
+        self._signal_group(signal.SIGKILL)
+        self._forget()
+        return self.popen.returncode
+
+    def _forget(self) -> None:
+        if self in _LIVE:
+            _LIVE.remove(self)
+
+
+def kvpool_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kvpool", *args]
+
+
+def start_master(workdir: Path, *extra: str, name: str = "master", timeout_s: float = 30.0) -> ManagedProcess:
+    """A `kvpool master` on 127.0.0.1 with OS-chosen ports. `info["address"]` is its ZMQ endpoint."""
+    argv = kvpool_argv("master", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", *extra)
+    return ManagedProcess(name, argv, workdir).start(timeout_s)
+
+
+def start_node(
+    workdir: Path, master_address: str, memory: str = "64MiB", *extra: str, name: str = "node", timeout_s: float = 60.0
+) -> ManagedProcess:
+    """A `kvpool node` that has mounted its segment on the master when this returns."""
+    argv = kvpool_argv("node", "--master", master_address, "--memory", memory, "--node-id", name, *extra)
+    return ManagedProcess(name, argv, workdir).start(timeout_s)
+
+
+def stop_all() -> None:
+    for proc in list(_LIVE):
+        proc.stop(grace_s=5.0)
+
+
+def scratch_dir(prefix: str = "kvpool-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+atexit.register(stop_all)
