@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 import msgspec
 import zmq
@@ -50,8 +51,9 @@ class MasterChannel:
                 sock.send_multipart([request_id, payload], flags=zmq.NOBLOCK)
             except zmq.Again:
                 raise UnavailableError(f"master {self.address} is not accepting requests") from None
-            remaining_ms = timeout_ms
+            deadline = time.monotonic() + timeout_ms / 1000
             while True:
+                remaining_ms = max(0, int(1000 * (deadline - time.monotonic())))
                 if not sock.poll(remaining_ms, zmq.POLLIN):
                     raise UnavailableError(
                         f"master {self.address} did not answer {type(request).__name__} within "
@@ -60,7 +62,7 @@ class MasterChannel:
                 frames = sock.recv_multipart()
                 if len(frames) == 2 and frames[0] == request_id:
                     break
-                remaining_ms = max(1, remaining_ms // 2)  # a stale reply: keep waiting, a little
+                # otherwise a stale reply to a call that timed out earlier: drop it, keep waiting
         try:
             reply = protocol.reply_decoder.decode(frames[1])
         except msgspec.DecodeError as e:
