@@ -1,0 +1,406 @@
+"""The Python client: batch-first, zero-copy put_from/get_into, plus put/get for plain values.
+
+Rules:
+- One master round trip per batch call: PutStart for a put batch, one leased LookupPrefix for a
+  get batch. Then one-sided transfers, one job per segment, all segments at once (transfer_many).
+- Put: allocated replicas are written, then PutEnd makes written keys readable and PutRevoke frees
+  keys whose write failed (their status becomes PUT_FAILED). PUT_EXISTS keys are never written.
+- Get: the lease clock starts BEFORE the lookup is sent (t0), so the client's deadline t0 + ttl
+  is never later than the master's. A read finishing after it counts as failed: its bytes are never
+  reported. A failed read falls back to the object's next replica (same-host replicas first).
+- Segment descriptions are cached by id (ids are never reused); unknown ids are fetched with
+  GetSegments, ids the master no longer knows are forgotten by the data plane.
+- Thread-safe: the channel and caches have locks, the staging buffer has its own; no lock is held
+  across a transfer except the staging buffer's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from kvpool.client import plan
+from kvpool.client.memory import RegisteredRanges, StagingBuffer, copy_bytes, region_of
+from kvpool.client.metrics import client_metrics
+from kvpool.core import protocol
+from kvpool.core.errors import CapacityError, ProtocolError, TransferError, UsageError
+from kvpool.core.protocol import PUT_ALLOCATED, PUT_EXISTS, PUT_NO_SPACE, Replica, SegmentInfo
+from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
+from kvpool.transfer.control import MasterChannel
+
+PUT_FAILED = 3  # client-side only: space was allocated but the write failed; revoked, safe to retry
+_PUT_STATUS_NAMES = {PUT_ALLOCATED: "stored", PUT_EXISTS: "exists", PUT_NO_SPACE: "no_space", PUT_FAILED: "failed"}
+_PATHS = ("auto", "nixl", "shm")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    master_address: str
+    tenant: str = "default"
+    timeout_s: float = 5.0  # master round trips and each transfer round
+    path: str = "auto"  # auto: same-host shared memory when possible, else NIXL; nixl|shm force one
+    num_replicas: int = 1
+    staging_bytes: int = 1 << 20  # initial bounce buffer for put/get of unregistered values
+
+    def __post_init__(self) -> None:
+        if not self.master_address.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError(f"master_address must be a ZMQ endpoint like tcp://HOST:PORT, got {self.master_address!r}")
+        if not self.tenant or len(self.tenant) > MAX_TENANT_LENGTH:
+            raise ValueError(f"tenant must be 1..{MAX_TENANT_LENGTH} characters, got {self.tenant!r}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.path not in _PATHS:
+            raise ValueError(f"path must be one of {_PATHS}, got {self.path!r}")
+        if self.num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
+        if self.staging_bytes < 4096:
+            raise ValueError(f"staging_bytes must be >= 4096, got {self.staging_bytes}")
+
+
+class Client:
+    def __init__(
+        self,
+        master_address: str,
+        tenant: str = "default",
+        *,
+        timeout_s: float = 5.0,
+        path: str = "auto",
+        num_replicas: int = 1,
+        staging_bytes: int = 1 << 20,
+        plane=None,
+    ) -> None:
+        self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes)
+        from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
+
+        self._host_id = host_id()
+        self._owns_plane = plane is None
+        self.plane = DataPlane(path=path) if plane is None else plane
+        self._channel = MasterChannel(master_address, timeout_s=timeout_s)
+        self._registered = RegisteredRanges()
+        self._kept_alive: list[object] = []  # registered objects must outlive their registration
+        self._register_lock = threading.Lock()
+        self._segments: dict[int, SegmentInfo] = {}
+        self._segments_lock = threading.Lock()
+        self._metrics = client_metrics()
+        self._staging = StagingBuffer(self._register_region, staging_bytes)
+        self._closed = False
+
+    # ---- memory -----------------------------------------------------------------------------
+
+    def register(self, memory) -> None:
+        """Register memory (CPU tensor, numpy array, bytearray, or (addr, size_bytes)) as a source
+        or destination of put_from/get_into. The object is kept alive by the client."""
+        region = region_of(memory, writable=False)
+        if region.size_bytes <= 0:
+            raise UsageError("cannot register empty memory")
+        self._register_region(region.addr, region.size_bytes)
+        if not isinstance(memory, tuple):
+            self._kept_alive.append(memory)
+
+    def _register_region(self, addr: int, size_bytes: int) -> None:
+        with self._register_lock:
+            if self._registered.contains(addr, size_bytes):
+                return
+            self.plane.register(addr, size_bytes)
+            self._registered.add(addr, size_bytes)
+
+    def _check_registered(self, addrs: list[list[int]], sizes: list[list[int]]) -> None:
+        if self.config.path == "shm":
+            return  # mapped segments are copied with memcpy: any readable/writable memory will do
+        for i, (a_list, s_list) in enumerate(zip(addrs, sizes)):
+            for addr, size in zip(a_list, s_list):
+                if not self._registered.contains(addr, size):
+                    raise UsageError(
+                        f"object {i}: region at 0x{addr:x} ({size} bytes) is not inside registered "
+                        f"memory; call client.register(buffer) first"
+                    )
+
+    # ---- batch put / get --------------------------------------------------------------------
+
+    def put_from(self, keys: list[str], addrs: list, sizes: list, parents: list[str | None] | None = None) -> list[int]:
+        """Store objects given as scatter-gather regions. Returns PUT_ALLOCATED (stored now),
+        PUT_EXISTS, PUT_NO_SPACE or PUT_FAILED (write failed, revoked) per key."""
+        statuses, _ = self._put_from(keys, addrs, sizes, parents)
+        return statuses
+
+    def _put_from(self, keys, addrs, sizes, parents) -> tuple[list[int], str]:
+        started = time.perf_counter()
+        self._check_keys(keys, unique=True)
+        addrs, sizes = self._regions(len(keys), addrs, sizes)
+        if parents is None:
+            parents = [None] + list(keys[:-1])
+        elif len(parents) != len(keys) or not all(p is None or isinstance(p, str) for p in parents):
+            raise UsageError(f"parents must be None or a list of {len(keys)} keys/None, got {parents!r}")
+        if not keys:
+            return [], ""
+        self._check_registered(addrs, sizes)
+        totals = [sum(s) for s in sizes]
+        reply = self._call(
+            protocol.PutStart(self.config.tenant, list(keys), totals, list(parents), self.config.num_replicas),
+            protocol.PutStartReply,
+        )
+        statuses = list(reply.statuses)
+        choices = [(i, r) for i, st in enumerate(statuses) if st == PUT_ALLOCATED for r in reply.replicas[i]]
+        failed = self._run_round("WRITE", choices, addrs, sizes)
+        written = [keys[i] for i, st in enumerate(statuses) if st == PUT_ALLOCATED and i not in failed]
+        if failed:
+            self._call(protocol.PutRevoke(self.config.tenant, [keys[i] for i in sorted(failed)]), protocol.OkReply)
+            for i in failed:
+                statuses[i] = PUT_FAILED
+        if written:
+            self._call(protocol.PutEnd(self.config.tenant, written), protocol.OkReply)
+        tenant = self.config.tenant
+        for i, st in enumerate(statuses):
+            self._metrics.put_keys.labels(tenant, _PUT_STATUS_NAMES.get(st, str(st))).inc()
+            if st == PUT_ALLOCATED:
+                self._metrics.put_bytes.labels(tenant).inc(totals[i] * len(reply.replicas[i]))
+        self._metrics.latency_s.labels(tenant, "put").observe(time.perf_counter() - started)
+        return statuses, reply.message
+
+    def get_into(self, keys: list[str], addrs: list, sizes: list) -> int:
+        """Read the leading hits of `keys` into the given regions (object i = its regions
+        concatenated). Returns how many leading keys were read completely within their lease."""
+        started = time.perf_counter()
+        self._check_keys(keys, unique=False)
+        addrs, sizes = self._regions(len(keys), addrs, sizes)
+        if not keys:
+            return 0
+        self._check_registered(addrs, sizes)
+        t0, reply = self._lookup_leased(keys)
+        for i in range(reply.num_hit):
+            object_size = reply.replicas[i][0].size if reply.replicas[i] else None
+            if object_size is not None and object_size != sum(sizes[i]):
+                raise UsageError(
+                    f"key {keys[i]!r} holds {object_size} bytes but its regions total {sum(sizes[i])} bytes"
+                )
+        count = self._read_leased(keys, reply, t0, addrs, sizes)
+        self._metrics.latency_s.labels(self.config.tenant, "get").observe(time.perf_counter() - started)
+        return count
+
+    def _lookup_leased(self, keys: list[str]) -> tuple[float, protocol.LookupReply]:
+        t0 = time.monotonic()  # before sending: our deadline is never later than the master's
+        reply = self._call(protocol.LookupPrefix(self.config.tenant, list(keys), lease=True), protocol.LookupReply)
+        if len(reply.replicas) < reply.num_hit:
+            raise ProtocolError(f"master answered {reply.num_hit} hits with {len(reply.replicas)} replica lists")
+        return t0, reply
+
+    def _read_leased(self, keys, reply: protocol.LookupReply, t0: float, addrs, sizes) -> int:
+        tenant = self.config.tenant
+        deadline = t0 + reply.lease_ttl_s
+        num_hit = reply.num_hit
+        self._segment_infos({r.segment_id for rs in reply.replicas[:num_hit] for r in rs})
+        local_ids = self._local_segment_ids()
+        untried = [plan.order_replicas(list(reply.replicas[i]), local_ids) for i in range(num_hit)]
+        completed_at: list[float | None] = [None] * num_hit
+        pending = list(range(num_hit))
+        first_round = True
+        while pending and time.monotonic() <= deadline:
+            choices = [(i, untried[i].pop(0)) for i in pending if untried[i]]
+            if not first_round:
+                self._metrics.replica_fallbacks.labels(tenant).inc(len(choices))
+            first_round = False
+            failed = self._run_round("READ", choices, addrs, sizes)
+            now = time.monotonic()
+            for i, _ in choices:
+                if i not in failed:
+                    completed_at[i] = now
+            # only a leading run is useful: drop everything after the first key that cannot be read
+            retry = []
+            for i in pending:
+                if completed_at[i] is not None:
+                    continue
+                if not untried[i]:
+                    break
+                retry.append(i)
+            pending = retry
+        count = plan.leading_within_lease(completed_at, deadline)
+        expired = sum(1 for t in completed_at if t is not None and t > deadline)
+        if expired:
+            self._metrics.lease_expiries.labels(tenant).inc(expired)
+        self._metrics.get_keys.labels(tenant).inc(len(keys))
+        self._metrics.hit_keys.labels(tenant).inc(count)
+        self._metrics.get_bytes.labels(tenant).inc(sum(sum(sizes[i]) for i in range(count)))
+        return count
+
+    def _run_round(self, op: str, choices: list[tuple[int, Replica]], addrs, sizes) -> set[int]:
+        """One round of transfers, one job per segment; returns the object indices that failed."""
+        if not choices:
+            return set()
+        infos = self._segment_infos({r.segment_id for _, r in choices})
+        failed = {i for i, r in choices if r.segment_id not in infos}
+        jobs = plan.group_by_segment([(i, r) for i, r in choices if r.segment_id in infos], addrs, sizes)
+        if not jobs:
+            return failed
+        errors = self.plane.transfer_many(
+            op,
+            [(infos[j.segment_id], j.local_addrs, j.remote_offsets, j.sizes) for j in jobs],
+            self.config.timeout_s,
+        )
+        broken_segments = []
+        for job, error in zip(jobs, errors):
+            if error is not None:
+                failed.update(job.object_indices)
+                broken_segments.append(job.segment_id)
+        if broken_segments:
+            self._metrics.transfer_failures.labels(self.config.tenant, op).inc(len(broken_segments))
+            self._recheck_segments(broken_segments)
+        return failed
+
+    # ---- plain values -----------------------------------------------------------------------
+
+    def put(self, key: str, value, parent: str | None = None) -> bool:
+        """Store bytes, a numpy array or a CPU tensor. True: stored; False: the key existed.
+        Raises CapacityError when the pool cannot hold it, TransferError when the write failed."""
+        region = region_of(value, writable=False)
+        if region.size_bytes <= 0:
+            raise UsageError(f"cannot put an empty value under {key!r}")
+        if self._registered.contains(region.addr, region.size_bytes):
+            statuses, message = self._put_from([key], [[region.addr]], [[region.size_bytes]], [parent])
+        else:
+            with self._staging.lock:
+                self._staging.ensure(region.size_bytes)
+                copy_bytes(self._staging.addr, region.addr, region.size_bytes)
+                statuses, message = self._put_from([key], [[self._staging.addr]], [[region.size_bytes]], [parent])
+        status = statuses[0]
+        if status == PUT_NO_SPACE:
+            raise CapacityError(message or f"no space for {key!r} ({region.size_bytes} bytes)")
+        if status == PUT_FAILED:
+            raise TransferError(f"writing {key!r} failed (a node died?); the put was revoked, retry it")
+        return status == PUT_ALLOCATED
+
+    def get(self, key: str) -> bytes | None:
+        """The value stored under `key`, or None on a miss (or when no replica could be read)."""
+        with self._staging.lock:
+            view = self._get_staged(key)
+            return None if view is None else view.tobytes()
+
+    def get_array(self, key: str, dtype="uint8", shape: tuple[int, ...] | None = None):
+        """A fresh numpy array with the value's bytes viewed as `dtype` (and `shape`), or None."""
+        import numpy as np
+
+        with self._staging.lock:
+            view = self._get_staged(key)
+            if view is None:
+                return None
+            array = np.array(view, copy=True)
+        array = array.view(dtype)
+        return array if shape is None else array.reshape(shape)
+
+    def get_tensor(self, key: str, dtype, shape: tuple[int, ...] | None = None):
+        """A fresh CPU torch tensor with the value's bytes viewed as `dtype`, or None."""
+        import torch
+
+        array = self.get_array(key)
+        if array is None:
+            return None
+        tensor = torch.from_numpy(array).view(dtype)
+        return tensor if shape is None else tensor.reshape(shape)
+
+    def _get_staged(self, key: str):
+        """Read `key` into the staging buffer (caller holds its lock); a view of the bytes or None."""
+        self._check_keys([key], unique=False)
+        t0, reply = self._lookup_leased([key])
+        if reply.num_hit == 0 or not reply.replicas[0]:
+            self._metrics.get_keys.labels(self.config.tenant).inc()
+            return None
+        size = reply.replicas[0][0].size
+        self._staging.ensure(size)
+        count = self._read_leased([key], reply, t0, [[self._staging.addr]], [[size]])
+        return self._staging.array[:size] if count == 1 else None
+
+    # ---- control-plane only -----------------------------------------------------------------
+
+    def lookup_prefix(self, keys: list[str]) -> int:
+        """How many leading keys are complete in the pool (one round trip, nothing leased)."""
+        self._check_keys(keys, unique=False)
+        if not keys:
+            return 0
+        started = time.perf_counter()
+        reply = self._call(protocol.LookupPrefix(self.config.tenant, list(keys), lease=False), protocol.LookupReply)
+        self._metrics.latency_s.labels(self.config.tenant, "lookup").observe(time.perf_counter() - started)
+        return reply.num_hit
+
+    def exists(self, keys: list[str]) -> list[bool]:
+        self._check_keys(keys, unique=False)
+        if not keys:
+            return []
+        return list(self._call(protocol.Exists(self.config.tenant, list(keys)), protocol.ExistsReply).exists)
+
+    def remove(self, keys: list[str]) -> int:
+        self._check_keys(keys, unique=False)
+        if not keys:
+            return 0
+        return self._call(protocol.Remove(self.config.tenant, list(keys)), protocol.OkReply).count
+
+    def stats(self) -> protocol.StatsReply:
+        return self._call(protocol.Stats(), protocol.StatsReply)
+
+    # ---- internals --------------------------------------------------------------------------
+
+    def _call(self, request, reply_type):
+        if self._closed:
+            raise UsageError("the client is closed")
+        reply = self._channel.call(request)
+        if not isinstance(reply, reply_type):
+            raise ProtocolError(f"master answered {type(request).__name__} with {type(reply).__name__}")
+        return reply
+
+    def _check_keys(self, keys, *, unique: bool) -> None:
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)):
+            raise UsageError(f"keys must be a list of strings, got {type(keys).__name__}")
+        for key in keys:
+            if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+                raise UsageError(f"each key must be a string of 1..{MAX_KEY_LENGTH} characters, got {key!r:.80}")
+        if unique and len(set(keys)) != len(keys):
+            raise UsageError("a put batch names the same key twice")
+
+    @staticmethod
+    def _regions(num_keys: int, addrs, sizes) -> tuple[list[list[int]], list[list[int]]]:
+        try:
+            return plan.normalize_regions(num_keys, addrs, sizes)
+        except (ValueError, TypeError) as e:
+            raise UsageError(str(e)) from None
+
+    def _segment_infos(self, segment_ids: set[int]) -> dict[int, SegmentInfo]:
+        with self._segments_lock:
+            known = {s: self._segments[s] for s in segment_ids if s in self._segments}
+        missing = sorted(segment_ids - known.keys())
+        if missing:
+            reply = self._call(protocol.GetSegments(missing), protocol.SegmentsReply)
+            with self._segments_lock:
+                for info in reply.segments:
+                    self._segments[info.segment_id] = info
+                    known[info.segment_id] = info
+            for segment_id in missing:
+                if segment_id not in known:  # unmounted since the reply that named it
+                    self.plane.forget_segment(segment_id)
+        return known
+
+    def _recheck_segments(self, segment_ids: list[int]) -> None:
+        """After a failed transfer: forget segments the master no longer knows (node gone)."""
+        reply = self._call(protocol.GetSegments(sorted(segment_ids)), protocol.SegmentsReply)
+        alive = {info.segment_id for info in reply.segments}
+        for segment_id in segment_ids:
+            if segment_id not in alive:
+                with self._segments_lock:
+                    self._segments.pop(segment_id, None)
+                self.plane.forget_segment(segment_id)
+
+    def _local_segment_ids(self) -> set[int]:
+        with self._segments_lock:
+            return {s for s, info in self._segments.items() if info.host_id == self._host_id}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._channel.close()
+        if self._owns_plane:
+            self.plane.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,65 @@
+"""Client-side Prometheus metrics (kvpool_client_*).
+
+Rules:
+- The metrics are created once per process and registry (Prometheus forbids duplicate names), and
+  shared by every Client in it, labelled by tenant; a process that serves /metrics exposes them.
+- Counting happens where the outcome is known (after the master's reply, after the transfer), so
+  the numbers agree with what callers were told.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+
+_LATENCY_BUCKETS_S = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class ClientMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        t = ["tenant"]
+        self.put_keys = Counter(
+            "kvpool_client_put_keys", "Keys passed to put, by outcome", t + ["status"], registry=registry
+        )
+        self.put_bytes = Counter("kvpool_client_put_bytes", "Bytes written into the pool", t, registry=registry)
+        self.get_keys = Counter("kvpool_client_get_keys", "Keys asked for by get calls", t, registry=registry)
+        self.hit_keys = Counter(
+            "kvpool_client_hit_keys", "Keys read completely and within their lease", t, registry=registry
+        )
+        self.get_bytes = Counter("kvpool_client_get_bytes", "Bytes read from the pool", t, registry=registry)
+        self.lease_expiries = Counter(
+            "kvpool_client_lease_expiries",
+            "Keys whose read finished after the lease expired (not reported as read)",
+            t,
+            registry=registry,
+        )
+        self.transfer_failures = Counter(
+            "kvpool_client_transfer_failures",
+            "Data-plane jobs that failed (one job = one segment in one round)",
+            t + ["op"],
+            registry=registry,
+        )
+        self.replica_fallbacks = Counter(
+            "kvpool_client_replica_fallbacks", "Reads retried on another replica", t, registry=registry
+        )
+        self.latency_s = Histogram(
+            "kvpool_client_op_seconds",
+            "Latency of client calls, master round trip and transfers included",
+            t + ["op"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+
+
+_BY_REGISTRY: dict[int, ClientMetrics] = {}
+_LOCK = threading.Lock()
+
+
+def client_metrics(registry: CollectorRegistry | None = None) -> ClientMetrics:
+    registry = REGISTRY if registry is None else registry
+    with _LOCK:
+        metrics = _BY_REGISTRY.get(id(registry))
+        if metrics is None:
+            metrics = _BY_REGISTRY[id(registry)] = ClientMetrics(registry)
+        return metrics
