@@ -5,6 +5,15 @@ A session is one agent conversation: turns in order. A turn's prompt is a chain 
 plus `tail_tokens` tokens after the last full block. Block ids are scoped to one session unless
 `shared_prefix_blocks` says how many leading ids are shared across sessions (a system prompt).
 Subagents are sessions of their own with `parent_session_id` set.
+
+Added fields (defaults keep older files readable):
+- `id_scope`: sessions with the same non-None `id_scope` share one block-id namespace (a Claude Code
+  file's parent and subagents; every request of a Mooncake trace, whose ids are global). None means
+  the ids past `shared_prefix_blocks` are private to the session. A block's identity is therefore
+  (scope, the chain of ids up to and including it), scope being the trace for the first
+  `shared_prefix_blocks` positions and `id_scope or session_id` after.
+- `trace_offset_s`: when the session starts, seconds after the trace's start (a subagent: when its
+  parent spawned it; a Mooncake request: its timestamp). Turn offsets stay relative to the session.
 """
 
 from __future__ import annotations
@@ -31,6 +40,15 @@ class Session(Struct, frozen=True):
     source: str = ""  # the trace format it came from: claude-code, mooncake, vllm-multiturn, synth
     parent_session_id: str | None = None  # set for a subagent's session
     shared_prefix_blocks: int = 0  # leading block ids shared by every session of the trace (system prompt)
+    id_scope: str | None = None  # sessions with equal id_scope share block ids; None: private past the shared prefix
+    trace_offset_s: float = 0.0  # when the session starts, seconds after the trace's start
+
+    def block_scope(self, position: int) -> str:
+        """The namespace of the block id at `position`: "" (the whole trace) inside the shared prefix,
+        else `id_scope`, else the session id. Map ids to tokens keyed by (scope, id), never id alone."""
+        if position < self.shared_prefix_blocks:
+            return ""
+        return self.id_scope if self.id_scope is not None else self.session_id
 
     def input_tokens(self, turn: Turn) -> int:
         return len(turn.block_ids) * self.block_size + turn.tail_tokens
