@@ -1,1 +1,32 @@
-"""The data plane (NIXL one-sided transfers, same-host shared memory) and the control channel."""
+"""The data plane (NIXL one-sided transfers, same-host shared memory) and the control channel.
+
+Names are loaded on first use, so `from kvpool.transfer.control import MasterChannel` (the
+status CLI, the master's tests) never loads NIXL's libraries.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpool.transfer.control import MasterChannel
+    from kvpool.transfer.hostinfo import host_id
+    from kvpool.transfer.plane import DataPlane
+    from kvpool.transfer.segment import SegmentMemory
+
+_EXPORTS = {
+    "DataPlane": "kvpool.transfer.plane",
+    "SegmentMemory": "kvpool.transfer.segment",
+    "host_id": "kvpool.transfer.hostinfo",
+    "MasterChannel": "kvpool.transfer.control",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvpool.transfer' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

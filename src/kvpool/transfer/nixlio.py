@@ -1,0 +1,166 @@
+"""The NIXL agent behind a DataPlane or a SegmentMemory; the only module that imports nixl.
+
+Rules:
+- One agent per owner, UCX backend, reader-writer thread sync: transfers from several threads run
+  concurrently, metadata changes (register, add/remove peer) take the writer side inside NIXL.
+- Every NIXL failure leaves this module as TransferError; nothing here blocks without a deadline.
+  A dead peer shows up as an error on post or poll (measured < 1 ms after SIGKILL), a hung one
+  as a deadline miss; either way the request is released (NIXL cancels what it can).
+- Descriptor lists are Nx3 int64 arrays (addr, len, dev 0). `initialize_xfer` per request was
+  measured at 0.05-0.25 ms for 128-4096 descriptors against 20-80 ms of copying, so requests are
+  not prepped: a prepped list needs fixed blocks, and the pool's regions are arbitrary.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import nixl_cu12._bindings as _nixl_bindings
+import numpy as np
+from nixl_cu12._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
+
+from kvpool.core.errors import TransferError
+
+# nixl logs every agent creation at INFO to stdout; our CLIs print their own output there.
+logging.getLogger("nixl").setLevel(logging.WARNING)
+
+_NIXL_ERRORS: tuple[type[BaseException], ...] = tuple(
+    cls
+    for name, cls in vars(_nixl_bindings).items()
+    if name.startswith("nixl") and name.endswith("Error") and isinstance(cls, type)
+) + (RuntimeError,)
+
+_SPIN_S = 0.0002  # busy-poll this long before sleeping between polls
+_MAX_SLEEP_S = 0.001
+
+
+def descriptors(addrs: list[int] | np.ndarray, sizes: list[int] | np.ndarray) -> np.ndarray:
+    out = np.zeros((len(sizes), 3), dtype=np.int64)
+    out[:, 0] = addrs
+    out[:, 1] = sizes
+    return out
+
+
+@dataclass
+class Pending:
+    """A posted request; `peer` names the remote agent for error messages."""
+
+    handle: object
+    peer: str
+    done: bool = False
+
+
+class NixlEndpoint:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        try:
+            config = nixl_agent_config(backends=["UCX"], sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_RW)
+            self._agent = nixl_agent(name, config)
+        except _NIXL_ERRORS as e:
+            raise TransferError(f"cannot start NIXL agent {name!r} with the UCX backend: {e}") from e
+        if "UCX" not in self._agent.backends:
+            raise TransferError("NIXL has no UCX plugin here (is nixl-cu12 installed completely?)")
+
+    def metadata(self) -> bytes:
+        return self._agent.get_agent_metadata()
+
+    def register(self, addr: int, size_bytes: int) -> object:
+        try:
+            return self._agent.register_memory([(addr, size_bytes, 0, "")], mem_type="DRAM")
+        except _NIXL_ERRORS as e:
+            raise TransferError(f"NIXL could not register {size_bytes} bytes at {addr:#x}: {e}") from e
+
+    def deregister(self, registration: object) -> None:
+        try:
+            self._agent.deregister_memory(registration)
+        except _NIXL_ERRORS as e:
+            raise TransferError(f"NIXL could not deregister memory: {e}") from e
+
+    def add_peer(self, metadata: bytes) -> str:
+        try:
+            name = self._agent.add_remote_agent(metadata)
+        except _NIXL_ERRORS as e:
+            raise TransferError(f"NIXL rejected a peer's agent metadata: {e}") from e
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    def remove_peer(self, name: str) -> None:
+        try:
+            self._agent.remove_remote_agent(name)
+        except _NIXL_ERRORS:
+            pass  # already gone: forgetting twice is fine
+
+    def post(self, op: str, local: np.ndarray, remote: np.ndarray, peer: str) -> Pending:
+        try:
+            handle = self._agent.initialize_xfer(
+                op, self._agent.get_xfer_descs(local, "DRAM"), self._agent.get_xfer_descs(remote, "DRAM"), peer
+            )
+        except _NIXL_ERRORS as e:
+            raise TransferError(f"NIXL {op} to {peer}: cannot create the request: {e}") from e
+        pending = Pending(handle, peer)
+        try:
+            state = self._agent.transfer(handle)
+        except _NIXL_ERRORS as e:
+            self.release(pending)
+            raise TransferError(f"NIXL {op} to {peer} failed to start: {e}") from e
+        if state == "ERR":
+            self.release(pending)
+            raise TransferError(f"NIXL {op} to {peer} failed to start")
+        pending.done = state == "DONE"
+        return pending
+
+    def poll(self, pending: Pending) -> bool:
+        """True when done; raises TransferError on failure (the request is then released)."""
+        if pending.done:
+            return True
+        try:
+            state = self._agent.check_xfer_state(pending.handle)
+        except _NIXL_ERRORS as e:
+            self.release(pending)
+            raise TransferError(f"NIXL transfer with {pending.peer} failed: {e}") from e
+        if state == "ERR":
+            self.release(pending)
+            raise TransferError(f"NIXL transfer with {pending.peer} failed")
+        pending.done = state == "DONE"
+        return pending.done
+
+    def wait(self, pending: list[Pending], deadline: float) -> list[TransferError | None]:
+        """Poll every request until done, failed or past `deadline` (time.monotonic)."""
+        errors: list[TransferError | None] = [None] * len(pending)
+        open_ = set(range(len(pending)))
+        started = time.monotonic()
+        sleep_s = 0.00002
+        while open_:
+            for i in list(open_):
+                try:
+                    if self.poll(pending[i]):
+                        open_.discard(i)
+                        self.release(pending[i])
+                except TransferError as e:
+                    errors[i] = e
+                    open_.discard(i)
+            if not open_:
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                for i in open_:
+                    self.release(pending[i])
+                    errors[i] = TransferError(
+                        f"NIXL transfer with {pending[i].peer} did not finish within "
+                        f"{deadline - started:.2f} s (peer hung or overloaded)"
+                    )
+                break
+            if now - started > _SPIN_S:
+                time.sleep(sleep_s)
+                sleep_s = min(2 * sleep_s, _MAX_SLEEP_S)
+        return errors
+
+    def release(self, pending: Pending) -> None:
+        try:
+            self._agent.release_xfer_handle(pending.handle)
+        except _NIXL_ERRORS:
+            pass  # could not cancel: nixl keeps it on its leak list and frees it with the agent
+
+    def close(self) -> None:
+        self._agent = None  # the agent is torn down by its destructor

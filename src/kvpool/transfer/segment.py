@@ -1,0 +1,86 @@
+"""Node side of the data plane: the memory a storage node contributes to the pool.
+
+Rules:
+- One SegmentMemory is one memfd mapping (see shm.py) registered with its own NIXL agent, so
+  other hosts reach it with one-sided UCX READ/WRITE and same-host clients map it directly.
+- The node never touches object bytes: clients write and read; the master decides offsets.
+- Agent names are unique per segment (node id, pid, random suffix): a restarted node must never
+  be mistaken for its previous life by a client that cached the old agent.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+from kvpool.core.protocol import MountSegment, SegmentInfo
+from kvpool.transfer.hostinfo import host_id
+from kvpool.transfer.nixlio import NixlEndpoint
+from kvpool.transfer.shm import SharedSegmentFile
+
+
+class SegmentMemory:
+    def __init__(self, size_bytes: int, name: str = "segment") -> None:
+        if size_bytes <= 0:
+            raise ValueError(f"size_bytes must be > 0, got {size_bytes}")
+        self.size_bytes = size_bytes
+        self.agent_name = f"kvpool-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._file: SharedSegmentFile | None = SharedSegmentFile(size_bytes, self.agent_name)
+        try:
+            self._endpoint: NixlEndpoint | None = NixlEndpoint(self.agent_name)
+            self._registration = self._endpoint.register(self._file.base_addr, size_bytes)
+            self.agent_metadata = self._endpoint.metadata()
+        except BaseException:
+            self._file.close()
+            raise
+        self.base_addr = self._file.base_addr
+        self.shm_path: str | None = self._file.path
+
+    def mount_request(self, node_id: str) -> MountSegment:
+        return MountSegment(
+            node_id=node_id,
+            host_id=host_id(),
+            size_bytes=self.size_bytes,
+            base_addr=self.base_addr,
+            agent_name=self.agent_name,
+            agent_metadata=self.agent_metadata,
+            shm_path=self.shm_path,
+        )
+
+    def segment_info(self, segment_id: int, node_id: str) -> SegmentInfo:
+        """What the master would hand clients for this segment (tests and benchmarks use it
+        to transfer without a master)."""
+        m = self.mount_request(node_id)
+        return SegmentInfo(
+            segment_id=segment_id,
+            node_id=node_id,
+            host_id=m.host_id,
+            size_bytes=m.size_bytes,
+            base_addr=m.base_addr,
+            agent_name=m.agent_name,
+            agent_metadata=m.agent_metadata,
+            shm_path=m.shm_path,
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._file is None
+
+    def close(self) -> None:
+        """Deregister and unmap. Clients that mapped the segment keep their pages until they
+        forget it; the kernel frees the memory after the last one."""
+        if self._endpoint is not None:
+            try:
+                self._endpoint.deregister(self._registration)
+            finally:
+                self._endpoint.close()
+                self._endpoint = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "SegmentMemory":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,142 @@
+"""Same-host shared memory: a node's segment is a memfd that clients on the host map directly.
+
+Rules:
+- A segment is an anonymous memfd, never a named /dev/shm file: the kernel frees it once the node
+  and every client that mapped it let go, even after SIGKILL, so nothing leaks and no restart has
+  to clean up. Clients open it as /proc/<node pid>/fd/<fd> (same user, same PID namespace).
+  Rejected: /dev/shm files (leak after SIGKILL), SCM_RIGHTS fd passing (needs a socket per node).
+- Both sides map with MAP_POPULATE, once, and keep the mapping: first-touch page faults cost ~30x
+  the copy itself (notes/nixl.md).
+- A client's mapping outlives a killed node, but the master will drop that node's objects, so a
+  mapping watches its node through a pidfd and a copy that ends after the node died is reported
+  failed. The memfd name carries the segment's token (its NIXL agent name), checked on open, so a
+  recycled pid or fd number can never map somebody else's memory.
+- Only raw addresses cross this module (ctypes.memmove releases the GIL); no Python bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+import select
+import threading
+
+from kvpool.core.errors import TransferError
+
+_PROC_FD_PATH = re.compile(r"^/proc/(\d+)/fd/(\d+)$")
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def _memfd_name(token: str) -> str:
+    return f"kvpool-{token}"
+
+
+def _address_of(mm: mmap.mmap) -> int:
+    view = ctypes.c_char.from_buffer(mm)
+    try:
+        return ctypes.addressof(view)
+    finally:
+        del view  # release the buffer export so the mapping can be closed later
+
+
+class SharedSegmentFile:
+    """Node side: `size_bytes` of pre-faulted shared memory at `base_addr`, reachable as `path`."""
+
+    def __init__(self, size_bytes: int, token: str) -> None:
+        if size_bytes <= 0:
+            raise ValueError(f"size_bytes must be > 0, got {size_bytes}")
+        self.size_bytes = size_bytes
+        self._fd = os.memfd_create(_memfd_name(token), os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self._fd, size_bytes)
+            self._mmap = mmap.mmap(self._fd, size_bytes, flags=mmap.MAP_SHARED | _MAP_POPULATE)
+        except OSError:
+            os.close(self._fd)
+            raise
+        self.base_addr = _address_of(self._mmap)
+        self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        self._mmap.close()
+        os.close(self._fd)
+        self._fd = -1
+
+
+class PeerMapping:
+    """Client side: a node's segment mapped into this process. Raises OSError/ValueError when the
+    path cannot be mapped (another host, another user, a dead node): the caller falls back to NIXL.
+
+    Safe against a concurrent `close()`: copies hold the mapping; the unmap waits for the last one.
+    """
+
+    def __init__(self, path: str, size_bytes: int, token: str) -> None:
+        match = _PROC_FD_PATH.match(path)
+        if match is None:
+            raise ValueError(f"not a /proc/<pid>/fd/<fd> path: {path!r}")
+        self.pid = int(match.group(1))
+        self.size_bytes = size_bytes
+        # pidfd first: if the pid was recycled after this, the name check below fails
+        self._pidfd = os.pidfd_open(self.pid)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+                if not target.startswith(f"/memfd:{_memfd_name(token)}"):
+                    raise ValueError(f"{path} is {target!r}, not the segment of agent {token!r}")
+                if os.fstat(fd).st_size < size_bytes:
+                    raise ValueError(f"{path} is smaller than the segment's {size_bytes} bytes")
+                self._mmap = mmap.mmap(fd, size_bytes, flags=mmap.MAP_SHARED | _MAP_POPULATE)
+            finally:
+                os.close(fd)
+        except BaseException:
+            os.close(self._pidfd)
+            raise
+        self.base_addr = _address_of(self._mmap)
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closing = False
+
+    def node_alive(self) -> bool:
+        readable, _, _ = select.select([self._pidfd], [], [], 0)
+        return not readable
+
+    def copy(self, op: str, local_addrs: list[int], remote_offsets: list[int], sizes: list[int]) -> None:
+        """READ: segment -> local; WRITE: local -> segment. Bounds were checked by the caller."""
+        with self._lock:
+            if self._closing:
+                raise TransferError("segment mapping was dropped (forget_segment) during the transfer")
+            self._users += 1
+        try:
+            base = self.base_addr
+            memmove = ctypes.memmove
+            if op == "READ":
+                for local, offset, size in zip(local_addrs, remote_offsets, sizes):
+                    memmove(local, base + offset, size)
+            else:
+                for local, offset, size in zip(local_addrs, remote_offsets, sizes):
+                    memmove(base + offset, local, size)
+        finally:
+            with self._lock:
+                self._users -= 1
+                release = self._closing and self._users == 0
+            if release:
+                self._release()
+        if not self.node_alive():
+            raise TransferError(f"node process {self.pid} holding the segment has exited")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            release = self._users == 0
+        if release:
+            self._release()
+
+    def _release(self) -> None:
+        self._mmap.close()
+        os.close(self._pidfd)
