@@ -106,8 +106,7 @@ class Client:
             self._registered.add(addr, size_bytes)
 
     def _check_registered(self, addrs: list[list[int]], sizes: list[list[int]]) -> None:
-        if self.config.path == "shm":
-            return  # mapped segments are copied with memcpy: any readable/writable memory will do
+        # the data plane checks too, but per job; here the message names the object
         for i, (a_list, s_list) in enumerate(zip(addrs, sizes)):
             for addr, size in zip(a_list, s_list):
                 if not self._registered.contains(addr, size):
@@ -118,13 +117,22 @@ class Client:
 
     # ---- batch put / get --------------------------------------------------------------------
 
-    def put_from(self, keys: list[str], addrs: list, sizes: list, parents: list[str | None] | None = None) -> list[int]:
+    def put_from(
+        self,
+        keys: list[str],
+        addrs: list,
+        sizes: list,
+        parents: list[str | None] | None = None,
+        *,
+        pinned: bool = False,
+    ) -> list[int]:
         """Store objects given as scatter-gather regions. Returns PUT_ALLOCATED (stored now),
-        PUT_EXISTS, PUT_NO_SPACE or PUT_FAILED (write failed, revoked) per key."""
-        statuses, _ = self._put_from(keys, addrs, sizes, parents)
+        PUT_EXISTS, PUT_NO_SPACE or PUT_FAILED (write failed, revoked) per key. `pinned` objects
+        are never evicted (remove them explicitly)."""
+        statuses, _ = self._put_from(keys, addrs, sizes, parents, pinned)
         return statuses
 
-    def _put_from(self, keys, addrs, sizes, parents) -> tuple[list[int], str]:
+    def _put_from(self, keys, addrs, sizes, parents, pinned: bool = False) -> tuple[list[int], str]:
         started = time.perf_counter()
         self._check_keys(keys, unique=True)
         addrs, sizes = self._regions(len(keys), addrs, sizes)
@@ -137,7 +145,9 @@ class Client:
         self._check_registered(addrs, sizes)
         totals = [sum(s) for s in sizes]
         reply = self._call(
-            protocol.PutStart(self.config.tenant, list(keys), totals, list(parents), self.config.num_replicas),
+            protocol.PutStart(
+                self.config.tenant, list(keys), totals, list(parents), self.config.num_replicas, bool(pinned)
+            ),
             protocol.PutStartReply,
         )
         statuses = list(reply.statuses)
@@ -249,19 +259,21 @@ class Client:
 
     # ---- plain values -----------------------------------------------------------------------
 
-    def put(self, key: str, value, parent: str | None = None) -> bool:
+    def put(self, key: str, value, parent: str | None = None, *, pinned: bool = False) -> bool:
         """Store bytes, a numpy array or a CPU tensor. True: stored; False: the key existed.
         Raises CapacityError when the pool cannot hold it, TransferError when the write failed."""
         region = region_of(value, writable=False)
         if region.size_bytes <= 0:
             raise UsageError(f"cannot put an empty value under {key!r}")
         if self._registered.contains(region.addr, region.size_bytes):
-            statuses, message = self._put_from([key], [[region.addr]], [[region.size_bytes]], [parent])
+            statuses, message = self._put_from([key], [[region.addr]], [[region.size_bytes]], [parent], pinned)
         else:
             with self._staging.lock:
                 self._staging.ensure(region.size_bytes)
                 copy_bytes(self._staging.addr, region.addr, region.size_bytes)
-                statuses, message = self._put_from([key], [[self._staging.addr]], [[region.size_bytes]], [parent])
+                statuses, message = self._put_from(
+                    [key], [[self._staging.addr]], [[region.size_bytes]], [parent], pinned
+                )
         status = statuses[0]
         if status == PUT_NO_SPACE:
             raise CapacityError(message or f"no space for {key!r} ({region.size_bytes} bytes)")
@@ -300,13 +312,16 @@ class Client:
     def _get_staged(self, key: str):
         """Read `key` into the staging buffer (caller holds its lock); a view of the bytes or None."""
         self._check_keys([key], unique=False)
+        started = time.perf_counter()
         t0, reply = self._lookup_leased([key])
         if reply.num_hit == 0 or not reply.replicas[0]:
             self._metrics.get_keys.labels(self.config.tenant).inc()
-            return None
-        size = reply.replicas[0][0].size
-        self._staging.ensure(size)
-        count = self._read_leased([key], reply, t0, [[self._staging.addr]], [[size]])
+            count = 0
+        else:
+            size = reply.replicas[0][0].size
+            self._staging.ensure(size)
+            count = self._read_leased([key], reply, t0, [[self._staging.addr]], [[size]])
+        self._metrics.latency_s.labels(self.config.tenant, "get").observe(time.perf_counter() - started)
         return self._staging.array[:size] if count == 1 else None
 
     # ---- control-plane only -----------------------------------------------------------------

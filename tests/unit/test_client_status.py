@@ -1,0 +1,59 @@
+"""`kvpool status`: rendering of the stats and behaviour when the master is not there."""
+
+import argparse
+import time
+
+from rich.console import Console
+
+from kvpool.client import status_cli
+from kvpool.core.protocol import NodeStats, StatsReply
+
+
+def _stats() -> StatsReply:
+    return StatsReply(
+        capacity_bytes=128 * 2**20,
+        used_bytes=32 * 2**20,
+        num_objects=7,
+        num_pending=1,
+        puts=9,
+        gets=4,
+        lookups=6,
+        hit_keys=3,
+        miss_keys=1,
+        evictions=2,
+        evicted_bytes=2**20,
+        lease_grants=3,
+        lease_expiries=0,
+        fragmentation=0.125,
+        nodes=[
+            NodeStats("node-b", 2, "h", "dead", 64 * 2**20, 0, 0, 12.5),
+            NodeStats("node-a", 1, "h", "alive", 64 * 2**20, 32 * 2**20, 7, 0.4),
+        ],
+    )
+
+
+def test_render_shows_pool_and_nodes():
+    console = Console(record=True, width=160)
+    console.print(status_cli.render(_stats(), "tcp://127.0.0.1:1"))
+    text = console.export_text()
+    assert "1 alive / 2" in text
+    assert "128.0 MiB" in text and "32.0 MiB (25.0 %)" in text
+    assert "7 (1 pending)" in text
+    assert "75.0 % of 4" in text  # hit rate: 3 hit keys of 4 looked up
+    assert "2 (1.0 MiB)" in text  # evictions
+    assert "12.5 %" in text  # fragmentation
+    assert text.index("node-a") < text.index("node-b")  # sorted by node id
+    assert "dead" in text and "12.5 s" in text
+
+
+def test_unreachable_master_exits_1_within_timeout(capsys):
+    args = argparse.Namespace(master="tcp://127.0.0.1:9", json=False, timeout_s=0.3)
+    started = time.monotonic()
+    assert status_cli.run(args) == 1
+    assert time.monotonic() - started < 2.0
+    assert "did not answer" in capsys.readouterr().err
+
+
+def test_bad_address_is_a_usage_exit():
+    args = argparse.Namespace(master="not-an-endpoint", json=True, timeout_s=0.3)
+    assert status_cli.run(args) == 2
