@@ -1,0 +1,90 @@
+"""`kvpool master`: parse options, build MasterConfig, serve until SIGTERM / Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+
+from kvpool.core.protocol import MAX_MESSAGE_BYTES
+from kvpool.master.config import MasterConfig
+
+_D = MasterConfig()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.description = (
+        "Run the kvpool metadata master: it tracks mounted segments and objects, allocates space for "
+        "puts, answers prefix lookups with read leases, evicts LRU chain tails above the high "
+        "watermark and unmounts nodes that stop heartbeating. It holds metadata only; bytes move "
+        "directly between clients and nodes."
+    )
+    parser.add_argument("--host", default=_D.host, help="interface to bind the ZMQ control socket and metrics endpoint to")
+    parser.add_argument("--port", type=int, default=_D.port, help="ZMQ control port; 0 lets the OS choose")
+    parser.add_argument(
+        "--metrics-port", type=int, default=None,
+        help="serve Prometheus metrics on this port (0: the OS chooses, reported in the ready file); omit for none",
+    )
+    parser.add_argument("--high-watermark", type=float, default=_D.high_watermark,
+                        help="fraction of capacity in use above which a put triggers eviction")
+    parser.add_argument("--low-watermark", type=float, default=_D.low_watermark,
+                        help="eviction frees space down to this fraction of capacity")
+    parser.add_argument("--lease-ttl-s", type=float, default=_D.lease_ttl_s,
+                        help="seconds a read lease from a lookup lasts; a read finishing later is discarded by the client")
+    parser.add_argument("--max-lease-hold-s", type=float, default=_D.max_lease_hold_s,
+                        help="an object leased without a break for this long takes no new lease once eviction "
+                        "wants its space, so lookups can never keep it from eviction for ever")
+    parser.add_argument("--node-ttl-s", type=float, default=_D.node_ttl_s,
+                        help="a segment whose node has not heartbeated for this long is unmounted and its objects dropped")
+    parser.add_argument("--heartbeat-interval-s", type=float, default=_D.heartbeat_interval_s,
+                        help="how often nodes are told to heartbeat (must be below --node-ttl-s)")
+    parser.add_argument("--put-timeout-s", type=float, default=_D.put_timeout_s,
+                        help="a put started but never ended within this is reclaimed (its writer died)")
+    parser.add_argument("--alignment-bytes", type=int, default=_D.alignment_bytes,
+                        help="object offsets inside segments are multiples of this (a power of two)")
+    parser.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES,
+                        help="control messages larger than this are answered with a protocol error")
+    parser.add_argument("--ready-file", type=Path, default=None,
+                        help='once serving, write {"address", "metrics_port", "pid"} as JSON to this file')
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="logging verbosity")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvpool.master.service import MasterService  # zmq only when actually serving
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = MasterConfig(
+            host=args.host,
+            port=args.port,
+            metrics_port=args.metrics_port,
+            high_watermark=args.high_watermark,
+            low_watermark=args.low_watermark,
+            lease_ttl_s=args.lease_ttl_s,
+            max_lease_hold_s=args.max_lease_hold_s,
+            node_ttl_s=args.node_ttl_s,
+            heartbeat_interval_s=args.heartbeat_interval_s,
+            put_timeout_s=args.put_timeout_s,
+            alignment_bytes=args.alignment_bytes,
+            max_message_bytes=args.max_message_bytes,
+        )
+    except ValueError as e:
+        print(f"kvpool master: {e}")
+        return 2
+    service = MasterService(config)
+    address = service.bind()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: service.request_stop())
+    logging.getLogger("kvpool.master").info("serving on %s, metrics port %s", address, service.metrics_port)
+    if args.ready_file is not None:
+        tmp = args.ready_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"address": address, "metrics_port": service.metrics_port, "pid": os.getpid()}))
+        tmp.replace(args.ready_file)
+    service.serve_forever()
+    logging.getLogger("kvpool.master").info("stopped")
+    return 0

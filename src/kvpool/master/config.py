@@ -1,0 +1,52 @@
+"""The master's one configuration object, validated at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpool.core.protocol import MAX_MESSAGE_BYTES
+
+
+@dataclass(frozen=True)
+class MasterConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: the OS chooses
+    metrics_port: int | None = None  # None: no Prometheus endpoint; 0: the OS chooses
+    high_watermark: float = 0.95  # used / capacity above this after a put starts eviction
+    low_watermark: float = 0.85  # eviction frees down to this
+    lease_ttl_s: float = 5.0  # a read lease granted by lookup_prefix(lease=True)
+    max_lease_hold_s: float = 15.0  # past this much continuous leasing, eviction may drain an object
+    node_ttl_s: float = 5.0  # a segment not heartbeated for this long is unmounted
+    heartbeat_interval_s: float = 1.0  # told to nodes at mount
+    put_timeout_s: float = 30.0  # a pending put never ended within this is reclaimed (writer died)
+    alignment_bytes: int = 64  # object offsets and sizes are rounded to this
+    max_message_bytes: int = MAX_MESSAGE_BYTES  # larger control frames get ErrorReply(kind="protocol")
+    tick_interval_s: float = 0.2  # health checks, pending reclaim and metric snapshots run this often
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in 0..65535 (or None for no endpoint), got {self.metrics_port}")
+        if not 0 < self.low_watermark < self.high_watermark <= 1:
+            raise ValueError(
+                "watermarks must satisfy 0 < low_watermark < high_watermark <= 1, got "
+                f"low={self.low_watermark} high={self.high_watermark}"
+            )
+        for name in ("lease_ttl_s", "node_ttl_s", "heartbeat_interval_s", "put_timeout_s", "tick_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_lease_hold_s < self.lease_ttl_s:
+            raise ValueError(
+                f"max_lease_hold_s ({self.max_lease_hold_s}) must be >= lease_ttl_s ({self.lease_ttl_s}): "
+                "otherwise a single read lease would already exceed the cap"
+            )
+        if self.heartbeat_interval_s >= self.node_ttl_s:
+            raise ValueError(
+                f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be < node_ttl_s ({self.node_ttl_s}), "
+                "or live nodes would be declared dead between two heartbeats"
+            )
+        if self.alignment_bytes <= 0 or self.alignment_bytes & (self.alignment_bytes - 1):
+            raise ValueError(f"alignment_bytes must be a power of two, got {self.alignment_bytes}")
+        if self.max_message_bytes < 1024:
+            raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")

@@ -1,0 +1,180 @@
+"""The master's logic behind one entry point: `handle(request, now_s) -> reply`, plus `tick(now_s)`.
+
+Rules:
+- No I/O and no clock: the ZMQ service passes `time.monotonic()`, tests and the simulator pass
+  their own clock. Decoding bytes is the service's job; this takes decoded protocol structs.
+- Bad requests raise UsageError here and become ErrorReply(kind="usage") in `handle`; nothing a
+  caller sends can leave the index half-updated (validation happens before any change).
+- `tick` runs the timed work: unmount silent segments, reclaim pending puts whose writer died,
+  free removed-but-leased space once the lease ends, and evict if above the high watermark.
+"""
+
+from __future__ import annotations
+
+from kvpool.core import protocol as p
+from kvpool.core.errors import KVPoolError, UsageError
+from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
+from kvpool.master.config import MasterConfig
+from kvpool.master.index import ObjectIndex
+from kvpool.master.segments import SegmentTable
+
+
+def _check_tenant(tenant: str) -> None:
+    if not tenant:
+        raise UsageError("tenant must be a non-empty string")
+    if len(tenant) > MAX_TENANT_LENGTH:
+        raise UsageError(f"tenant is {len(tenant)} characters, the limit is {MAX_TENANT_LENGTH}")
+
+
+def _check_keys(keys: list[str]) -> None:
+    if keys and (max(map(len, keys)) > MAX_KEY_LENGTH or min(map(len, keys)) == 0):
+        raise UsageError(f"keys must be 1..{MAX_KEY_LENGTH} characters long")
+
+
+class MasterCore:
+    def __init__(self, config: MasterConfig) -> None:
+        self.config = config
+        self.segments = SegmentTable(config.alignment_bytes, config.heartbeat_interval_s, config.node_ttl_s)
+        self.index = ObjectIndex(config, self.segments)
+        self.segments_expired = 0
+        self._handlers = {
+            p.MountSegment: self._mount,
+            p.UnmountSegment: self._unmount,
+            p.Heartbeat: self._heartbeat,
+            p.GetSegments: self._get_segments,
+            p.PutStart: self._put_start,
+            p.PutEnd: self._put_end,
+            p.PutRevoke: self._put_revoke,
+            p.LookupPrefix: self._lookup_prefix,
+            p.Exists: self._exists,
+            p.Remove: self._remove,
+            p.Stats: lambda req, now_s: self.stats(now_s),
+        }
+
+    def handle(self, request: p.Request, now_s: float) -> p.Reply:
+        handler = self._handlers.get(type(request))
+        if handler is None:
+            return p.ErrorReply(kind="protocol", message=f"unknown request type {type(request).__name__}")
+        try:
+            return handler(request, now_s)
+        except KVPoolError as e:
+            return p.ErrorReply(kind=e.kind, message=str(e))
+
+    # ---- segments ------------------------------------------------------------------------------
+
+    def _mount(self, req: p.MountSegment, now_s: float) -> p.MountReply:
+        if not req.node_id:
+            raise UsageError("node_id must be a non-empty string")
+        try:
+            segment, replaced = self.segments.mount(req, now_s)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        for old in replaced:
+            self.index.drop_segment(old.segment_id)
+        return p.MountReply(
+            segment_id=segment.segment_id,
+            heartbeat_interval_s=self.config.heartbeat_interval_s,
+            node_ttl_s=self.config.node_ttl_s,
+        )
+
+    def _unmount(self, req: p.UnmountSegment, now_s: float) -> p.OkReply:
+        if self.segments.unmount(req.segment_id) is None:
+            return p.OkReply(count=0)
+        self.index.drop_segment(req.segment_id)
+        return p.OkReply(count=1)
+
+    def _heartbeat(self, req: p.Heartbeat, now_s: float) -> p.HeartbeatReply:
+        return p.HeartbeatReply(unknown_segment_ids=self.segments.heartbeat(req.node_id, req.segment_ids, now_s))
+
+    def _get_segments(self, req: p.GetSegments, now_s: float) -> p.SegmentsReply:
+        by_id = self.segments.by_id
+        return p.SegmentsReply(segments=[by_id[i].info for i in req.segment_ids if i in by_id])
+
+    # ---- objects -------------------------------------------------------------------------------
+
+    def _put_start(self, req: p.PutStart, now_s: float) -> p.PutStartReply:
+        _check_tenant(req.tenant)
+        _check_keys(req.keys)
+        n = len(req.keys)
+        if len(req.sizes) != n or (req.parents and len(req.parents) != n):
+            raise UsageError(
+                f"put_start got {n} keys, {len(req.sizes)} sizes and {len(req.parents)} parents: "
+                "sizes must match keys, parents must match keys or be empty"
+            )
+        if n and min(req.sizes) <= 0:
+            raise UsageError("object sizes must be > 0 bytes")
+        if req.num_replicas < 1:
+            raise UsageError(f"num_replicas must be >= 1, got {req.num_replicas}")
+        statuses, replicas, message = self.index.put_start(
+            req.tenant, req.keys, req.sizes, req.parents, req.num_replicas, req.pinned, now_s
+        )
+        return p.PutStartReply(statuses=statuses, replicas=replicas, message=message)  # type: ignore[arg-type]
+
+    def _put_end(self, req: p.PutEnd, now_s: float) -> p.OkReply:
+        _check_tenant(req.tenant)
+        return p.OkReply(count=self.index.put_end(req.tenant, req.keys, now_s))
+
+    def _put_revoke(self, req: p.PutRevoke, now_s: float) -> p.OkReply:
+        _check_tenant(req.tenant)
+        return p.OkReply(count=self.index.put_revoke(req.tenant, req.keys))
+
+    def _lookup_prefix(self, req: p.LookupPrefix, now_s: float) -> p.LookupReply:
+        _check_tenant(req.tenant)
+        num_hit, replicas = self.index.lookup_prefix(req.tenant, req.keys, req.lease, now_s)
+        return p.LookupReply(num_hit=num_hit, replicas=replicas, lease_ttl_s=self.config.lease_ttl_s)  # type: ignore[arg-type]
+
+    def _exists(self, req: p.Exists, now_s: float) -> p.ExistsReply:
+        _check_tenant(req.tenant)
+        return p.ExistsReply(exists=self.index.exists(req.tenant, req.keys))
+
+    def _remove(self, req: p.Remove, now_s: float) -> p.OkReply:
+        _check_tenant(req.tenant)
+        return p.OkReply(count=self.index.remove(req.tenant, req.keys, now_s))
+
+    # ---- timed work and stats ------------------------------------------------------------------
+
+    def tick(self, now_s: float) -> None:
+        for segment in self.segments.expired(now_s):
+            self.segments.unmount(segment.segment_id)
+            self.index.drop_segment(segment.segment_id)
+            self.segments_expired += 1
+        self.index.reclaim_pending(now_s)
+        self.index.free_zombies(now_s)
+        self.index.evictor.maybe_evict(now_s)
+        evictor = self.index.evictor
+        if len(evictor.heap) > 2 * self.index.num_complete + 1024:
+            evictor.compact()
+
+    def stats(self, now_s: float) -> p.StatsReply:
+        index = self.index
+        segments = self.segments
+        nodes = [
+            p.NodeStats(
+                node_id=s.node_id,
+                segment_id=s.segment_id,
+                host_id=s.info.host_id,
+                state=segments.state(s, now_s),
+                capacity_bytes=s.capacity_bytes,
+                used_bytes=s.used_bytes,
+                num_objects=s.num_objects,
+                last_heartbeat_age_s=max(0.0, now_s - s.last_heartbeat_s),
+            )
+            for s in segments.by_id.values()
+        ]
+        return p.StatsReply(
+            capacity_bytes=segments.capacity_bytes,
+            used_bytes=segments.used_bytes,
+            num_objects=index.num_complete,
+            num_pending=index.num_pending,
+            puts=index.puts,
+            gets=index.gets,
+            lookups=index.lookups,
+            hit_keys=index.hit_keys,
+            miss_keys=index.miss_keys,
+            evictions=index.evictor.evictions,
+            evicted_bytes=index.evictor.evicted_bytes,
+            lease_grants=index.lease_grants,
+            lease_expiries=index.lease_expiries,
+            fragmentation=segments.fragmentation(),
+            nodes=nodes,
+        )

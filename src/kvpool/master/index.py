@@ -1,0 +1,305 @@
+"""The object index: objects per tenant, puts, prefix lookups with read leases, removal, reclaim.
+
+Rules:
+- Pure logic: no I/O, no clock (every call takes `now_s`). The service, the simulator and the tests
+  drive the same code.
+- Object states: pending (space allocated, writer copying) -> complete (readable) -> gone (evicted,
+  removed, revoked, reclaimed, or its last replica's segment died). A key that exists in either
+  state answers PUT_EXISTS without new space; unknown keys are misses, never errors.
+- Tenants are separate dicts: no call can reach another tenant's keys.
+- Space is freed only when no reader can still hold it: a removed object that is leased keeps its
+  space until the lease ends (`_zombies`); eviction never picks a leased object.
+- One record per object, with __slots__, sharing what can be shared (a batch's `now_s` float, the
+  interned size int), because the master must hold millions of small KV blocks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from kvpool.core.protocol import PUT_ALLOCATED, PUT_EXISTS, PUT_NO_SPACE, Replica
+from kvpool.master.config import MasterConfig
+from kvpool.master.eviction import COMPLETE, DEAD, DRAINING, IN_HEAP, PINNED, Evictor, ObjectRecord
+from kvpool.master.placement import choose_segments
+from kvpool.master.segments import SegmentTable
+
+_NO_REPLICAS: tuple = ()
+
+
+class ObjectIndex:
+    def __init__(self, config: MasterConfig, segments: SegmentTable) -> None:
+        self.config = config
+        self.segments = segments
+        self.tenants: dict[str, dict[str, ObjectRecord]] = {}
+        self.evictor = Evictor(self)
+        self._pending: deque[tuple[float, ObjectRecord]] = deque()  # (deadline_s, record), in put order
+        self._zombies: list[ObjectRecord] = []  # removed while leased: space freed when the lease ends
+        self._sizes: dict[int, int] = {}  # interned size ints: KV blocks mostly share a few sizes
+        self.num_complete = 0
+        self.num_pending = 0
+        self.puts = 0
+        self.gets = 0
+        self.lookups = 0
+        self.hit_keys = 0
+        self.miss_keys = 0
+        self.lease_grants = 0
+        self.lease_expiries = 0
+        self.reclaimed = 0
+        self.dropped = 0
+
+    # ---- put -----------------------------------------------------------------------------------
+
+    def put_start(
+        self,
+        tenant: str,
+        keys: list[str],
+        sizes: list[int],
+        parents: list[str | None],
+        num_replicas: int,
+        pinned: bool,
+        now_s: float,
+    ) -> tuple[list[int], list[tuple[Replica, ...]], str]:
+        space = self.tenants.get(tenant)
+        if space is None:
+            space = self.tenants[tenant] = {}
+        statuses: list[int] = []
+        replicas: list[tuple[Replica, ...]] = []
+        message = ""
+        deadline_s = now_s + self.config.put_timeout_s
+        base_flags = PINNED if pinned else 0
+        for i, key in enumerate(keys):
+            rec = space.get(key)
+            if rec is not None:
+                if rec.flags & COMPLETE:
+                    rec.last_access_s = now_s
+                statuses.append(PUT_EXISTS)
+                replicas.append(_NO_REPLICAS)
+                continue
+            size = self._sizes.setdefault(sizes[i], sizes[i])
+            placed, why = self._place(size, num_replicas, now_s)
+            if not placed:
+                statuses.append(PUT_NO_SPACE)
+                replicas.append(_NO_REPLICAS)
+                message = message or why
+                continue
+            rec = ObjectRecord(space, key, placed, base_flags, now_s)
+            parent_key = parents[i] if parents else None
+            if parent_key is not None:
+                parent = space.get(parent_key)
+                if parent is not None:
+                    rec.parent = parent
+                    parent.num_children += 1
+            space[key] = rec
+            self.num_pending += 1
+            self._pending.append((deadline_s, rec))
+            statuses.append(PUT_ALLOCATED)
+            replicas.append(placed)
+        self.evictor.maybe_evict(now_s)
+        return statuses, replicas, message
+
+    def _place(self, size: int, num_replicas: int, now_s: float) -> tuple[tuple[Replica, ...], str]:
+        segments = self.segments
+        chosen = choose_segments(segments.by_id.values(), size, num_replicas)
+        if not chosen:
+            largest = segments.largest_segment_bytes
+            if largest == 0:
+                return _NO_REPLICAS, "no segment is mounted: start a `kvpool node` (or embed one)"
+            if segments.by_id[next(iter(segments.by_id))].allocator.aligned(size) > largest:
+                return _NO_REPLICAS, (
+                    f"an object of {size} bytes is larger than the largest segment ({largest} bytes): "
+                    "use smaller objects or mount larger segments"
+                )
+            if self.evictor.evict_for(size, now_s):
+                chosen = choose_segments(segments.by_id.values(), size, num_replicas)
+            if not chosen:
+                return _NO_REPLICAS, (
+                    f"pool full: no segment has a free range of {size} bytes even after eviction "
+                    f"(used {segments.used_bytes} of {segments.capacity_bytes} bytes; the rest is leased, "
+                    "pending or pinned, or fragmented); retry later or add nodes"
+                )
+        placed = []
+        for segment in chosen:
+            offset = segment.allocator.allocate(size)
+            segment.num_objects += 1
+            placed.append(Replica(segment.segment_id, offset, size))
+        return tuple(placed), ""
+
+    def put_end(self, tenant: str, keys: list[str], now_s: float) -> int:
+        """Make pending objects readable; returns how many were pending (others are ignored)."""
+        space = self.tenants.get(tenant)
+        if space is None:
+            return 0
+        ended = 0
+        push = self.evictor.push
+        for key in keys:
+            rec = space.get(key)
+            if rec is None or rec.flags & COMPLETE:
+                continue
+            rec.flags |= COMPLETE
+            rec.last_access_s = now_s
+            ended += 1
+            if not rec.num_children and not rec.flags & PINNED:
+                push(rec)
+        self.num_pending -= ended
+        self.num_complete += ended
+        self.puts += ended
+        return ended
+
+    def put_revoke(self, tenant: str, keys: list[str]) -> int:
+        space = self.tenants.get(tenant)
+        if space is None:
+            return 0
+        revoked = 0
+        for key in keys:
+            rec = space.get(key)
+            if rec is not None and not rec.flags & COMPLETE:
+                self.drop(rec)
+                revoked += 1
+        return revoked
+
+    def reclaim_pending(self, now_s: float) -> int:
+        """Free pending objects whose put never ended within put_timeout_s (their writer died)."""
+        pending = self._pending
+        reclaimed = 0
+        while pending and pending[0][0] <= now_s:
+            _, rec = pending.popleft()
+            if not rec.flags & (COMPLETE | DEAD):
+                self.drop(rec)
+                reclaimed += 1
+        if len(pending) > 2 * self.num_pending + 1024:  # completed puts leave stale entries behind
+            self._pending = deque(e for e in pending if not e[1].flags & (COMPLETE | DEAD))
+        self.reclaimed += reclaimed
+        return reclaimed
+
+    # ---- get -----------------------------------------------------------------------------------
+
+    def lookup_prefix(
+        self, tenant: str, keys: list[str], lease: bool, now_s: float
+    ) -> tuple[int, list[tuple[Replica, ...]]]:
+        """How many leading keys are complete; with `lease`, lease them and return their replicas.
+
+        A draining object (eviction is waiting for its lease to end) takes no new lease, so a
+        leased lookup stops there; a counting lookup (lease=False) still sees it.
+        """
+        self.lookups += 1
+        space = self.tenants.get(tenant)
+        hits: list[tuple[Replica, ...]] = []
+        num_hit = 0
+        if space is not None:
+            get = space.get
+            if lease:
+                self.gets += 1
+                until_s = now_s + self.config.lease_ttl_s
+                reopen_s = now_s - self.config.lease_ttl_s  # a draining object is leasable again after
+                append = hits.append
+                for key in keys:
+                    rec = get(key)
+                    if rec is None:
+                        break
+                    flags = rec.flags
+                    if flags & (COMPLETE | DRAINING) != COMPLETE:
+                        if not flags & COMPLETE or (rec.lease_until_s or 0.0) > reopen_s:
+                            break
+                        rec.flags = flags & ~DRAINING  # eviction had its window and did not need it
+                    lease_until = rec.lease_until_s
+                    if lease_until is None or lease_until <= now_s:
+                        if lease_until is not None:
+                            self.lease_expiries += 1
+                        rec.lease_since_s = now_s
+                        self.lease_grants += 1
+                    rec.lease_until_s = until_s
+                    rec.last_access_s = now_s
+                    append(rec.replicas)
+                num_hit = len(hits)
+            else:
+                for key in keys:
+                    rec = get(key)
+                    if rec is None or not rec.flags & COMPLETE:
+                        break
+                    rec.last_access_s = now_s
+                    num_hit += 1
+        self.hit_keys += num_hit
+        self.miss_keys += len(keys) - num_hit
+        return num_hit, hits
+
+    def exists(self, tenant: str, keys: list[str]) -> list[bool]:
+        """Complete or not, per key. Never leases and never touches recency: a probe is not a use."""
+        space = self.tenants.get(tenant)
+        if space is None:
+            return [False] * len(keys)
+        get = space.get
+        return [(rec := get(key)) is not None and bool(rec.flags & COMPLETE) for key in keys]
+
+    # ---- removal -------------------------------------------------------------------------------
+
+    def remove(self, tenant: str, keys: list[str], now_s: float) -> int:
+        """Remove complete objects (pending ones belong to their writer: put_revoke). A leased one
+        vanishes from the namespace at once but keeps its space until its lease ends."""
+        space = self.tenants.get(tenant)
+        if space is None:
+            return 0
+        removed = 0
+        for key in keys:
+            rec = space.get(key)
+            if rec is None or not rec.flags & COMPLETE:
+                continue
+            removed += 1
+            if rec.lease_until_s is not None and rec.lease_until_s > now_s:
+                self.drop(rec, free_space=False)
+                self._zombies.append(rec)
+            else:
+                self.drop(rec)
+        return removed
+
+    def free_zombies(self, now_s: float) -> None:
+        keep = []
+        for rec in self._zombies:
+            if rec.lease_until_s > now_s:
+                keep.append(rec)
+            else:
+                self._free_replicas(rec.replicas)
+        self._zombies = keep
+
+    def drop(self, rec: ObjectRecord, free_space: bool = True) -> None:
+        """Forget an object: out of its namespace, out of its parent's child count, space freed."""
+        flags = rec.flags
+        if flags & DEAD:
+            return
+        rec.flags = flags | DEAD
+        del rec.space[rec.key]
+        if flags & COMPLETE:
+            self.num_complete -= 1
+        else:
+            self.num_pending -= 1
+        parent = rec.parent
+        if parent is not None:
+            rec.parent = None
+            parent.num_children -= 1
+            if not parent.num_children and parent.flags & (COMPLETE | PINNED | DEAD | IN_HEAP) == COMPLETE:
+                self.evictor.push(parent)
+        if free_space:
+            self._free_replicas(rec.replicas)
+
+    def _free_replicas(self, replicas: tuple[Replica, ...]) -> None:
+        by_id = self.segments.by_id
+        for replica in replicas:
+            segment = by_id.get(replica.segment_id)
+            if segment is not None:  # an unmounted segment's space is gone with it
+                segment.allocator.free(replica.offset, replica.size)
+                segment.num_objects -= 1
+
+    def drop_segment(self, segment_id: int) -> int:
+        """The segment is gone: drop its replicas; objects left without any replica disappear."""
+        lost = 0
+        for space in list(self.tenants.values()):
+            hit = [rec for rec in space.values() if any(r.segment_id == segment_id for r in rec.replicas)]
+            for rec in hit:
+                rest = tuple(r for r in rec.replicas if r.segment_id != segment_id)
+                if rest:
+                    rec.replicas = rest
+                else:
+                    self.drop(rec)
+                    lost += 1
+        self._zombies = [z for z in self._zombies if any(r.segment_id != segment_id for r in z.replicas)]
+        self.dropped += lost
+        return lost

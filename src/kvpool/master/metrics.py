@@ -1,0 +1,67 @@
+"""Prometheus metrics for the master, read from the latest stats snapshot.
+
+Rules:
+- Nothing on the request path: the service loop publishes a StatsReply snapshot each tick and the
+  collector turns that snapshot into metrics when scraped (from the HTTP server's thread, which
+  must not walk the index while the loop mutates it).
+- Each service has its own registry, so several masters can live in one process (tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kvpool.core.protocol import StatsReply
+
+
+class MasterCollector(Collector):
+    def __init__(self, snapshot: Callable[[], StatsReply | None]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        s = self._snapshot()
+        if s is None:
+            return
+        yield GaugeMetricFamily("kvpool_master_capacity_bytes", "Bytes in mounted segments", value=s.capacity_bytes)
+        yield GaugeMetricFamily("kvpool_master_used_bytes", "Bytes allocated to objects", value=s.used_bytes)
+        yield GaugeMetricFamily("kvpool_master_objects", "Complete objects", value=s.num_objects)
+        yield GaugeMetricFamily("kvpool_master_pending_objects", "Objects being written", value=s.num_pending)
+        yield GaugeMetricFamily(
+            "kvpool_master_fragmentation", "1 - largest free range / total free", value=s.fragmentation
+        )
+        for name, doc, value in (
+            ("puts", "Objects made readable by put_end", s.puts),
+            ("gets", "Leased lookups (reads)", s.gets),
+            ("lookups", "lookup_prefix calls", s.lookups),
+            ("hit_keys", "Keys found by lookup_prefix", s.hit_keys),
+            ("miss_keys", "Keys not found by lookup_prefix", s.miss_keys),
+            ("evictions", "Objects evicted", s.evictions),
+            ("evicted_bytes", "Object bytes evicted", s.evicted_bytes),
+            ("lease_grants", "Read leases granted (new lease periods)", s.lease_grants),
+            ("lease_expiries", "Read leases seen expired", s.lease_expiries),
+        ):
+            yield CounterMetricFamily(f"kvpool_master_{name}", doc, value=value)
+        labels = ["node_id", "segment_id", "state"]
+        capacity = GaugeMetricFamily("kvpool_master_node_capacity_bytes", "Segment capacity", labels=labels)
+        used = GaugeMetricFamily("kvpool_master_node_used_bytes", "Segment bytes in use", labels=labels)
+        objects = GaugeMetricFamily("kvpool_master_node_objects", "Replicas in the segment", labels=labels)
+        age = GaugeMetricFamily("kvpool_master_node_heartbeat_age_seconds", "Since the last heartbeat", labels=labels)
+        for n in s.nodes:
+            values = [n.node_id, str(n.segment_id), n.state]
+            capacity.add_metric(values, n.capacity_bytes)
+            used.add_metric(values, n.used_bytes)
+            objects.add_metric(values, n.num_objects)
+            age.add_metric(values, n.last_heartbeat_age_s)
+        yield from (capacity, used, objects, age)
+
+
+def serve_metrics(host: str, port: int, snapshot: Callable[[], StatsReply | None]) -> tuple[object, int]:
+    """Start the /metrics HTTP endpoint; returns (server, bound port). Port 0: the OS chooses."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MasterCollector(snapshot))
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server, server.server_port

@@ -1,0 +1,34 @@
+"""Where a new object's replicas go: free-ratio first, one replica per node.
+
+Rules:
+- Pure: takes segments, returns segments; allocation itself is the index's job.
+- Among segments that can hold the object, the one with the largest free ratio wins (ties: the
+  lower segment id, so placement is deterministic and tests can assert it). This spreads load and
+  memory pressure across nodes. Rejected: random placement (Mooncake's default) hides imbalance and
+  makes tests nondeterministic; local-first needs the caller's host, which the wire does not carry.
+- Replicas go to distinct nodes (two segments of one node share its fate). When fewer nodes have
+  room than replicas were asked for, the object gets as many as there are (at least one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kvpool.master.segments import Segment
+
+
+def choose_segments(segments: Iterable[Segment], size_bytes: int, num_replicas: int) -> list[Segment]:
+    fitting = [s for s in segments if s.allocator.can_allocate(size_bytes)]
+    if not fitting:
+        return []
+    fitting.sort(key=lambda s: (-s.free_ratio(), s.segment_id))
+    chosen: list[Segment] = []
+    nodes: set[str] = set()
+    for segment in fitting:
+        if segment.node_id in nodes:
+            continue
+        chosen.append(segment)
+        nodes.add(segment.node_id)
+        if len(chosen) == num_replicas:
+            break
+    return chosen

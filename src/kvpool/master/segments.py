@@ -1,0 +1,124 @@
+"""Mounted segments, their allocators and their health.
+
+Rules:
+- Segment ids come from a counter and are never reused: a node that remounts gets a new id, so a
+  stale replica can never point into the new memory.
+- A segment is `alive` while heartbeats arrive, `suspect` once silent for more than two heartbeat
+  intervals, and unmounted (gone from this table) once silent for `node_ttl_s`.
+- A node that mounts again under the same node_id with a different NIXL agent is a restarted
+  process: its old segments are unmounted at once rather than after the TTL, so no new object is
+  placed in memory that no longer exists.
+- No I/O and no clock: every time is passed in as `now_s`.
+"""
+
+from __future__ import annotations
+
+from kvpool.core.protocol import MountSegment, SegmentInfo
+from kvpool.master.allocator import RangeAllocator
+
+ALIVE = "alive"
+SUSPECT = "suspect"
+
+
+class Segment:
+    __slots__ = ("info", "allocator", "last_heartbeat_s", "num_objects")
+
+    def __init__(self, info: SegmentInfo, alignment_bytes: int, now_s: float) -> None:
+        self.info = info
+        self.allocator = RangeAllocator(info.size_bytes, alignment_bytes)
+        self.last_heartbeat_s = now_s
+        self.num_objects = 0
+
+    @property
+    def segment_id(self) -> int:
+        return self.info.segment_id
+
+    @property
+    def node_id(self) -> str:
+        return self.info.node_id
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.allocator.size_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        return self.allocator.used_bytes
+
+    def free_ratio(self) -> float:
+        return self.allocator.free_bytes / self.allocator.size_bytes
+
+
+class SegmentTable:
+    def __init__(self, alignment_bytes: int, heartbeat_interval_s: float, node_ttl_s: float) -> None:
+        self.alignment_bytes = alignment_bytes
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.node_ttl_s = node_ttl_s
+        self.by_id: dict[int, Segment] = {}
+        self._next_id = 1
+        self.capacity_bytes = 0
+
+    def mount(self, msg: MountSegment, now_s: float) -> tuple[Segment, list[Segment]]:
+        """Mount a new segment; returns it and the segments it replaced (same node, old process)."""
+        if msg.size_bytes < self.alignment_bytes:
+            raise ValueError(f"a segment must hold at least {self.alignment_bytes} bytes, got {msg.size_bytes}")
+        replaced = [
+            s for s in self.by_id.values() if s.node_id == msg.node_id and s.info.agent_name != msg.agent_name
+        ]
+        for s in replaced:
+            self.unmount(s.segment_id)
+        info = SegmentInfo(
+            segment_id=self._next_id,
+            node_id=msg.node_id,
+            host_id=msg.host_id,
+            size_bytes=msg.size_bytes,
+            base_addr=msg.base_addr,
+            agent_name=msg.agent_name,
+            agent_metadata=msg.agent_metadata,
+            shm_path=msg.shm_path,
+        )
+        self._next_id += 1
+        segment = Segment(info, self.alignment_bytes, now_s)
+        self.by_id[info.segment_id] = segment
+        self.capacity_bytes += segment.capacity_bytes
+        return segment, replaced
+
+    def unmount(self, segment_id: int) -> Segment | None:
+        segment = self.by_id.pop(segment_id, None)
+        if segment is not None:
+            self.capacity_bytes -= segment.capacity_bytes
+        return segment
+
+    def heartbeat(self, node_id: str, segment_ids: list[int], now_s: float) -> list[int]:
+        """Refresh the node's segments; returns the ids this table does not know (mount again)."""
+        unknown = []
+        for segment_id in segment_ids:
+            segment = self.by_id.get(segment_id)
+            if segment is None or segment.node_id != node_id:
+                unknown.append(segment_id)
+            else:
+                segment.last_heartbeat_s = now_s
+        return unknown
+
+    def expired(self, now_s: float) -> list[Segment]:
+        """Segments silent for longer than node_ttl_s (the caller unmounts them)."""
+        deadline = now_s - self.node_ttl_s
+        return [s for s in self.by_id.values() if s.last_heartbeat_s < deadline]
+
+    def state(self, segment: Segment, now_s: float) -> str:
+        return SUSPECT if now_s - segment.last_heartbeat_s > 2 * self.heartbeat_interval_s else ALIVE
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(s.used_bytes for s in self.by_id.values())
+
+    @property
+    def largest_segment_bytes(self) -> int:
+        return max((s.capacity_bytes for s in self.by_id.values()), default=0)
+
+    def fragmentation(self) -> float:
+        """1 - largest free range / total free, over all segments."""
+        free = sum(s.allocator.free_bytes for s in self.by_id.values())
+        if free == 0:
+            return 0.0
+        return 1.0 - max(s.allocator.largest_free_bytes for s in self.by_id.values()) / free

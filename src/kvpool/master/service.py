@@ -1,0 +1,165 @@
+"""The master's ZMQ shell: a ROUTER socket in front of `MasterCore`, one thread, one loop.
+
+Rules:
+- Wire format (CONTRACTS.md): a DEALER sends [request_id (8 bytes), msgpack Request]; the ROUTER
+  sees [identity, request_id, payload] and answers [identity, request_id, msgpack Reply].
+- Single-threaded: the loop polls the socket with a timeout that ends at the next tick (health
+  checks, pending reclaim, eviction, metric snapshot), so no lock guards the index.
+- Nothing a peer sends stops the loop: wrong frame counts, oversized frames, undecodable or unknown
+  messages get ErrorReply(kind="protocol"); frames over twice the limit are dropped by ZMQ itself
+  (MAXMSGSIZE, which closes that peer's connection) so a hostile peer cannot make us buffer them.
+- `MasterService` runs in-process too: `start()` serves from a background thread, `stop()` ends it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import msgspec
+import zmq
+
+from kvpool.core import protocol as p
+from kvpool.master.config import MasterConfig
+from kvpool.master.core import MasterCore
+from kvpool.master.metrics import serve_metrics
+
+log = logging.getLogger("kvpool.master")
+
+_BATCH = 256  # messages handled per poll wake-up before timed work gets a look
+
+
+class MasterService:
+    def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.core = MasterCore(config)
+        self.address: str | None = None
+        self.metrics_port: int | None = None
+        self._context = zmq.Context()
+        self._socket: zmq.Socket | None = None
+        self._metrics_server = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._snapshot: p.StatsReply | None = None
+        self._encode = p.reply_encoder.encode
+        self._decode = p.request_decoder.decode
+
+    def bind(self) -> str:
+        sock = self._context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.max_message_bytes)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        port = "*" if self.config.port == 0 else str(self.config.port)
+        sock.bind(f"tcp://{self.config.host}:{port}")
+        self._socket = sock
+        self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._snapshot = self.core.stats(self.clock())
+        if self.config.metrics_port is not None:
+            self._metrics_server, self.metrics_port = serve_metrics(
+                self.config.host, self.config.metrics_port, lambda: self._snapshot
+            )
+        return self.address
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def serve_forever(self) -> None:
+        if self._socket is None:
+            self.bind()
+        sock = self._socket
+        core = self.core
+        clock = self.clock
+        tick_s = self.config.tick_interval_s
+        next_tick_s = clock() + tick_s
+        try:
+            while not self._stop.is_set():
+                timeout_ms = max(0, int(1000 * (next_tick_s - clock())) + 1)
+                if sock.poll(min(timeout_ms, 200), zmq.POLLIN):
+                    for _ in range(_BATCH):
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self._answer(frames)
+                now_s = clock()
+                if now_s >= next_tick_s:
+                    core.tick(now_s)
+                    self._snapshot = core.stats(now_s)
+                    next_tick_s = now_s + tick_s
+        finally:
+            self._close()
+
+    def _answer(self, frames: list[zmq.Frame]) -> None:
+        identity = frames[0].bytes
+        if len(frames) != 3:
+            request_id = frames[1].bytes[:8] if len(frames) > 1 else b""
+            self._send(identity, request_id, p.ErrorReply(
+                kind="protocol", message=f"expected 2 frames [request_id, payload], got {len(frames) - 1}"
+            ))
+            return
+        request_id = frames[1].bytes
+        payload = frames[2]
+        if len(request_id) != 8:
+            self._send(identity, request_id[:8], p.ErrorReply(
+                kind="protocol", message=f"request id must be 8 bytes, got {len(request_id)}"
+            ))
+            return
+        if len(payload) > self.config.max_message_bytes:
+            self._send(identity, request_id, p.ErrorReply(
+                kind="protocol",
+                message=f"message of {len(payload)} bytes exceeds the {self.config.max_message_bytes}-byte limit: "
+                "split the batch",
+            ))
+            return
+        try:
+            request = self._decode(payload.buffer)
+        except msgspec.DecodeError as e:
+            self._send(identity, request_id, p.ErrorReply(kind="protocol", message=f"undecodable request: {e}"))
+            return
+        try:
+            reply = self.core.handle(request, self.clock())
+        except Exception:  # a bug in the master must not take the pool down; it is logged in full
+            log.exception("internal error handling %s", type(request).__name__)
+            reply = p.ErrorReply(kind="internal", message=f"master failed on {type(request).__name__}; see its log")
+        self._send(identity, request_id, reply)
+
+    def _send(self, identity: bytes, request_id: bytes, reply: p.Reply) -> None:
+        try:
+            self._socket.send_multipart([identity, request_id, self._encode(reply)], zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("reply to a slow peer dropped (send queue full)")
+
+    def _close(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
+        self._context.term()
+
+    # ---- in-process use ------------------------------------------------------------------------
+
+    def start(self) -> "MasterService":
+        """Bind and serve from a background thread; returns self (`.address` is set)."""
+        self.bind()
+        self._thread = threading.Thread(target=self.serve_forever, name="kvpool-master", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def __enter__(self) -> "MasterService":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
