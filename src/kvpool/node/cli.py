@@ -1,0 +1,97 @@
+"""`kvpool node`: run a storage node until SIGTERM or Ctrl-C, then unmount and exit 0."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from kvpool.core.errors import KVPoolError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run a storage node: allocate a DRAM segment in shared memory, register it with NIXL, mount "
+        "it on the master and heartbeat until SIGTERM or Ctrl-C, which unmount it. Clients on this "
+        "host map the segment directly; clients elsewhere reach it with NIXL one-sided transfers."
+    )
+    parser.add_argument("--master", required=True, metavar="ADDR",
+                        help="the master's ZMQ address, as written in its ready file (tcp://HOST:PORT)")
+    parser.add_argument("--memory", default="1GiB", metavar="SIZE",
+                        help="segment size contributed to the pool: 64MiB, 4GiB, 512M, 10GB or bytes; "
+                             "allocated and pre-faulted at start (default: %(default)s)")
+    parser.add_argument("--node-id", default=None, metavar="NAME",
+                        help="name shown in `kvpool status` and metrics (default: HOSTNAME-PID)")
+    parser.add_argument("--timeout-s", type=float, default=5.0,
+                        help="deadline in seconds for each call to the master: mount, heartbeat, unmount (default: %(default)s)")
+    parser.add_argument("--mount-timeout-s", type=float, default=30.0,
+                        help="seconds to keep retrying the first mount while the master is unreachable (default: %(default)s)")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve Prometheus metrics on this port (0: any free port, written to the "
+                             "ready file); off when not given")
+    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                        help="address the metrics server listens on (default: %(default)s)")
+    parser.add_argument("--ready-file", type=Path, default=None, metavar="PATH",
+                        help="write {node_id, segment_id, pid, metrics_port} as JSON here once mounted "
+                             "(rewritten after a remount)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="logging verbosity (default: %(default)s)")
+
+
+def _write_ready(path: Path, info: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, path)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvpool.node.config import NodeConfig, format_size, parse_size
+    from kvpool.node.service import StorageNode
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = NodeConfig(
+            master_address=args.master,
+            memory_bytes=parse_size(args.memory),
+            node_id=args.node_id,
+            timeout_s=args.timeout_s,
+            mount_timeout_s=args.mount_timeout_s,
+        )
+    except ValueError as e:
+        print(f"kvpool node: {e}", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+    metrics_port: int | None = None
+
+    def on_mount(segment_id: int) -> None:
+        if args.ready_file is not None:
+            _write_ready(args.ready_file, {"node_id": node.node_id, "segment_id": segment_id,
+                                           "pid": os.getpid(), "metrics_port": metrics_port})
+
+    node = StorageNode(config, on_mount=on_mount)
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        server, _ = start_http_server(args.metrics_port, addr=args.metrics_host, registry=node.registry)
+        metrics_port = server.server_port
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        node.start()
+        print(f"kvpool node {node.node_id}: segment {node.segment_id} ({format_size(config.memory_bytes)}) "
+              f"mounted on {config.master_address}", flush=True)
+        stop.wait()
+    except KVPoolError as e:
+        print(f"kvpool node: {e}", file=sys.stderr)
+        return 1
+    finally:
+        node.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print(f"kvpool node {node.node_id}: unmounted, bye", flush=True)
+    return 0

@@ -1,0 +1,74 @@
+"""Storage node configuration, and the size parser its CLI uses ("64MiB", "4GiB")."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+MIN_MEMORY_BYTES = 1 << 20
+
+
+def parse_size(text: str) -> int:
+    """'4GiB' -> 4294967296. Binary units (KiB, MiB, GiB, TiB; K/M/G/T mean the same), decimal
+    units (KB, MB, GB, TB), or a plain number of bytes."""
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a size: use e.g. 64MiB, 4GiB, 512M or a number of bytes")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_size(size_bytes: int) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size_bytes >= scale:
+            return f"{size_bytes / scale:.4g} {unit}"
+    return f"{size_bytes} B"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """master_address: the master's ZMQ endpoint (tcp://host:port).
+    memory_bytes: the DRAM segment this node contributes (shared memory, pre-faulted).
+    node_id: a name for the node in stats; None picks hostname-pid.
+    timeout_s: how long one control call to the master may take.
+    mount_timeout_s: how long start() keeps trying to mount (the master may still be starting).
+    """
+
+    master_address: str
+    memory_bytes: int
+    node_id: str | None = None
+    timeout_s: float = 5.0
+    mount_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.master_address, str) or not re.match(r"^(tcp|ipc|inproc)://.+", self.master_address):
+            raise ValueError(f"master_address must look like tcp://HOST:PORT, got {self.master_address!r}")
+        if not isinstance(self.memory_bytes, int) or self.memory_bytes < MIN_MEMORY_BYTES:
+            raise ValueError(f"memory_bytes must be an int >= {MIN_MEMORY_BYTES} (1 MiB), got {self.memory_bytes!r}")
+        if self.node_id is not None and (
+            not isinstance(self.node_id, str) or not re.match(r"^[A-Za-z0-9._:-]{1,128}$", self.node_id)
+        ):
+            raise ValueError(
+                f"node_id must be 1-128 characters of letters, digits, '.', '_', ':' or '-', got {self.node_id!r}"
+            )
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        if not self.mount_timeout_s > 0:
+            raise ValueError(f"mount_timeout_s must be > 0, got {self.mount_timeout_s!r}")
