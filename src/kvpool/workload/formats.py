@@ -81,11 +81,13 @@ def _claude_turn(request: dict, block_size: int, where: str) -> Turn:
     )
 
 
-def parse_claude_code(doc: object, name: str) -> list[Session]:
-    """One Claude Code trace (a decoded JSON object) -> the parent session, then one per subagent."""
+def parse_claude_code(doc: object, name: str, label: str | None = None) -> list[Session]:
+    """One Claude Code trace (a decoded JSON object) -> the parent session, then one per subagent.
+    `name` names the sessions when the trace has no id; `label` (default: name) starts error messages."""
+    label = label or name
     if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
-        raise TraceFormatError(f"{name}: a Claude Code trace is an object with a `requests` list")
-    block_size = _int_field(doc, "block_size", name, minimum=1)
+        raise TraceFormatError(f"{label}: a Claude Code trace is an object with a `requests` list")
+    block_size = _int_field(doc, "block_size", label, minimum=1)
     trace_id = str(doc.get("id") or name)
     scope = f"claude-code:{trace_id}"
     sessions: list[Session] = []
@@ -94,7 +96,7 @@ def parse_claude_code(doc: object, name: str) -> list[Session]:
         turns: list[Turn] = []
         children: list[tuple[str, list, float]] = []
         for index, request in enumerate(requests):
-            where = f"{name}: {session_id} request {index}"
+            where = f"{label}: {session_id} request {index}"
             if not isinstance(request, dict):
                 raise TraceFormatError(f"{where}: must be an object")
             if isinstance(request.get("requests"), list):  # a subagent with its own conversation
@@ -125,12 +127,13 @@ def parse_claude_code(doc: object, name: str) -> list[Session]:
 # ---------------------------------------------------------------- Mooncake FAST'25
 
 
-def parse_mooncake(records: Iterable[object], name: str) -> list[Session]:
+def parse_mooncake(records: Iterable[object], name: str, label: str | None = None) -> list[Session]:
     """Mooncake request records (decoded JSON lines) -> one one-turn session per request."""
+    label = label or name
     sessions: list[Session] = []
     scope = f"mooncake:{name}"
     for index, record in enumerate(records):
-        where = f"{name}: request {index}"
+        where = f"{label}: request {index}"
         if not isinstance(record, dict):
             raise TraceFormatError(f"{where}: must be an object")
         input_tokens = _int_field(record, "input_length", where)
@@ -234,14 +237,14 @@ def load_trace(
         raise TraceFormatError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)}")
     name = path.stem
     if fmt == "claude-code":
-        return parse_claude_code(_decode_file(path), name)
+        return parse_claude_code(_decode_file(path), name, str(path))
     if fmt == "mooncake":
-        return parse_mooncake(_decode_lines(path), name)
+        return parse_mooncake(_decode_lines(path), name, str(path))
     if fmt == "vllm-multiturn":
         from kvpool.workload.multiturn import MultiturnConfig, parse_vllm_multiturn
 
         config = MultiturnConfig(block_size=block_size, chars_per_token=chars_per_token)
-        return parse_vllm_multiturn(_decode_file(path), name, config)
+        return parse_vllm_multiturn(_decode_file(path), name, config, str(path))
     try:
         return read_sessions(path)
     except ValueError as e:

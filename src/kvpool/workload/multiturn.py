@@ -83,16 +83,18 @@ class _TokenStream:
         return list(self.block_ids[:num_full]), num_tokens - num_full * self._config.block_size
 
 
-def parse_vllm_multiturn(doc: object, name: str, config: MultiturnConfig) -> list[Session]:
+def parse_vllm_multiturn(doc: object, name: str, config: MultiturnConfig, label: str | None = None) -> list[Session]:
+    """`name` names the sessions and the id scope; `label` (default: name) starts error messages."""
+    label = label or name
     if isinstance(doc, dict) and "filetype" in doc:
         raise TraceFormatError(
-            f"{name}: a vLLM generator config, not conversations; use `kvpool trace synth`"
+            f"{label}: a vLLM generator config, not conversations; use `kvpool trace synth`"
         )
     if not isinstance(doc, list):
-        raise TraceFormatError(f"{name}: vLLM multi-turn conversations are a JSON list")
+        raise TraceFormatError(f"{label}: vLLM multi-turn conversations are a JSON list")
     sessions: list[Session] = []
     for index, conversation in enumerate(doc):
-        where = f"{name}: conversation {index}"
+        where = f"{label}: conversation {index}"
         messages = _messages(conversation, where)
         stream = _TokenStream(config)
         turns: list[Turn] = []
