@@ -5,6 +5,8 @@ Rules:
   their own clock. Decoding bytes is the service's job; this takes decoded protocol structs.
 - Bad requests raise UsageError here and become ErrorReply(kind="usage") in `handle`; nothing a
   caller sends can leave the index half-updated (validation happens before any change).
+- Replica lists in replies are tuples in-process (no copy on the lookup hot path); msgpack sends
+  them as arrays, so they decode as lists on the other side.
 - `tick` runs the timed work: unmount silent segments, reclaim pending puts whose writer died,
   free removed-but-leased space once the lease ends, and evict if above the high watermark.
 """

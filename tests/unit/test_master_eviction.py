@@ -1,0 +1,139 @@
+"""Eviction order on tiny pools: LRU, chain tails first, leased/pinned/pending skipped, the lease
+hold cap (draining), and watermarks. Time is passed in; nothing sleeps."""
+
+from kvpool.core import protocol as p
+from kvpool.master import MasterConfig, MasterCore
+
+SLOT = 64  # every object here takes one 64-byte slot
+
+
+def make_core(slots=10, **overrides) -> MasterCore:
+    config = {"alignment_bytes": SLOT, "node_ttl_s": 1000.0, "high_watermark": 0.9, "low_watermark": 0.5}
+    core = MasterCore(MasterConfig(**{**config, **overrides}))
+    core.handle(p.MountSegment("n1", "host", slots * SLOT, 0, "agent", b""), 0.0)
+    return core
+
+
+def put(core, keys, now_s, parents=None, pinned=False, end=True):
+    parents = parents if parents is not None else [None] * len(keys)
+    reply = core.handle(p.PutStart("t", keys, [SLOT] * len(keys), parents, 1, pinned), now_s)
+    assert reply.statuses == [p.PUT_ALLOCATED] * len(keys), reply
+    if end:
+        core.handle(p.PutEnd("t", keys), now_s)
+
+
+def present(core, keys):
+    return [k for k, e in zip(keys, core.handle(p.Exists("t", keys), 0.0).exists) if e]
+
+
+def evict_one(core, now_s, keys):
+    before = set(present(core, keys))
+    core.index.evictor.evict(now_s, SLOT)
+    gone = before - set(present(core, keys))
+    assert len(gone) <= 1
+    return gone.pop() if gone else None
+
+
+def test_lru_above_high_watermark_evicts_down_to_low_watermark():
+    core = make_core()
+    keys = [f"k{i}" for i in range(10)]
+    for i in range(9):
+        put(core, [keys[i]], now_s=float(i))  # 9 of 10 slots: 0.9, not above the watermark
+    assert core.stats(9.0).evictions == 0
+    core.handle(p.LookupPrefix("t", ["k0"], lease=False), 9.0)  # k0 is used again
+    put(core, ["k9"], now_s=10.0)  # 10/10 > 0.9: evict down to 5/10
+    assert present(core, keys) == ["k0", "k6", "k7", "k8", "k9"]
+    stats = core.stats(10.0)
+    assert (stats.evictions, stats.evicted_bytes, stats.used_bytes) == (5, 5 * SLOT, 5 * SLOT)
+
+
+def test_chains_are_evicted_from_the_tail_even_when_the_head_is_older():
+    core = make_core(slots=20)
+    put(core, ["a", "b", "c"], now_s=0.0, parents=[None, "a", "b"])  # one batch: equal access times
+    put(core, ["x"], now_s=1.0)
+    put(core, ["d", "e"], now_s=2.0, parents=[None, "d"])
+    keys = ["a", "b", "c", "x", "d", "e"]
+    order = [evict_one(core, 10.0, keys) for _ in range(6)]
+    assert order == ["c", "b", "a", "x", "e", "d"]
+
+
+def test_a_prefix_with_a_pending_child_is_not_evicted():
+    core = make_core(slots=20)
+    put(core, ["a"], now_s=0.0)
+    put(core, ["b"], now_s=1.0, parents=["a"], end=False)  # being written
+    put(core, ["z"], now_s=2.0)
+    assert evict_one(core, 5.0, ["a", "b", "z"]) == "z"
+    assert evict_one(core, 5.0, ["a", "b", "z"]) is None
+
+
+def test_leased_pinned_and_pending_objects_are_skipped():
+    core = make_core(slots=20, lease_ttl_s=5.0, max_lease_hold_s=20.0)
+    put(core, ["pinned"], now_s=0.0, pinned=True)
+    put(core, ["pending"], now_s=0.0, end=False)
+    put(core, ["leased", "plain"], now_s=1.0)
+    core.handle(p.LookupPrefix("t", ["leased"], lease=True), 2.0)  # leased until 7.0
+    core.handle(p.LookupPrefix("t", ["plain"], lease=False), 3.0)  # newer, but not leased
+    keys = ["pinned", "pending", "leased", "plain"]
+    assert evict_one(core, 4.0, keys) == "plain"
+    assert evict_one(core, 4.0, keys) is None  # the leased one waits for its lease
+    assert evict_one(core, 7.0, keys) == "leased"
+    assert evict_one(core, 100.0, keys) is None
+    assert present(core, keys) == ["pinned"]  # pending is not visible to exists, but still held
+    assert core.stats(100.0).num_pending == 1
+
+
+def test_exists_and_counting_lookups_do_not_protect_from_eviction():
+    core = make_core(slots=20)
+    put(core, ["a", "b"], now_s=0.0)
+    core.handle(p.Exists("t", ["a"]), 5.0)
+    core.handle(p.LookupPrefix("t", ["b"], lease=False), 5.0)
+    assert evict_one(core, 5.0, ["a", "b"]) == "a"  # exists is no use: a is older
+    assert evict_one(core, 5.0, ["a", "b"]) == "b"
+
+
+def test_an_object_leased_past_the_hold_cap_drains_when_eviction_wants_it():
+    core = make_core(slots=20, lease_ttl_s=5.0, max_lease_hold_s=10.0)
+    put(core, ["hot", "young"], now_s=0.0)
+    for t in range(0, 13, 2):
+        core.handle(p.LookupPrefix("t", ["hot"]), float(t))  # renewed without a break since 0
+    core.handle(p.LookupPrefix("t", ["young"]), 11.0)  # leased for 1 s only
+    assert evict_one(core, 12.0, ["hot", "young"]) is None  # both leased
+    # hot has been held 12 s >= 10 s: it takes no new lease; young is untouched
+    assert core.handle(p.LookupPrefix("t", ["hot"]), 13.0).num_hit == 0
+    assert core.handle(p.LookupPrefix("t", ["hot"], lease=False), 13.0).num_hit == 1
+    assert core.handle(p.LookupPrefix("t", ["young"]), 13.0).num_hit == 1
+    assert evict_one(core, 16.9, ["hot", "young"]) is None  # hot's last lease runs to 17.0
+    assert evict_one(core, 17.0, ["hot", "young"]) == "hot"
+
+
+def test_a_drained_object_is_leasable_again_when_eviction_did_not_take_it():
+    core = make_core(slots=20, lease_ttl_s=5.0, max_lease_hold_s=5.0)
+    put(core, ["a"], now_s=0.0)
+    core.handle(p.LookupPrefix("t", ["a"]), 0.0)
+    core.handle(p.LookupPrefix("t", ["a"]), 4.0)  # leased until 9.0, held since 0
+    core.index.evictor.evict(6.0, SLOT)  # wants it: drained
+    assert core.handle(p.LookupPrefix("t", ["a"]), 9.0).num_hit == 0
+    assert core.handle(p.LookupPrefix("t", ["a"]), 13.9).num_hit == 0  # eviction's window: one TTL
+    assert core.handle(p.LookupPrefix("t", ["a"]), 14.0).num_hit == 1
+
+
+def test_a_full_pool_of_leased_objects_refuses_puts_until_leases_end():
+    core = make_core(slots=4, lease_ttl_s=5.0)
+    put(core, ["a", "b", "c", "d"], now_s=0.0)
+    core.handle(p.LookupPrefix("t", ["a", "b", "c", "d"]), 1.0)
+    reply = core.handle(p.PutStart("t", ["e"], [SLOT], [None]), 2.0)
+    assert reply.statuses == [p.PUT_NO_SPACE] and "pool full" in reply.message
+    reply = core.handle(p.PutStart("t", ["e"], [SLOT], [None]), 6.0)
+    assert reply.statuses == [p.PUT_ALLOCATED]
+    stats = core.stats(6.0)
+    assert stats.evictions >= 1 and stats.lease_expiries >= 1
+
+
+def test_lease_expiries_and_grants_are_counted():
+    core = make_core(lease_ttl_s=5.0)
+    put(core, ["a"], now_s=0.0)
+    core.handle(p.LookupPrefix("t", ["a"]), 0.0)
+    core.handle(p.LookupPrefix("t", ["a"]), 1.0)  # renewal within the lease: same grant
+    core.handle(p.LookupPrefix("t", ["a"]), 10.0)  # the first lease ran out at 6.0
+    stats = core.stats(10.0)
+    assert (stats.lease_grants, stats.lease_expiries) == (2, 1)
