@@ -8,9 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from kvpool.bench import procs
 from kvpool.client import PUT_ALLOCATED, PUT_FAILED, PUT_NO_SPACE, Client
-from kvpool.core.errors import CapacityError, UnavailableError, UsageError
+from kvpool.core.errors import CapacityError, TransferError, UnavailableError, UsageError
 from pool_worker import chain_keys, pattern
 
 KiB = 1024
@@ -83,19 +82,18 @@ def test_puts_in_flight_on_a_killed_node_are_revoked(make_pool):
         assert client.exists(failed) == [False] * len(failed)  # revoked, not left pending
         for key in stored:
             assert client.get(key) == pattern(key, size).tobytes()
-        with pytest.raises(Exception) as err:  # a single put that lands on the dead node says so
+        with pytest.raises(TransferError) as err:  # a single put that lands on the dead node says so
             for i in range(8):
                 client.put(f"single/{i}", pattern(f"single/{i}", size), parent=None)
         assert "revoked" in str(err.value)
 
 
-def test_master_unreachable_fails_within_timeout(tmp_path):
-    master = procs.start_master(tmp_path)
-    address = master.info["address"]
-    client = Client(address, timeout_s=0.5)
+def test_master_unreachable_fails_within_timeout(make_pool):
+    pool = make_pool(num_nodes=1)
+    client = Client(pool.address, timeout_s=0.5)
     try:
         assert client.put("k", b"v" * 100) is True
-        master.kill()
+        pool.master.kill()
         buf = np.zeros(100, dtype=np.uint8)
         client.register(buf)
         calls = [
@@ -115,7 +113,6 @@ def test_master_unreachable_fails_within_timeout(tmp_path):
             assert time.monotonic() - started < 2.0
     finally:
         client.close()
-        master.stop()
 
 
 def test_never_started_master_is_unavailable_not_a_hang():

@@ -225,7 +225,8 @@ class Client:
                 retry.append(i)
             pending = retry
         count = plan.leading_within_lease(completed_at, deadline)
-        expired = sum(1 for t in completed_at if t is not None and t > deadline)
+        # expired: read too late, or never tried because the lease ran out first
+        expired = sum(1 for t in completed_at if t is not None and t > deadline) + len(pending)
         if expired:
             self._metrics.lease_expiries.labels(tenant).inc(expired)
         self._metrics.get_keys.labels(tenant).inc(len(keys))
