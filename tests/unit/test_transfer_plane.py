@@ -152,3 +152,18 @@ def test_host_id_is_the_same_in_another_process():
 def test_segment_memory_rejects_bad_sizes():
     with pytest.raises(ValueError):
         SegmentMemory(0)
+
+
+@pytest.mark.parametrize("bad", ["remote", "local"])
+def test_long_lists_are_checked_too(info, buf, bad):
+    n = 200  # past the Python-loop threshold: the vectorized check
+    local = [buf.ctypes.data + i * 64 for i in range(n)]
+    remote = [i * 64 for i in range(n)]
+    if bad == "remote":
+        remote[150] = SEGMENT_BYTES - 32
+    else:
+        local[150] = buf.ctypes.data + buf.nbytes - 32
+    with DataPlane(path="shm") as plane:
+        plane.register(buf.ctypes.data, buf.nbytes)
+        with pytest.raises(UsageError, match="region 150"):
+            plane.transfer("READ", info, local, remote, [64] * n, 5)

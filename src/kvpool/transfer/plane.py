@@ -14,6 +14,8 @@ Rules:
 
 from __future__ import annotations
 
+import bisect
+import operator
 import os
 import threading
 import time
@@ -31,6 +33,8 @@ from kvpool.transfer.shm import PeerMapping
 PATHS = ("auto", "nixl", "shm")
 OPS = ("READ", "WRITE")
 
+_VECTORIZE_FROM = 64  # regions per job from which numpy checks them faster than a Python loop
+
 Job = tuple[SegmentInfo, Sequence[int], Sequence[int], Sequence[int]]
 
 
@@ -45,9 +49,9 @@ class _Route:
 class _Checked:
     route: _Route | None
     segment: SegmentInfo
-    local_addrs: np.ndarray
-    remote_offsets: np.ndarray
-    sizes: np.ndarray
+    local_addrs: list[int]
+    remote_offsets: list[int]
+    sizes: list[int]
 
 
 class DataPlane:
@@ -60,6 +64,8 @@ class DataPlane:
         self._regions: dict[int, int] = {}  # start addr -> size_bytes
         self._starts = np.zeros(0, dtype=np.int64)
         self._ends = np.zeros(0, dtype=np.int64)
+        self._starts_list: list[int] = []
+        self._ends_list: list[int] = []
         self._registrations: dict[int, object] = {}  # start addr -> NIXL registration
         self._endpoint = None  # NixlEndpoint, created on first need
         self._routes: dict[int, _Route] = {}
@@ -97,9 +103,10 @@ class DataPlane:
             self._rebuild_index()
 
     def _rebuild_index(self) -> None:
-        starts = sorted(self._regions)
-        self._starts = np.array(starts, dtype=np.int64)
-        self._ends = np.array([s + self._regions[s] for s in starts], dtype=np.int64)
+        self._starts_list = sorted(self._regions)
+        self._ends_list = [s + self._regions[s] for s in self._starts_list]
+        self._starts = np.array(self._starts_list, dtype=np.int64)
+        self._ends = np.array(self._ends_list, dtype=np.int64)
 
     # ---- routes ------------------------------------------------------------------------------
 
@@ -202,9 +209,7 @@ class DataPlane:
         for i, job in enumerate(checked):
             if errors[i] is None and job.route.mapping is not None:
                 try:
-                    job.route.mapping.copy(
-                        op, job.local_addrs.tolist(), job.remote_offsets.tolist(), job.sizes.tolist()
-                    )
+                    job.route.mapping.copy(op, job.local_addrs, job.remote_offsets, job.sizes)
                 except TransferError as e:
                     errors[i] = e
         if posted:
@@ -216,7 +221,7 @@ class DataPlane:
         from kvpool.transfer.nixlio import descriptors
 
         local = descriptors(job.local_addrs, job.sizes)
-        remote = descriptors(job.remote_offsets + job.segment.base_addr, job.sizes)
+        remote = descriptors(np.array(job.remote_offsets, dtype=np.int64) + job.segment.base_addr, job.sizes)
         return self._endpoint.post(op, local, remote, job.route.peer)
 
     def _check(
@@ -230,28 +235,54 @@ class DataPlane:
                 f"{len(local_addrs)}, {len(remote_offsets)}, {len(sizes)}"
             )
         try:
-            local = np.asarray(local_addrs, dtype=np.int64).reshape(-1)
-            remote = np.asarray(remote_offsets, dtype=np.int64).reshape(-1)
-            size = np.asarray(sizes, dtype=np.int64).reshape(-1)
-        except (TypeError, ValueError, OverflowError) as e:
+            local = [operator.index(x) for x in local_addrs]
+            remote = [operator.index(x) for x in remote_offsets]
+            size = [operator.index(x) for x in sizes]
+        except TypeError as e:
             raise UsageError(f"addresses, offsets and sizes must be integers: {e}") from None
-        if len(size) and (size.min() <= 0 or remote.min() < 0 or (remote + size).max() > segment.size_bytes):
-            bad = int(np.argmax((size <= 0) | (remote < 0) | (remote + size > segment.size_bytes)))
-            raise UsageError(
-                f"region {bad} (offset {int(remote[bad])}, {int(size[bad])} bytes) is outside segment "
-                f"{segment.segment_id} of {segment.size_bytes} bytes"
-            )
-        starts, ends = self._starts, self._ends
-        if len(size):
-            slot = np.searchsorted(starts, local, side="right") - 1
-            inside = (slot >= 0) & (local + size <= ends[np.maximum(slot, 0)] if len(ends) else False)
-            if not np.all(inside):
-                bad = int(np.argmin(inside))
-                raise UsageError(
-                    f"local region {bad} ({int(local[bad]):#x}+{int(size[bad])}) is not inside memory "
-                    f"registered with DataPlane.register()"
-                )
+        if len(size) > _VECTORIZE_FROM:
+            self._check_vectorized(segment, local, remote, size)
+            return _Checked(None, segment, local, remote, size)
+        # a Python loop beats numpy's per-call overhead for the few regions of a typical object
+        segment_bytes, starts, ends = segment.size_bytes, self._starts_list, self._ends_list
+        for i, (addr, offset, num_bytes) in enumerate(zip(local, remote, size)):
+            if num_bytes <= 0 or offset < 0 or offset + num_bytes > segment_bytes:
+                self._outside_segment(segment, i, offset, num_bytes)
+            slot = bisect.bisect_right(starts, addr) - 1
+            if slot < 0 or addr + num_bytes > ends[slot]:
+                self._not_registered(i, addr, num_bytes)
         return _Checked(None, segment, local, remote, size)
+
+    def _check_vectorized(self, segment: SegmentInfo, local: list[int], remote: list[int], size: list[int]) -> None:
+        try:
+            addr = np.array(local, dtype=np.int64)
+            offset = np.array(remote, dtype=np.int64)
+            num_bytes = np.array(size, dtype=np.int64)
+        except OverflowError as e:
+            raise UsageError(f"addresses, offsets and sizes must fit in 64 bits: {e}") from None
+        outside = (num_bytes <= 0) | (offset < 0) | (offset + num_bytes > segment.size_bytes)
+        if outside.any():
+            i = int(np.argmax(outside))
+            self._outside_segment(segment, i, remote[i], size[i])
+        starts, ends = self._starts, self._ends
+        slot = np.searchsorted(starts, addr, side="right") - 1
+        inside = (slot >= 0) & (addr + num_bytes <= (ends[np.maximum(slot, 0)] if len(ends) else -1))
+        if not inside.all():
+            i = int(np.argmin(inside))
+            self._not_registered(i, local[i], size[i])
+
+    @staticmethod
+    def _outside_segment(segment: SegmentInfo, i: int, offset: int, num_bytes: int) -> None:
+        raise UsageError(
+            f"region {i} (offset {offset}, {num_bytes} bytes) is outside segment "
+            f"{segment.segment_id} of {segment.size_bytes} bytes"
+        )
+
+    @staticmethod
+    def _not_registered(i: int, addr: int, num_bytes: int) -> None:
+        raise UsageError(
+            f"local region {i} ({addr:#x}+{num_bytes}) is not inside memory registered with DataPlane.register()"
+        )
 
     def _check_open(self) -> None:
         if self._closed:

@@ -96,13 +96,14 @@ class PeerMapping:
             os.close(self._pidfd)
             raise
         self.base_addr = _address_of(self._mmap)
+        self._exit_watch = select.poll()  # the pidfd turns readable when the node exits
+        self._exit_watch.register(self._pidfd, select.POLLIN)
         self._lock = threading.Lock()
         self._users = 0
         self._closing = False
 
     def node_alive(self) -> bool:
-        readable, _, _ = select.select([self._pidfd], [], [], 0)
-        return not readable
+        return not self._exit_watch.poll(0)
 
     def copy(self, op: str, local_addrs: list[int], remote_offsets: list[int], sizes: list[int]) -> None:
         """READ: segment -> local; WRITE: local -> segment. Bounds were checked by the caller."""
