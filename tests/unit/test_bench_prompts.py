@@ -101,3 +101,11 @@ def test_no_vllm_counters_is_none_not_zero():
     assert parse_counters("proxy_requests_total 5\n") is None
     assert total_delta([CacheCounters()], [None]) is None
     assert CacheCounters().hit_rates() == {"local": None, "external": None, "combined": None}
+
+
+def test_sessions_with_one_id_scope_share_block_tokens():
+    space = TokenSpace(1000)
+    a = Session("a", BS, [Turn([5, 6], 0, 1)], id_scope="trace")
+    b = Session("b", BS, [Turn([5, 7], 0, 1)], id_scope="trace")
+    pa, pb = SessionPrompts(a, space).next_prompt(0, None), SessionPrompts(b, space).next_prompt(0, None)
+    assert pa[:BS] == pb[:BS] and pa[BS:] != pb[BS:]

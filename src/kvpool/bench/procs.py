@@ -231,6 +231,12 @@ def start_vllm_server(
     return proc
 
 
+def start_router(workdir: Path, backends: list[str], *extra: str, name: str = "router", timeout_s: float = 30.0) -> ManagedProcess:
+    """A `kvpool router` (round-robin proxy) on 127.0.0.1 and an OS-chosen port; `info["url"]` is its base URL."""
+    argv = kvpool_argv("router", "--host", "127.0.0.1", "--port", "0", *[a for b in backends for a in ("--backend", b)], *extra)
+    return ManagedProcess(name, argv, workdir).start(timeout_s)
+
+
 def stop_all() -> None:
     for proc in list(_LIVE):
         proc.stop(grace_s=5.0)

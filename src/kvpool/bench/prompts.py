@@ -3,9 +3,8 @@
 Rules:
 - Every block id maps to a deterministic block of tokens in [first_token, vocab_size): equal ids
   in the same scope give equal tokens, so the engine sees the prefix structure the trace recorded.
-  Ids before `session.shared_prefix_blocks` are global (a system prompt shared by every session);
-  the rest are scoped to the root session (`parent_session_id or session_id`), because the session
-  model keeps block ids local to one session (a subagent shares its parent's scope).
+  The scope is the session model's `Session.block_scope(position)`: the whole trace inside the
+  shared prefix (a system prompt), else the session's `id_scope` or its own id.
 - A turn whose block ids extend the previous turn's is sent as the previous prompt + the output the
   server actually returned + new tokens, as an agent does. A turn that shares only part of the
   previous turn's blocks (context compaction, an edit) keeps that part of the previous prompt; a
@@ -57,13 +56,9 @@ def _tokens(vocab: int, first: int, seed: int, scope_key: int, stream: int, iden
 
 
 def _scope_key(scope: str | None) -> int:
-    if scope is None:
+    if not scope:  # None or "": the whole trace
         return 0
     return 1 + int.from_bytes(hashlib.blake2b(scope.encode(), digest_size=8).digest(), "little")
-
-
-def root_scope(session: Session) -> str:
-    return session.parent_session_id or session.session_id
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -86,8 +81,7 @@ class SessionPrompts:
     _prev_prompt: list[int] = field(default_factory=list, init=False)
 
     def block_tokens(self, position: int, block_id: int) -> list[int]:
-        scope = None if position < self.session.shared_prefix_blocks else root_scope(self.session)
-        return self.space.block(scope, block_id, self.session.block_size)
+        return self.space.block(self.session.block_scope(position), block_id, self.session.block_size)
 
     def _stream(self, turn_index: int, turn: Turn, first_position: int, num_tokens: int) -> list[int]:
         """`num_tokens` tokens from the turn's blocks starting at `first_position`, then its tail."""
@@ -97,7 +91,7 @@ class SessionPrompts:
                 break
             out += self.block_tokens(pos, turn.block_ids[pos])
         if len(out) < num_tokens:
-            out += self.space.tail(root_scope(self.session), turn_index, num_tokens - len(out))
+            out += self.space.tail(self.session.session_id, turn_index, num_tokens - len(out))
         return out[:num_tokens]
 
     def next_prompt(self, turn_index: int, prev_output: list[int] | None) -> list[int]:

@@ -1,8 +1,9 @@
 """Replay agent sessions against OpenAI-compatible endpoints (vLLM, or a router in front of several).
 
 Rules:
-- One asyncio client per session; its turns go in order, each after the previous answer plus the
-  turn's think time x `time_scale`. Prompts are token ids (see `prompts.py`); each turn carries
+- One asyncio client per session, started at its `trace_offset_s` x `time_scale` (plus its share
+  of `ramp_up_s`); its turns go in order, each after the previous answer plus the turn's think
+  time x `time_scale`. Prompts are token ids (see `prompts.py`); each turn carries
   the previous prompt and the output the server actually returned (`return_token_ids`).
 - Several endpoints are used round-robin per request: the baseline "load balancer".
 - Every request streams (`stream` + usage), so TTFT and inter-token gaps are measured at the
@@ -180,7 +181,8 @@ class Replayer:
             limit = asyncio.Semaphore(cfg.concurrency or max(1, len(self.sessions)))
             n = len(self.sessions)
             tasks = [
-                self._session(http, s, space, model, max_model_len, limit, cfg.ramp_up_s * i / max(1, n - 1) if n > 1 else 0.0)
+                self._session(http, s, space, model, max_model_len, limit,
+                              s.trace_offset_s * cfg.time_scale + (cfg.ramp_up_s * i / (n - 1) if n > 1 else 0.0))
                 for i, s in enumerate(self.sessions)
             ]  # fmt: skip
             await asyncio.gather(*tasks)
