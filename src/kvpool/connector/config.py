@@ -1,0 +1,106 @@
+"""The connector's configuration, read from vLLM's `kv_connector_extra_config` (the only edge where
+the connector reads settings; nothing here looks at the environment).
+
+Keys (all optional except `master_address`):
+  master_address       ZMQ endpoint of `kvpool master`, e.g. "tcp://127.0.0.1:5555"
+  tenant               extra namespace component: deployments with different tenants never share
+  cache_salt           same effect as tenant, for operators who salt caches per security domain
+  tokens_per_object    tokens per pool object, a multiple of vLLM's block size (default: one block)
+  pool_memory_bytes    run an embedded storage node contributing this much memory ("4GiB" or int)
+  node_id              name of the embedded node (default: vllm-<host>-<pid>-r<rank>)
+  timeout_s            one master round trip / transfer round (default 2.0)
+  load_async           report pool hits as asynchronous loads (default True)
+  save_decode          also save KV produced during decode (default True)
+  num_replicas         replicas per saved object (default 1)
+  transfer_path        auto | nixl | shm (default auto: shared memory on the same host, else NIXL)
+  retry_initial_s      first back-off after the pool became unreachable (default 1.0)
+  retry_max_s          longest back-off (default 30.0)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+_TENANT_PART = re.compile(r"^[A-Za-z0-9._:@/-]{1,200}$")
+_PATHS = ("auto", "nixl", "shm")
+
+
+def _parse_size(value: object) -> int:
+    from kvpool.node import parse_size  # the same parser as `kvpool node --memory`
+
+    if isinstance(value, bool):
+        raise ValueError(f"pool_memory_bytes must be a size, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        return parse_size(value)
+    raise ValueError(f"pool_memory_bytes must be an int or a size string like '4GiB', got {value!r}")
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    master_address: str
+    tenant: str | None = None
+    cache_salt: str | None = None
+    tokens_per_object: int | None = None  # None: one vLLM block
+    pool_memory_bytes: int | None = None  # None: no embedded node
+    node_id: str | None = None
+    timeout_s: float = 2.0
+    load_async: bool = True
+    save_decode: bool = True
+    num_replicas: int = 1
+    transfer_path: str = "auto"
+    retry_initial_s: float = 1.0
+    retry_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.master_address, str) or not re.match(r"^(tcp|ipc)://.+", self.master_address):
+            raise ValueError(
+                "kv_connector_extra_config.master_address must be the ZMQ endpoint of `kvpool master`, "
+                f"like tcp://127.0.0.1:5555; got {self.master_address!r}"
+            )
+        for name in ("tenant", "cache_salt"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not _TENANT_PART.match(value)):
+                raise ValueError(f"{name} must be 1-200 characters of letters, digits or ._:@/-, got {value!r}")
+        if self.tokens_per_object is not None and (
+            not isinstance(self.tokens_per_object, int) or self.tokens_per_object <= 0
+        ):
+            raise ValueError(f"tokens_per_object must be a positive int, got {self.tokens_per_object!r}")
+        if self.pool_memory_bytes is not None and self.pool_memory_bytes < (1 << 20):
+            raise ValueError(f"pool_memory_bytes must be at least 1 MiB, got {self.pool_memory_bytes}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
+            raise ValueError(f"num_replicas must be an int >= 1, got {self.num_replicas!r}")
+        if self.transfer_path not in _PATHS:
+            raise ValueError(f"transfer_path must be one of {_PATHS}, got {self.transfer_path!r}")
+        if not 0 < self.retry_initial_s <= self.retry_max_s:
+            raise ValueError(
+                f"need 0 < retry_initial_s <= retry_max_s, got {self.retry_initial_s!r}, {self.retry_max_s!r}"
+            )
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any]) -> "ConnectorConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(extra) - known)
+        if unknown:
+            raise ValueError(f"unknown kv_connector_extra_config keys for KVPoolConnector: {unknown}; known: {sorted(known)}")
+        values = dict(extra)
+        if values.get("pool_memory_bytes") is not None:
+            values["pool_memory_bytes"] = _parse_size(values["pool_memory_bytes"])
+        for name in ("timeout_s", "retry_initial_s", "retry_max_s"):
+            if isinstance(values.get(name), int) and not isinstance(values.get(name), bool):
+                values[name] = float(values[name])
+        if "master_address" not in values:
+            raise ValueError("kv_connector_extra_config needs master_address (the `kvpool master` endpoint)")
+        return cls(**values)
+
+    def blocks_per_object(self, block_size: int) -> int:
+        """Objects are whole vLLM blocks, so an object's key is one of vLLM's block hashes."""
+        tokens = self.tokens_per_object or block_size
+        if tokens % block_size:
+            raise ValueError(f"tokens_per_object ({tokens}) must be a multiple of vLLM's block size ({block_size})")
+        return tokens // block_size

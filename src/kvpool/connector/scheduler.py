@@ -1,0 +1,217 @@
+"""The scheduler half: asks the pool what it has, plans loads and saves, holds saved blocks.
+
+Facts this relies on (vLLM 0.32, v1/core/sched/scheduler.py):
+- `get_num_new_matched_tokens(request, n)` runs for a request whose num_computed_tokens is 0, with
+  `n` the block-aligned local prefix-cache hit. It may run again for the same request (when the
+  allocation fails, the request is retried next step), so it only records its latest answer.
+  Returning (k, True) puts the request in WAITING_FOR_REMOTE_KVS until the worker lists it in
+  `finished_recving`; vLLM then caches the loaded blocks and, on a whole-prompt hit, recomputes the
+  last token. Returning (k, False) makes the load synchronous (before this step's forward).
+- `update_state_after_alloc(request, blocks, k)` follows every admission (also with k == 0, and
+  for MultiConnector children that were not chosen); `blocks` is the request's block table.
+- `build_connector_meta` runs before `request.num_computed_tokens` advances; the scheduled tokens'
+  KV exists once the step's forward pass is done. `scheduler_output.kv_connector_block_state`
+  resolves the block table of every scheduled request.
+- `request.block_hashes` grow as tokens become known, during decode too (Request.
+  append_output_token_ids -> update_block_hashes), one hash per full block.
+- Save sources stay valid because we take a reference on their blocks in vLLM's block pool
+  (`touch`) when planning a save and drop it (`free_blocks`, tail first) once every worker has
+  reported the job in its KVPoolWorkerMetadata: a finished or preempted request's blocks are then
+  not reused while a write reads them. `has_pending_push_work` keeps the engine stepping until all
+  references are dropped. (vLLM's other mechanism, request_finished -> True + finished_sending,
+  would not protect blocks of a preempted request, and saves happen during the request's life.)
+- vLLM counts `external_prefix_cache_{queries,hits}` from what this class returns: queries are the
+  request's tokens beyond the local hit, hits the tokens we report.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from kvpool.connector.health import PoolHealth
+from kvpool.connector.keys import object_keys
+from kvpool.connector.metadata import KVPoolMetadata, KVPoolWorkerMetadata
+from kvpool.connector.plan import (
+    Geometry,
+    LoadSpec,
+    RequestTracker,
+    SaveSpec,
+    external_tokens,
+    lookup_window,
+    plan_load,
+    savable_objects,
+)
+from kvpool.connector.stats import StatsRecorder
+from kvpool.core.errors import KVPoolError, UnavailableError
+
+log = logging.getLogger(__name__)
+
+NULL_BLOCK_ID = 0  # vLLM's placeholder block (v1/attention/backends/utils.py); never holds KV
+
+
+class SchedulerSide:
+    def __init__(
+        self, geom: Geometry, *, make_client: Callable[[], object], health: PoolHealth,
+        num_workers: int, save_decode: bool, load_async: bool,
+    ) -> None:
+        self.geom = geom
+        self.stats = StatsRecorder()
+        self._make_client = make_client
+        self._client = None
+        self._health = health
+        self._num_workers = num_workers
+        self._save_decode = save_decode
+        self._load_async = load_async
+        self._block_pool = None
+        self._requests: dict[str, object] = {}  # req id -> vLLM Request, while it lives
+        self._trackers: dict[str, RequestTracker] = {}
+        self._lookups: dict[str, tuple[int, int]] = {}  # req id -> (local tokens, pool hit objects)
+        self._pending_loads: list[LoadSpec] = []
+        self._late_saves: list[SaveSpec] = []  # planned in request_finished
+        self._pinned: dict[int, tuple[list[int], int]] = {}  # job id -> (block ids, workers to report)
+        self._next_job_id = 0
+
+    def bind_block_pool(self, block_pool) -> None:
+        self._block_pool = block_pool
+
+    # ---- loads ---------------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+        rid = request.request_id
+        self._lookups.pop(rid, None)
+        window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
+        if window * self.geom.tokens_per_object <= num_computed_tokens or not self._health.should_try():
+            return 0, False
+        keys = object_keys(request.block_hashes, self.geom.blocks_per_object, 0, window)
+        started = time.perf_counter()
+        try:
+            if self._client is None:
+                self._client = self._make_client()
+            num_hit = self._client.lookup_prefix(keys)
+        except UnavailableError as exc:
+            self._health.record_unavailable(exc)
+            self.stats.add(lookups=1, lookup_failures=1, pool_unavailable=1)
+            return 0, False
+        except KVPoolError as exc:
+            log.warning("kvpool: lookup failed (%s); treating it as a miss", exc)
+            self.stats.add(lookups=1, lookup_failures=1)
+            return 0, False
+        self._health.record_success()
+        self.stats.add(lookups=1)
+        self.stats.observe("lookup_latency_s", time.perf_counter() - started)
+        self._lookups[rid] = (num_computed_tokens, num_hit)
+        num_external = external_tokens(self.geom, num_hit, num_computed_tokens)
+        return num_external, self._load_async and num_external > 0
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        rid = request.request_id
+        self._requests[rid] = request
+        tracker = self._trackers.setdefault(rid, RequestTracker(rid))
+        lookup = self._lookups.pop(rid, None)
+        if lookup is None:
+            return
+        num_local, num_hit = lookup
+        tracker.next_save = max(tracker.next_save, num_hit)  # objects [0, num_hit) are in the pool
+        if num_external_tokens <= 0:
+            return
+        k = self.geom.blocks_per_object
+        first_object = num_local // self.geom.block_size // k
+        end_object = (num_local + num_external_tokens) // self.geom.tokens_per_object
+        keys = object_keys(request.block_hashes, k, first_object, end_object)
+        (block_ids,) = blocks.get_block_ids()
+        self._pending_loads.append(
+            plan_load(self.geom, rid, keys, first_object, num_local, num_external_tokens, list(block_ids))
+        )
+        self.stats.add(lookup_hit_tokens=num_external_tokens)
+
+    # ---- saves ---------------------------------------------------------------------------------
+
+    def build_connector_meta(self, scheduler_output) -> KVPoolMetadata:
+        meta = KVPoolMetadata(loads=self._pending_loads, saves=self._late_saves)
+        self._pending_loads, self._late_saves = [], []
+        if self._block_pool is None or not self._health.available:
+            return meta  # no pool: nothing is saved (a pool that returns gets the next blocks)
+        computed_before = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+        cached = scheduler_output.scheduled_cached_reqs
+        computed_before.update(zip(cached.req_ids, cached.num_computed_tokens))
+        block_state = scheduler_output.kv_connector_block_state
+        for rid, num_scheduled in scheduler_output.num_scheduled_tokens.items():
+            request, tracker = self._requests.get(rid), self._trackers.get(rid)
+            if request is None or tracker is None or rid not in computed_before or block_state is None:
+                continue
+            num_spec = len(scheduler_output.scheduled_spec_decode_tokens.get(rid, ()))
+            computed_after = computed_before[rid] + num_scheduled - num_spec
+            limit = None if self._save_decode else request.num_prompt_tokens
+            ready = savable_objects(self.geom, computed_after, len(request.block_hashes), limit)
+            if ready > tracker.next_save:
+                block_table = block_state.get_block_ids(rid)
+                if block_table:
+                    spec = self._plan_save(request, tracker, ready, list(block_table[0]))
+                    if spec is not None:
+                        meta.saves.append(spec)
+        return meta
+
+    def _plan_save(self, request, tracker: RequestTracker, stop: int, block_table: list[int]) -> SaveSpec | None:
+        k, start = self.geom.blocks_per_object, tracker.next_save
+        per_object: list[list[int]] = []
+        for obj in range(start, stop):
+            blocks = block_table[obj * k : (obj + 1) * k]
+            if len(blocks) < k or NULL_BLOCK_ID in blocks:
+                break  # not allocated here (should not happen for computed tokens); stop the chain
+            per_object.append(blocks)
+        if not per_object:
+            return None
+        stop = start + len(per_object)
+        keys = object_keys(request.block_hashes, k, max(start - 1, 0), stop)
+        parents: list[str | None] = keys[:-1] if start > 0 else [None, *keys[:-1]]
+        keys = keys[1:] if start > 0 else keys
+        job_id, self._next_job_id = self._next_job_id, self._next_job_id + 1
+        flat = [b for blocks in per_object for b in blocks]
+        self._block_pool.touch([self._block_pool.blocks[b] for b in flat])
+        self._pinned[job_id] = (flat, self._num_workers)
+        tracker.next_save = stop
+        tracker.pending_jobs.add(job_id)
+        return SaveSpec(job_id, request.request_id, list(keys), parents, per_object)
+
+    def update_connector_output(self, connector_output) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if not isinstance(meta, KVPoolWorkerMetadata):
+            return
+        for job_id, count in meta.completed_save_jobs.items():
+            pinned = self._pinned.get(job_id)
+            if pinned is None:
+                log.warning("kvpool: a worker reported unknown save job %d", job_id)
+                continue
+            block_ids, remaining = pinned[0], pinned[1] - count
+            if remaining > 0:
+                self._pinned[job_id] = (block_ids, remaining)
+                continue
+            del self._pinned[job_id]
+            # tail first, so vLLM evicts a prefix's end before its start
+            self._block_pool.free_blocks(self._block_pool.blocks[b] for b in reversed(block_ids))
+
+    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, None]:
+        rid = request.request_id
+        tracker = self._trackers.pop(rid, None)
+        self._requests.pop(rid, None)
+        self._lookups.pop(rid, None)
+        if tracker is not None and self._block_pool is not None and self._health.available:
+            # Objects computed in the last steps whose hashes came late (async scheduling): plan
+            # them now, while the blocks are still the request's; the references keep them alive.
+            limit = None if self._save_decode else request.num_prompt_tokens
+            ready = savable_objects(self.geom, request.num_computed_tokens, len(request.block_hashes), limit)
+            if ready > tracker.next_save:
+                spec = self._plan_save(request, tracker, ready, list(block_ids))
+                if spec is not None:
+                    self._late_saves.append(spec)
+        return False, None
+
+    def has_pending_saves(self) -> bool:
+        return bool(self._pinned)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
