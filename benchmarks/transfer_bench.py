@@ -66,45 +66,61 @@ def summarize(bytes_per_round: int, round_s: list[float], call_s: list[float]) -
     }
 
 
-def run_objects(plane, segment, op, local_base, size, count, segment_slots, repeats) -> dict:
-    rng = np.random.default_rng(size)
-    round_s, call_s = [], []
-    for _ in range(repeats):
-        remote = (rng.permutation(segment_slots)[:count] * size).tolist()
-        start = time.perf_counter()
-        for i in range(count):
-            t = time.perf_counter()
-            plane.transfer(op, segment, [local_base + i * size], [remote[i]], [size], timeout_s=30)
-            call_s.append(time.perf_counter() - t)
-        round_s.append(time.perf_counter() - start)
-    return summarize(count * size, round_s, call_s)
+def object_round(plane, segment, op, local_base, size, remote) -> tuple[float, list[float]]:
+    """One call per object; returns (round seconds, per-call seconds)."""
+    calls = []
+    start = time.perf_counter()
+    for i, offset in enumerate(remote):
+        t = time.perf_counter()
+        plane.transfer(op, segment, [local_base + i * size], [offset], [size], timeout_s=30)
+        calls.append(time.perf_counter() - t)
+    return time.perf_counter() - start, calls
 
 
-def run_memcpy(src: np.ndarray, dst: np.ndarray, size, count, repeats) -> dict:
+def memcpy_round(far: np.ndarray, near: np.ndarray, op, size, remote) -> tuple[float, list[float]]:
+    """The same pattern as object_round, copied by numpy inside this process: `far` stands for the
+    segment, `near` for the caller's memory."""
+    calls = []
+    start = time.perf_counter()
+    for i, offset in enumerate(remote):
+        t = time.perf_counter()
+        if op == "READ":
+            np.copyto(near[i * size : (i + 1) * size], far[offset : offset + size])
+        else:
+            np.copyto(far[offset : offset + size], near[i * size : (i + 1) * size])
+        calls.append(time.perf_counter() - t)
+    return time.perf_counter() - start, calls
+
+
+def run_objects(planes, segment, far, near, op, size, count, repeats) -> dict:
+    """Methods interleaved round by round, so load from other processes hits them alike."""
     rng = np.random.default_rng(size)
-    slots = src.nbytes // size
-    round_s, call_s = [], []
+    slots = min(segment.size_bytes, far.nbytes) // size
+    rounds: dict[str, tuple[list, list]] = {name: ([], []) for name in ("memcpy", *planes)}
     for _ in range(repeats):
         remote = (rng.permutation(slots)[:count] * size).tolist()
-        start = time.perf_counter()
-        for i in range(count):
-            t = time.perf_counter()
-            np.copyto(dst[i * size : (i + 1) * size], src[remote[i] : remote[i] + size])
-            call_s.append(time.perf_counter() - t)
-        round_s.append(time.perf_counter() - start)
-    return summarize(count * size, round_s, call_s)
+        for name in rounds:
+            if name == "memcpy":
+                round_s, calls = memcpy_round(far, near, op, size, remote)
+            else:
+                round_s, calls = object_round(planes[name], segment, op, near.ctypes.data, size, remote)
+            rounds[name][0].append(round_s)
+            rounds[name][1].extend(calls)
+    return {name: summarize(count * size, r, c) for name, (r, c) in rounds.items()}
 
 
-def run_gather(plane, segment, op, local_base, region, count, segment_slots, repeats) -> dict:
+def run_gather(planes, segment, op, local_base, region, count, repeats) -> dict:
     rng = np.random.default_rng(1)
-    round_s = []
+    slots = segment.size_bytes // region
+    rounds: dict[str, list[float]] = {name: [] for name in planes}
     for _ in range(repeats):
-        remote = (rng.permutation(segment_slots)[:count] * region).tolist()
+        remote = (rng.permutation(slots)[:count] * region).tolist()
         local = (local_base + rng.permutation(count) * region).tolist()
-        start = time.perf_counter()
-        plane.transfer(op, segment, local, remote, [region] * count, timeout_s=60)
-        round_s.append(time.perf_counter() - start)
-    return summarize(count * region, round_s, round_s)
+        for name, plane in planes.items():
+            start = time.perf_counter()
+            plane.transfer(op, segment, local, remote, [region] * count, timeout_s=60)
+            rounds[name].append(time.perf_counter() - start)
+    return {name: summarize(count * region, r, r) for name, r in rounds.items()}
 
 
 def run_prepped(plane, segment, local_base, region, count, segment_slots, repeats) -> dict:
@@ -237,30 +253,24 @@ def main() -> int:
         for plane in planes.values():
             plane.register(local.ctypes.data, local.nbytes)
             plane.path_for(segment)  # route (and NIXL agent) set up outside the timings
-        cells = len(SIZES) * 2 * 3 + 2 * 2 * 2 + 1
+        cells = len(SIZES) * 2 + 2 * 2 + 1
         with Progress() as progress:
             task = progress.add_task("transfer bench", total=cells)
             for size in SIZES:
                 count = round_bytes // size
                 for op in ("READ", "WRITE"):
                     row = {"size_bytes": size, "op": op, "objects_per_round": count}
-                    row["memcpy"] = run_memcpy(src, local, size, count, args.repeats)
-                    progress.advance(task)
-                    for name, plane in planes.items():
-                        row[name] = run_objects(plane, segment, op, local.ctypes.data, size, count,
-                                                segment_bytes // size, args.repeats)
-                        progress.advance(task)
+                    row |= run_objects(planes, segment, src, local, op, size, count, args.repeats)
                     results["objects"].append(row)
+                    progress.advance(task)
             region = 64 << 10
             max_regions = min(round_bytes, segment_bytes) // region
             for count in (min(256, max_regions), min(2048, max_regions)):
                 for op in ("READ", "WRITE"):
                     row = {"region_bytes": region, "regions": count, "op": op}
-                    for name, plane in planes.items():
-                        row[name] = run_gather(plane, segment, op, local.ctypes.data, region, count,
-                                               segment_bytes // region, args.repeats)
-                        progress.advance(task)
+                    row |= run_gather(planes, segment, op, local.ctypes.data, region, count, args.repeats)
                     results["scatter_gather"].append(row)
+                    progress.advance(task)
             count = min(2048, max_regions)
             results["nixl_prepped"] = {"region_bytes": region, "regions": count, **run_prepped(
                 planes["nixl"], segment, local.ctypes.data, region, count, segment_bytes // region, args.repeats)}

@@ -133,3 +133,24 @@ def test_unreachable_master_fails_start_within_its_timeout():
         node.start()
     assert time.monotonic() - started < 5.0
     assert node.segment is None  # the memory was released
+
+
+def test_sigterm_while_waiting_for_the_master_exits_promptly(tmp_path):
+    node = procs.ManagedProcess(
+        "waiting", procs.kvpool_argv("node", "--master", "tcp://127.0.0.1:9", "--memory", "8MiB",
+                                     "--mount-timeout-s", "120", "--timeout-s", "0.5"), tmp_path)
+    node.start(ready_file_arg=False)
+    _wait_for(lambda: "mounting" in node.tail_log(), 60, "the node started mounting")  # signals handled from here
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert node.stop(grace_s=10.0) == 0
+    assert time.monotonic() - started < 5.0  # not the 120 s mount timeout, not the SIGKILL fallback
+
+
+def test_bad_memory_size_is_a_clear_error(tmp_path):
+    import subprocess
+
+    done = subprocess.run(procs.kvpool_argv("node", "--master", "tcp://127.0.0.1:9", "--memory", "lots"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "cannot read 'lots' as a size" in done.stderr

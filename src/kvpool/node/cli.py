@@ -80,13 +80,21 @@ def run(args: argparse.Namespace) -> int:
 
         server, _ = start_http_server(args.metrics_port, addr=args.metrics_host, registry=node.registry)
         metrics_port = server.server_port
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    def on_signal(*_: object) -> None:
+        stop.set()
+        node.request_stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    print(f"kvpool node {node.node_id}: mounting {format_size(config.memory_bytes)} on {config.master_address}",
+          flush=True)
     try:
         node.start()
         print(f"kvpool node {node.node_id}: segment {node.segment_id} ({format_size(config.memory_bytes)}) "
               f"mounted on {config.master_address}", flush=True)
         stop.wait()
     except KVPoolError as e:
+        if stop.is_set():
+            return 0  # told to stop while still trying to mount: nothing was mounted
         print(f"kvpool node: {e}", file=sys.stderr)
         return 1
     finally:

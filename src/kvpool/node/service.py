@@ -140,6 +140,11 @@ class StorageNode:
             else:
                 self.metrics.heartbeats.labels("ok").inc()
 
+    def request_stop(self) -> None:
+        """Ask a start() still retrying its mount, and the heartbeat loop, to end (safe from a
+        signal handler); stop() still releases everything."""
+        self._stop.set()
+
     def stop(self, unmount_timeout_s: float = 2.0) -> None:
         self._stop.set()
         if self._thread is not None:
