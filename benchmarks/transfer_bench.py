@@ -169,8 +169,10 @@ def write_markdown(results: dict, path: Path) -> None:
         "# Data-plane bandwidth across processes",
         "",
         f"Machine: `{m['host']}`, {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}, "
-        f"Python {m['python']}, nixl-cu12 {m['nixl']}; load average at start {m['load_avg_at_start'][0]:.2f} "
-        f"(the cores are shared with other work, so +-30 %). {m['date_utc']} UTC.",
+        f"Python {m['python']}, nixl-cu12 {m['nixl']}. Load average (1 min) {m['load_avg_at_start'][0]:.1f} at "
+        f"start, {m.get('load_avg_at_end', [float('nan')])[0]:.1f} at the end: the 2 cores are shared with other "
+        f"work, so absolute figures swing by 2-5x between runs; methods are interleaved round by round, "
+        f"so the ratios are the robust part. {m['date_utc']} UTC.",
         "",
         "One `DataPlane.transfer` call per object, random offsets in a segment served by another "
         "process; memcpy = numpy copy of the same sizes inside this process (the local limit). "
@@ -198,8 +200,19 @@ def write_markdown(results: dict, path: Path) -> None:
               f"descriptor lists {pp['prepped']['gb_per_s']:.2f} GB/s ({pp['prepped']['p50_us'] / 1000:.1f} ms).", ""]
     big = [r for r in results["objects"] if r["size_bytes"] >= 1 << 20 and r["op"] == "READ"]
     worst = min(r["shm"]["gb_per_s"] / r["memcpy"]["gb_per_s"] for r in big)
-    lines.append(f"Goal (cross-process get >= 50 % of memcpy for objects >= 1 MiB): same-host path (shm) "
-                 f"at worst {worst:.0%} -> {'met' if worst >= 0.5 else 'NOT met'}.")
+    worst_best = min(r["shm"]["gb_per_s_best"] / r["memcpy"]["gb_per_s_best"] for r in big)
+    worst_nixl = min(r["nixl"]["gb_per_s_best"] / r["memcpy"]["gb_per_s_best"] for r in big)
+    lines += [
+        "Best round of each method (least disturbed by other processes on the shared cores), READ:", "",
+        "| object | memcpy GB/s | shm GB/s | nixl GB/s |", "|---|---|---|---|",
+        *[f"| {_fmt_size(r['size_bytes'])} | {r['memcpy']['gb_per_s_best']:.2f} | {r['shm']['gb_per_s_best']:.2f} | "
+          f"{r['nixl']['gb_per_s_best']:.2f} |" for r in results["objects"] if r["op"] == "READ"],
+        "",
+        f"Goal (cross-process get >= 50 % of memcpy for objects >= 1 MiB), same-host path (shm): worst "
+        f"size at {worst:.0%} of memcpy by medians, {worst_best:.0%} by best rounds -> "
+        f"{'met' if min(worst, worst_best) >= 0.5 else 'met by best rounds only' if worst_best >= 0.5 else 'NOT met'}. "
+        f"NIXL alone (the path to other hosts) reaches {worst_nixl:.0%} by best rounds.",
+    ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -280,6 +293,7 @@ def main() -> int:
             plane.close()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+    results["machine"]["load_avg_at_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(results, indent=1))
     write_markdown(results, Path(f"{args.out}.md"))
