@@ -8,8 +8,8 @@ Rules:
 - Get: the lease clock starts BEFORE the lookup is sent (t0), so the client's deadline t0 + ttl
   is never later than the master's. A read finishing after it counts as failed: its bytes are never
   reported. A failed read falls back to the object's next replica (same-host replicas first).
-- Segment descriptions are cached by id (ids are never reused); unknown ids are fetched with
-  GetSegments, ids the master no longer knows are forgotten by the data plane.
+- Segment descriptions are cached by id (segments.py): unknown ids are fetched with GetSegments,
+  ids the master no longer knows are forgotten by the data plane.
 - Thread-safe: the channel and caches have locks, the staging buffer has its own; no lock is held
   across a transfer except the staging buffer's.
 """
@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from kvpool.client import plan
 from kvpool.client.memory import RegisteredRanges, StagingBuffer, copy_bytes, region_of
 from kvpool.client.metrics import client_metrics
+from kvpool.client.segments import SegmentCache
 from kvpool.core import protocol
-from kvpool.core.errors import CapacityError, ProtocolError, TransferError, UsageError
-from kvpool.core.protocol import PUT_ALLOCATED, PUT_EXISTS, PUT_NO_SPACE, Replica, SegmentInfo
+from kvpool.core.errors import CapacityError, KVPoolError, ProtocolError, TransferError, UsageError
+from kvpool.core.protocol import PUT_ALLOCATED, PUT_EXISTS, PUT_NO_SPACE, Replica
 from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
 from kvpool.transfer.control import MasterChannel
 
@@ -73,15 +74,13 @@ class Client:
         self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes)
         from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
 
-        self._host_id = host_id()
         self._owns_plane = plane is None
         self.plane = DataPlane(path=path) if plane is None else plane
         self._channel = MasterChannel(master_address, timeout_s=timeout_s)
         self._registered = RegisteredRanges()
         self._kept_alive: list[object] = []  # registered objects must outlive their registration
         self._register_lock = threading.Lock()
-        self._segments: dict[int, SegmentInfo] = {}
-        self._segments_lock = threading.Lock()
+        self._segments = SegmentCache(self._call, self.plane, host_id())
         self._metrics = client_metrics()
         self._staging = StagingBuffer(self._register_region, staging_bytes)
         self._closed = False
@@ -152,7 +151,11 @@ class Client:
         )
         statuses = list(reply.statuses)
         choices = [(i, r) for i, st in enumerate(statuses) if st == PUT_ALLOCATED for r in reply.replicas[i]]
-        failed = self._run_round("WRITE", choices, addrs, sizes)
+        try:
+            failed = self._run_round("WRITE", choices, addrs, sizes)
+        except BaseException:
+            self._revoke_quietly([keys[i] for i, st in enumerate(statuses) if st == PUT_ALLOCATED])
+            raise
         written = [keys[i] for i, st in enumerate(statuses) if st == PUT_ALLOCATED and i not in failed]
         if failed:
             self._call(protocol.PutRevoke(self.config.tenant, [keys[i] for i in sorted(failed)]), protocol.OkReply)
@@ -167,6 +170,15 @@ class Client:
                 self._metrics.put_bytes.labels(tenant).inc(totals[i] * len(reply.replicas[i]))
         self._metrics.latency_s.labels(tenant, "put").observe(time.perf_counter() - started)
         return statuses, reply.message
+
+    def _revoke_quietly(self, keys: list[str]) -> None:
+        """Free allocations whose write never happened; if the master is unreachable too, its put
+        timeout reclaims them, and the error that brought us here is the one worth raising."""
+        if keys:
+            try:
+                self._call(protocol.PutRevoke(self.config.tenant, keys), protocol.OkReply)
+            except KVPoolError:
+                pass
 
     def get_into(self, keys: list[str], addrs: list, sizes: list) -> int:
         """Read the leading hits of `keys` into the given regions (object i = its regions
@@ -199,8 +211,8 @@ class Client:
         tenant = self.config.tenant
         deadline = t0 + reply.lease_ttl_s
         num_hit = reply.num_hit
-        self._segment_infos({r.segment_id for rs in reply.replicas[:num_hit] for r in rs})
-        local_ids = self._local_segment_ids()
+        self._segments.get({r.segment_id for rs in reply.replicas[:num_hit] for r in rs})
+        local_ids = self._segments.local_ids()
         untried = [plan.order_replicas(list(reply.replicas[i]), local_ids) for i in range(num_hit)]
         completed_at: list[float | None] = [None] * num_hit
         pending = list(range(num_hit))
@@ -238,7 +250,7 @@ class Client:
         """One round of transfers, one job per segment; returns the object indices that failed."""
         if not choices:
             return set()
-        infos = self._segment_infos({r.segment_id for _, r in choices})
+        infos = self._segments.get({r.segment_id for _, r in choices})
         failed = {i for i, r in choices if r.segment_id not in infos}
         jobs = plan.group_by_segment([(i, r) for i, r in choices if r.segment_id in infos], addrs, sizes)
         if not jobs:
@@ -255,7 +267,7 @@ class Client:
                 broken_segments.append(job.segment_id)
         if broken_segments:
             self._metrics.transfer_failures.labels(self.config.tenant, op).inc(len(broken_segments))
-            self._recheck_segments(broken_segments)
+            self._segments.recheck(broken_segments)
         return failed
 
     # ---- plain values -----------------------------------------------------------------------
@@ -377,35 +389,6 @@ class Client:
             return plan.normalize_regions(num_keys, addrs, sizes)
         except (ValueError, TypeError) as e:
             raise UsageError(str(e)) from None
-
-    def _segment_infos(self, segment_ids: set[int]) -> dict[int, SegmentInfo]:
-        with self._segments_lock:
-            known = {s: self._segments[s] for s in segment_ids if s in self._segments}
-        missing = sorted(segment_ids - known.keys())
-        if missing:
-            reply = self._call(protocol.GetSegments(missing), protocol.SegmentsReply)
-            with self._segments_lock:
-                for info in reply.segments:
-                    self._segments[info.segment_id] = info
-                    known[info.segment_id] = info
-            for segment_id in missing:
-                if segment_id not in known:  # unmounted since the reply that named it
-                    self.plane.forget_segment(segment_id)
-        return known
-
-    def _recheck_segments(self, segment_ids: list[int]) -> None:
-        """After a failed transfer: forget segments the master no longer knows (node gone)."""
-        reply = self._call(protocol.GetSegments(sorted(segment_ids)), protocol.SegmentsReply)
-        alive = {info.segment_id for info in reply.segments}
-        for segment_id in segment_ids:
-            if segment_id not in alive:
-                with self._segments_lock:
-                    self._segments.pop(segment_id, None)
-                self.plane.forget_segment(segment_id)
-
-    def _local_segment_ids(self) -> set[int]:
-        with self._segments_lock:
-            return {s for s, info in self._segments.items() if info.host_id == self._host_id}
 
     def close(self) -> None:
         if self._closed:

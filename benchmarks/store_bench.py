@@ -1,0 +1,364 @@
+"""Store benchmark: the pool through kvpool.Client, across processes, against memcpy.
+
+    .venv/bin/python benchmarks/store_bench.py [--quick] [--out-dir benchmarks/results]
+
+Starts a `kvpool master` and storage nodes (separate processes), then client processes (this script
+in `worker` mode) that measure, each on both data-plane paths (shm: mapped same-host segment;
+nixl: UCX one-sided transfers):
+- put and get bandwidth for 64 KiB .. 16 MiB objects (batches of put_from / get_into),
+- scatter-gather gets: 1 MiB objects made of 16 regions of 64 KiB (a KV block spread over layers),
+- 1, 2 and 4 concurrent client processes reading at once (aggregate bandwidth),
+- a single-key lookup round trip (P50/P90/P99) and batch lookup keys/s,
+and, in the same run, numpy memcpy for the same object sizes (the local limit).
+Warm-up passes are excluded; each figure is the median of `--repeats` passes. Writes
+store_bench.json, store_bench.md (naming the machine) and store_bench.png to --out-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+KiB, MiB = 1024, 1024 * 1024
+SIZES = [64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB]
+PATHS = ["shm", "nixl"]
+
+
+# ---- worker side (a client process) ----------------------------------------------------------
+
+
+def _gbps(num_bytes: int, seconds: float) -> float:
+    return num_bytes / seconds / 1e9
+
+
+def _memcpy_gbps(size: int, total: int, repeats: int) -> float:
+    n = max(1, total // size)
+    src = np.random.default_rng(0).integers(0, 256, n * size, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    runs = []
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        for i in range(n):
+            np.copyto(dst[i * size : (i + 1) * size], src[i * size : (i + 1) * size])
+        runs.append(_gbps(n * size, time.perf_counter() - t))
+    return statistics.median(runs[1:])
+
+
+def _put_get(client, tag: str, size: int, total: int, repeats: int, regions: int = 1) -> dict:
+    """Median put and get GB/s over `repeats` passes (one warm-up pass excluded)."""
+    n = max(1, total // size)
+    src = np.random.default_rng(1).integers(0, 256, n * size, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    client.register(src)
+    client.register(dst)
+    region = size // regions
+    # object i's region k sits at slot k*n + i: regions of one object are far apart
+    def layout(buf):
+        base = int(buf.ctypes.data)
+        return [[base + (k * n + i) * region for k in range(regions)] for i in range(n)]
+
+    src_addrs, dst_addrs, sizes = layout(src), layout(dst), [[region] * regions for _ in range(n)]
+    puts, gets = [], []
+    for rep in range(repeats + 1):
+        keys = [f"{tag}/{rep}/{i}" for i in range(n)]
+        t = time.perf_counter()
+        batch = max(4, min(64, 4 * MiB // size))  # ~4 MiB per round trip, at least 4 objects
+        for b in range(0, n, batch):
+            statuses = client.put_from(keys[b : b + batch], src_addrs[b : b + batch], sizes[b : b + batch])
+            if any(s != 0 for s in statuses):
+                raise RuntimeError(f"put of {tag} failed: {statuses}")
+        put_s = time.perf_counter() - t
+        dst[:] = 0
+        t = time.perf_counter()
+        for b in range(0, n, batch):
+            count = client.get_into(keys[b : b + batch], dst_addrs[b : b + batch], sizes[b : b + batch])
+            if count != len(keys[b : b + batch]):
+                raise RuntimeError(f"get of {tag} read {count} of {len(keys[b : b + batch])}")
+        get_s = time.perf_counter() - t
+        if not np.array_equal(src, dst):
+            raise RuntimeError(f"{tag}: read bytes differ from written bytes")
+        client.remove(keys)
+        if rep:  # rep 0 is the warm-up
+            puts.append(_gbps(n * size, put_s))
+            gets.append(_gbps(n * size, get_s))
+    return {"put_gbps": statistics.median(puts), "get_gbps": statistics.median(gets), "num_objects": n}
+
+
+def _lookup_latency(client, iterations: int) -> dict:
+    client.put("lookup/0", b"x" * 4096)
+    for _ in range(200):
+        client.lookup_prefix(["lookup/0"])
+    samples = []
+    for _ in range(iterations):
+        t = time.perf_counter()
+        client.lookup_prefix(["lookup/0"])
+        samples.append(time.perf_counter() - t)
+    us = np.array(samples) * 1e6
+    keys = [f"lookup/batch/{i}" for i in range(1000)]  # a complete chain: every key is a hit
+    value = np.zeros(64, dtype=np.uint8)
+    client.register(value)
+    if client.put_from(keys, [[int(value.ctypes.data)]] * len(keys), [[64]] * len(keys)) != [0] * len(keys):
+        raise RuntimeError("lookup chain put failed")
+    if client.lookup_prefix(keys) != len(keys):
+        raise RuntimeError("lookup chain incomplete")
+    t = time.perf_counter()
+    for _ in range(20):
+        client.lookup_prefix(keys)
+    batch_keys_per_s = 20 * len(keys) / (time.perf_counter() - t)
+    return {
+        "p50_us": float(np.percentile(us, 50)),
+        "p90_us": float(np.percentile(us, 90)),
+        "p99_us": float(np.percentile(us, 99)),
+        "batch1000_keys_per_s": batch_keys_per_s,
+    }
+
+
+def _concurrent_get(client, tag: str, size: int, n: int, start_at: float, duration_s: float) -> dict:
+    src = np.random.default_rng(2).integers(0, 256, n * size, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    client.register(src)
+    client.register(dst)
+    keys = [f"{tag}/{i}" for i in range(n)]
+    addrs = lambda buf: [[int(buf.ctypes.data) + i * size] for i in range(n)]  # noqa: E731
+    if client.put_from(keys, addrs(src), [[size]] * n) != [0] * n:
+        raise RuntimeError("concurrent put failed")
+    client.get_into(keys, addrs(dst), [[size]] * n)  # warm-up
+    time.sleep(max(0.0, start_at - time.time()))
+    done_bytes, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < duration_s:
+        if client.get_into(keys, addrs(dst), [[size]] * n) != n:
+            raise RuntimeError("concurrent get missed")
+        done_bytes += n * size
+    elapsed = time.perf_counter() - t0
+    if not np.array_equal(src, dst):
+        raise RuntimeError("concurrent get: bytes differ")
+    client.remove(keys)
+    return {"bytes": done_bytes, "elapsed_s": elapsed}
+
+
+def worker(spec: dict) -> dict:
+    from kvpool.client import Client
+
+    out: dict = {}
+    with Client(spec["master"], spec.get("tenant", "bench"), timeout_s=30.0, path=spec["path"]) as client:
+        if spec["kind"] == "sweep":
+            out["memcpy_gbps"] = {str(s): _memcpy_gbps(s, spec["total_bytes"], spec["repeats"]) for s in spec["sizes"]}
+            out["objects"] = {
+                str(s): _put_get(client, f"sweep/{s}", s, spec["total_bytes"], spec["repeats"])
+                for s in spec["sizes"]
+            }
+            out["scatter_gather"] = _put_get(
+                client, "sg", MiB, spec["total_bytes"], spec["repeats"], regions=16
+            )
+            out["scatter_gather"]["region_bytes"] = 64 * KiB
+            out["lookup"] = _lookup_latency(client, spec["lookup_iterations"])
+        else:
+            out = _concurrent_get(client, spec["tag"], spec["size"], spec["num_objects"], spec["start_at"], spec["duration_s"])
+    return out
+
+
+# ---- driver side -------------------------------------------------------------------------------
+
+
+def _run_workers(specs: list[dict], timeout_s: float = 900.0) -> list[dict]:
+    argv = [sys.executable, __file__, "worker"]
+    running = [subprocess.Popen([*argv, json.dumps(s)], stdout=subprocess.PIPE, text=True) for s in specs]
+    results = []
+    for p in running:
+        stdout, _ = p.communicate(timeout=timeout_s)
+        if p.returncode != 0:
+            raise RuntimeError(f"worker exited {p.returncode}")
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    return results
+
+
+def machine() -> dict:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    mem_kib = next(int(ln.split()[1]) for ln in open("/proc/meminfo") if ln.startswith("MemTotal"))
+    return {
+        "host": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kib / MiB, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "load_avg_at_start": os.getloadavg(),
+    }
+
+
+def run_benchmark(args: argparse.Namespace) -> dict:
+    from rich.progress import Progress
+
+    from kvpool.bench import procs
+
+    workdir = procs.scratch_dir("kvpool-store-bench-")
+    master = procs.start_master(workdir, "--lease-ttl-s", "30", "--max-lease-hold-s", "60")
+    nodes = [procs.start_node(workdir, master.info["address"], args.node_memory, name=f"node{i}") for i in range(2)]
+    address = master.info["address"]
+    sizes = SIZES[:3] if args.quick else SIZES
+    total = (16 if args.quick else 64) * MiB
+    results: dict = {"machine": machine(), "config": vars(args) | {"sizes": sizes, "total_bytes_per_pass": total}}
+    try:
+        with Progress() as progress:
+            task = progress.add_task("store benchmark", total=len(args.paths) * (1 + len(args.concurrency)))
+            for path in args.paths:
+                spec = {
+                    "kind": "sweep", "master": address, "path": path, "sizes": sizes, "total_bytes": total,
+                    "repeats": args.repeats, "lookup_iterations": 500 if args.quick else 3000,
+                    "tenant": f"sweep-{path}",
+                }
+                results[path] = _run_workers([spec])[0]
+                progress.advance(task)
+                results[path]["concurrent"] = {}
+                for k in args.concurrency:
+                    start_at = time.time() + 3.0 + 0.5 * k  # every worker has put its objects by then
+                    specs = [
+                        {"kind": "concurrent", "master": address, "path": path, "tag": f"c{k}-{w}", "size": MiB,
+                         "num_objects": 16, "start_at": start_at, "duration_s": args.duration_s,
+                         "tenant": f"conc-{path}"}
+                        for w in range(k)
+                    ]
+                    runs = _run_workers(specs)
+                    agg = sum(r["bytes"] for r in runs) / max(r["elapsed_s"] for r in runs) / 1e9
+                    results[path]["concurrent"][str(k)] = {"aggregate_get_gbps": agg, "clients": k}
+                    progress.advance(task)
+    finally:
+        for proc in [*nodes, master]:
+            proc.stop()
+    return results
+
+
+def write_report(results: dict, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "store_bench.json").write_text(json.dumps(results, indent=2))
+    m = results["machine"]
+    paths = [p for p in PATHS if p in results]
+    sizes = results["config"]["sizes"]
+    memcpy = results[paths[0]]["memcpy_gbps"]
+    lines = [
+        "# Store benchmark: kvpool.Client across processes vs memcpy",
+        "",
+        f"Machine: `{m['host']}`, {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}, "
+        f"Python {m['python']}; load average at start {m['load_avg_at_start'][0]:.2f} (the machine is shared: "
+        "figures move by tens of percent between runs).",
+        "",
+        "Setup: one `kvpool master` and two `kvpool node` processes "
+        f"({results['config']['node_memory']} each); client processes separate from them. Each pass writes "
+        f"{results['config']['total_bytes_per_pass'] // MiB} MiB per object size with `put_from`, "
+        "reads it back with `get_into` (batches of ~4 MiB: 64 keys of 64 KiB, 16 of 256 KiB, 4 of >= 1 MiB), verifies every byte, then removes it. Median of "
+        f"{results['config']['repeats']} passes after one warm-up pass. memcpy: numpy copy of the same object "
+        "sizes in the same client process. `shm`: the client maps the node's segment (same host); `nixl`: UCX "
+        "one-sided READ/WRITE.",
+        "",
+        "## Bandwidth (GB/s)",
+        "",
+        "| object | memcpy | " + " | ".join(f"{p} put | {p} get | {p} get / memcpy" for p in paths) + " |",
+        "|---|---|" + "---|---|---|" * len(paths),
+    ]
+    for s in sizes:
+        row = f"| {s // KiB} KiB | {memcpy[str(s)]:.2f} |"
+        for p in paths:
+            o = results[p]["objects"][str(s)]
+            row += f" {o['put_gbps']:.2f} | {o['get_gbps']:.2f} | {100 * o['get_gbps'] / memcpy[str(s)]:.0f} % |"
+        lines.append(row)
+    lines += [
+        "",
+        "## Scatter-gather get: 1 MiB objects of 16 regions x 64 KiB",
+        "",
+        "| path | put GB/s | get GB/s | get regions/s |",
+        "|---|---|---|---|",
+    ]
+    for p in paths:
+        sg = results[p]["scatter_gather"]
+        lines.append(f"| {p} | {sg['put_gbps']:.2f} | {sg['get_gbps']:.2f} | {sg['get_gbps'] * 1e9 / (64 * KiB):,.0f} |")
+    lines += ["", "## Concurrent client processes, 1 MiB gets (aggregate GB/s)", "", "| path | " +
+              " | ".join(f"{k} client(s)" for k in results[paths[0]]["concurrent"]) + " |",
+              "|---|" + "---|" * len(results[paths[0]]["concurrent"])]
+    for p in paths:
+        lines.append(f"| {p} | " + " | ".join(f"{v['aggregate_get_gbps']:.2f}" for v in results[p]["concurrent"].values()) + " |")
+    lines += ["", "## Lookup (control plane only; same for both paths)", "",
+              "| path | single-key round trip P50 / P90 / P99 (us) | batch lookup, 1000-key chain, all hits: keys/s |", "|---|---|---|"]
+    for p in paths:
+        lk = results[p]["lookup"]
+        lines.append(f"| {p} | {lk['p50_us']:.0f} / {lk['p90_us']:.0f} / {lk['p99_us']:.0f} | {lk['batch1000_keys_per_s']:,.0f} |")
+    lines += ["", "## Goals", ""] + goals(results) + ["", "Plot: `store_bench.png`. Script: `benchmarks/store_bench.py`.", ""]
+    (out_dir / "store_bench.md").write_text("\n".join(lines))
+    plot(results, out_dir / "store_bench.png")
+
+
+def goals(results: dict) -> list[str]:
+    out = []
+    memcpy = results[next(p for p in PATHS if p in results)]["memcpy_gbps"]
+    big = [s for s in results["config"]["sizes"] if s >= MiB]
+    for p in (p for p in PATHS if p in results):
+        ratios = [results[p]["objects"][str(s)]["get_gbps"] / memcpy[str(s)] for s in big]
+        worst = min(ratios) if ratios else float("nan")
+        verdict = "met" if worst >= 0.5 else "NOT met"
+        out.append(f"- get >= 50 % of memcpy for objects >= 1 MiB, path {p}: worst {100 * worst:.0f} % -> {verdict}")
+        p50 = results[p]["lookup"]["p50_us"]
+        out.append(f"- lookup round trip < 200 us (P50), measured with path {p}'s client: {p50:.0f} us -> "
+                   f"{'met' if p50 < 200 else 'NOT met'}")
+    return out
+
+
+def plot(results: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = results["config"]["sizes"]
+    paths = [p for p in PATHS if p in results]
+    x = [s / KiB for s in sizes]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.plot(x, [results[paths[0]]["memcpy_gbps"][str(s)] for s in sizes], "k--", label="numpy memcpy")
+    for p, color in zip(paths, ("tab:blue", "tab:orange")):
+        ax.plot(x, [results[p]["objects"][str(s)]["get_gbps"] for s in sizes], "o-", color=color, label=f"get ({p})")
+        ax.plot(x, [results[p]["objects"][str(s)]["put_gbps"] for s in sizes], "s:", color=color, label=f"put ({p})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(x, [f"{int(v)} KiB" if v < 1024 else f"{int(v / 1024)} MiB" for v in x])
+    ax.set_xlabel("object size")
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"kvpool.Client across processes vs memcpy ({results['machine']['cores']} cores, {results['machine']['host']})")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        print(json.dumps(worker(json.loads(argv[1]))))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results",
+                        help="where store_bench.{json,md,png} are written (default: benchmarks/results)")
+    parser.add_argument("--quick", action="store_true", help="3 sizes, 16 MiB per pass: a smoke run in ~1 minute")
+    parser.add_argument("--repeats", type=int, default=3, help="measured passes per figure, after one warm-up (default: 3)")
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=PATHS, help="data-plane paths to measure (default: both)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4],
+                        help="numbers of concurrent client processes for the aggregate get test (default: 1 2 4)")
+    parser.add_argument("--duration-s", type=float, default=3.0, help="seconds each concurrent get test runs (default: 3)")
+    parser.add_argument("--node-memory", default="512MiB", help="segment size of each of the two nodes (default: 512MiB)")
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.duration_s <= 0 or min(args.concurrency) < 1:
+        parser.error("--repeats, --duration-s and --concurrency must be positive")
+    results = run_benchmark(args)
+    results["config"]["out_dir"] = str(args.out_dir)
+    write_report(results, args.out_dir)
+    print((args.out_dir / "store_bench.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
