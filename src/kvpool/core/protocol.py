@@ -17,8 +17,10 @@ from msgspec import Struct
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger control frames are rejected before decoding
 
 
-class Replica(Struct, array_like=True, frozen=True):
-    """Where one copy of an object lives: `size` bytes at `offset` inside segment `segment_id`."""
+class Replica(Struct, array_like=True, frozen=True, gc=False):
+    """Where one copy of an object lives: `size` bytes at `offset` inside segment `segment_id`.
+    gc=False: only ints, so no cycles; untracked structs are 16 bytes smaller (the master holds
+    millions) and decode ~30 % faster (a leased 10K-key lookup reply holds 10K of them)."""
 
     segment_id: int
     offset: int

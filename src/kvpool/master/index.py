@@ -32,7 +32,8 @@ class ObjectIndex:
         self.segments = segments
         self.tenants: dict[str, dict[str, ObjectRecord]] = {}
         self.evictor = Evictor(self)
-        self._pending: deque[tuple[float, ObjectRecord]] = deque()  # (deadline_s, record), in put order
+        # pending records in put order; a pending record's last_access_s is its put_start time
+        self._pending: deque[ObjectRecord] = deque()
         self._zombies: list[ObjectRecord] = []  # removed while leased: space freed when the lease ends
         self._sizes: dict[int, int] = {}  # interned size ints: KV blocks mostly share a few sizes
         self.num_complete = 0
@@ -65,7 +66,6 @@ class ObjectIndex:
         statuses: list[int] = []
         replicas: list[tuple[Replica, ...]] = []
         message = ""
-        deadline_s = now_s + self.config.put_timeout_s
         base_flags = PINNED if pinned else 0
         for i, key in enumerate(keys):
             rec = space.get(key)
@@ -91,7 +91,7 @@ class ObjectIndex:
                     parent.num_children += 1
             space[key] = rec
             self.num_pending += 1
-            self._pending.append((deadline_s, rec))
+            self._pending.append(rec)
             statuses.append(PUT_ALLOCATED)
             replicas.append(placed)
         self.evictor.maybe_evict(now_s)
@@ -160,14 +160,16 @@ class ObjectIndex:
     def reclaim_pending(self, now_s: float) -> int:
         """Free pending objects whose put never ended within put_timeout_s (their writer died)."""
         pending = self._pending
+        started_before_s = now_s - self.config.put_timeout_s
         reclaimed = 0
-        while pending and pending[0][0] <= now_s:
-            _, rec = pending.popleft()
+        while pending:
+            rec = pending[0]
             if not rec.flags & (COMPLETE | DEAD):
+                if rec.last_access_s > started_before_s:
+                    break  # put order: every later entry started later
                 self.drop(rec)
                 reclaimed += 1
-        if len(pending) > 2 * self.num_pending + 1024:  # completed puts leave stale entries behind
-            self._pending = deque(e for e in pending if not e[1].flags & (COMPLETE | DEAD))
+            pending.popleft()
         self.reclaimed += reclaimed
         return reclaimed
 
