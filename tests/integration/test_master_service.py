@@ -138,3 +138,19 @@ def test_sigterm_stops_the_master_cleanly(tmp_path):
         channel.call(p.Stats())
     channel.close()
     proc.stop()
+
+
+def test_master_service_runs_in_process_and_stops():
+    from kvpool.master import MasterConfig, MasterService
+
+    service = MasterService(MasterConfig(metrics_port=None)).start()
+    try:
+        channel = MasterChannel(service.address, timeout_s=3.0)
+        seg = channel.call(p.MountSegment("n1", "h", 4096, 0, "agent", b"", None)).segment_id
+        assert channel.call(p.PutStart("t", ["a"], [10], [None])).replicas == [[p.Replica(seg, 0, 10)]]
+        assert channel.call(p.PutEnd("t", ["a"])).count == 1
+        assert channel.call(p.LookupPrefix("t", ["a"], lease=False)).num_hit == 1
+        channel.close()
+    finally:
+        service.stop()
+    assert service._thread is None and service._socket is None

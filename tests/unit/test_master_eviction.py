@@ -137,3 +137,19 @@ def test_lease_expiries_and_grants_are_counted():
     core.handle(p.LookupPrefix("t", ["a"]), 10.0)  # the first lease ran out at 6.0
     stats = core.stats(10.0)
     assert (stats.lease_grants, stats.lease_expiries) == (2, 1)
+
+
+def test_tick_evicts_once_leases_that_blocked_eviction_have_ended():
+    core = make_core(slots=10, lease_ttl_s=5.0)
+    keys = [f"k{i}" for i in range(10)]
+    put(core, keys[:9], now_s=0.0)
+    for i in range(9):
+        core.handle(p.LookupPrefix("t", [keys[i]]), 1.0 + i / 100)  # leased until 6.0x, in key order
+    put(core, ["k9"], now_s=2.0)  # 10/10 > 0.9, but only k9 could go, and it is pending
+    core.handle(p.LookupPrefix("t", ["k9"]), 2.0)  # leased until 7.0
+    core.tick(5.9)
+    assert core.stats(5.9).evictions == 0
+    core.tick(6.05)  # k0..k4 are out of their leases (6.00..6.04), k5.. are not
+    stats = core.stats(6.05)
+    assert (stats.evictions, stats.used_bytes) == (5, 5 * SLOT)
+    assert present(core, keys) == keys[5:]
