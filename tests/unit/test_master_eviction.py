@@ -153,3 +153,14 @@ def test_tick_evicts_once_leases_that_blocked_eviction_have_ended():
     stats = core.stats(6.05)
     assert (stats.evictions, stats.used_bytes) == (5, 5 * SLOT)
     assert present(core, keys) == keys[5:]
+
+
+def test_eviction_for_a_put_spares_the_prefix_that_put_extends():
+    core = make_core(slots=2, high_watermark=1.0)
+    put(core, ["head"], now_s=0.0)
+    put(core, ["other"], now_s=1.0)
+    core.handle(p.LookupPrefix("t", ["other"], lease=False), 2.0)  # head is the LRU one
+    reply = core.handle(p.PutStart("t", ["tail"], [SLOT], ["head"]), 3.0)
+    assert reply.statuses == [p.PUT_ALLOCATED]
+    assert present(core, ["head", "other"]) == ["head"]  # "other" went, although newer
+    assert core.index.tenants["t"]["tail"].parent is core.index.tenants["t"]["head"]

@@ -76,19 +76,20 @@ class ObjectIndex:
                 replicas.append(_NO_REPLICAS)
                 continue
             size = self._sizes.setdefault(sizes[i], sizes[i])
+            parent_key = parents[i] if parents else None
+            parent = space.get(parent_key) if parent_key is not None else None
+            if parent is not None:
+                parent.num_children += 1  # before placing: eviction for this put must spare its prefix
             placed, why = self._place(size, num_replicas, now_s)
             if not placed:
+                if parent is not None:
+                    self._release_child(parent)
                 statuses.append(PUT_NO_SPACE)
                 replicas.append(_NO_REPLICAS)
                 message = message or why
                 continue
             rec = ObjectRecord(space, key, placed, base_flags, now_s)
-            parent_key = parents[i] if parents else None
-            if parent_key is not None:
-                parent = space.get(parent_key)
-                if parent is not None:
-                    rec.parent = parent
-                    parent.num_children += 1
+            rec.parent = parent
             space[key] = rec
             self.num_pending += 1
             self._pending.append(rec)
@@ -276,11 +277,14 @@ class ObjectIndex:
         parent = rec.parent
         if parent is not None:
             rec.parent = None
-            parent.num_children -= 1
-            if not parent.num_children and parent.flags & (COMPLETE | PINNED | DEAD | IN_HEAP) == COMPLETE:
-                self.evictor.push(parent)
+            self._release_child(parent)
         if free_space:
             self._free_replicas(rec.replicas)
+
+    def _release_child(self, parent: ObjectRecord) -> None:
+        parent.num_children -= 1
+        if not parent.num_children and parent.flags & (COMPLETE | PINNED | DEAD | IN_HEAP) == COMPLETE:
+            self.evictor.push(parent)  # a tail again: an eviction candidate at its own access time
 
     def _free_replicas(self, replicas: tuple[Replica, ...]) -> None:
         by_id = self.segments.by_id
