@@ -222,7 +222,8 @@ class Client:
             if not first_round:
                 self._metrics.replica_fallbacks.labels(tenant).inc(len(choices))
             first_round = False
-            failed = self._run_round("READ", choices, addrs, sizes)
+            # waiting past the lease is pointless: such a read would be discarded anyway
+            failed = self._run_round("READ", choices, addrs, sizes, max(1e-3, deadline - time.monotonic()))
             now = time.monotonic()
             for i, _ in choices:
                 if i not in failed:
@@ -246,7 +247,9 @@ class Client:
         self._metrics.get_bytes.labels(tenant).inc(sum(sum(sizes[i]) for i in range(count)))
         return count
 
-    def _run_round(self, op: str, choices: list[tuple[int, Replica]], addrs, sizes) -> set[int]:
+    def _run_round(
+        self, op: str, choices: list[tuple[int, Replica]], addrs, sizes, timeout_s: float | None = None
+    ) -> set[int]:
         """One round of transfers, one job per segment; returns the object indices that failed."""
         if not choices:
             return set()
@@ -258,7 +261,7 @@ class Client:
         errors = self.plane.transfer_many(
             op,
             [(infos[j.segment_id], j.local_addrs, j.remote_offsets, j.sizes) for j in jobs],
-            self.config.timeout_s,
+            self.config.timeout_s if timeout_s is None else min(timeout_s, self.config.timeout_s),
         )
         broken_segments = []
         for job, error in zip(jobs, errors):
