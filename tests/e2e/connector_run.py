@@ -1,0 +1,130 @@
+"""Run the real vLLM (in-process engine) with KVPoolConnector, as a fresh process for e2e tests.
+
+    python tests/e2e/connector_run.py SPEC.json OUT.json
+
+SPEC: {"model_dir", "master" (or null: no connector), "extra_config", "multi_example_dir" (wrap in
+MultiConnector after ExampleConnector writing there), "block_size", "max_num_batched_tokens",
+"dtype", "logprobs", "phases": [{"prompts": [[ids]], "max_tokens", "reset_prefix_cache",
+"corrupt_prompt": [ids] (overwrite that prompt's pooled objects with random bytes first)}]}
+OUT: per phase, per prompt {"token_ids", "logprobs"}; plus metric counters after each phase.
+Prefix-cache resets between phases make a phase see only the pool, like a fresh process would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+
+def _kv_transfer_config(spec: dict) -> dict | None:
+    if spec.get("master") is None:
+        return None
+    ours = {
+        "kv_connector": "KVPoolConnector",
+        "kv_connector_module_path": "kvpool.connector",
+        "kv_connector_extra_config": {"master_address": spec["master"], **spec.get("extra_config", {})},
+    }
+    if spec.get("multi_example_dir"):
+        example = {"kv_connector": "ExampleConnector",
+                   "kv_connector_extra_config": {"shared_storage_path": spec["multi_example_dir"]}}
+        children = [ours, example] if spec.get("multi_pool_first", True) else [example, ours]
+        return {"kv_connector": "MultiConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": {"connectors": [{**c, "kv_role": "kv_both"} for c in children]}}
+    return {**ours, "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
+
+
+def _counters(llm) -> dict[str, float]:
+    wanted = ("vllm:external_prefix_cache", "vllm:prefix_cache", "vllm:kvpool_")
+    out: dict[str, float] = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith(wanted) and hasattr(metric, "value"):
+            out[metric.name] = out.get(metric.name, 0) + float(metric.value)
+    return out
+
+
+def _our_connector(spec: dict):
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if spec.get("master") is None or not has_kv_transfer_group():
+        return None
+    connector = get_kv_transfer_group()
+    return next(c for c in getattr(connector, "_connectors", [connector]) if type(c).__name__ == "KVPoolConnector")
+
+
+def _drain_saves(spec: dict) -> None:
+    ours = _our_connector(spec)
+    if ours is not None and not ours._worker.drain(30.0):
+        raise RuntimeError("pool saves did not finish within 30 s")
+
+
+def _corrupt(spec: dict, prompt: list[int]) -> int:
+    """Overwrite the pool objects of `prompt`'s full blocks with random bytes of the same size."""
+    import numpy as np
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
+
+    from kvpool.client import Client
+
+    ours = _our_connector(spec)
+    init_none_hash(sha256)
+    bs, parent, keys = spec["block_size"], None, []
+    for start in range(0, len(prompt) - bs + 1, bs):
+        parent = hash_block_tokens(sha256, parent, prompt[start : start + bs], None)
+        keys.append(parent.hex())
+    size = ours._worker._layout.block_bytes * ours.geom.blocks_per_object
+    k = ours.geom.blocks_per_object
+    keys = keys[k - 1 :: k]
+    rng = np.random.default_rng(0)
+    with Client(spec["master"], ours.namespace) as client:
+        client.remove(keys)
+        for i, key in enumerate(keys):
+            client.put(key, rng.standard_normal(size // 4).astype(np.float32).tobytes(), keys[i - 1] if i else None)
+    return len(keys)
+
+
+def main(spec_path: str, out_path: str) -> int:
+    from vllm import LLM, SamplingParams
+
+    spec = json.loads(open(spec_path).read())
+    llm = LLM(
+        model=spec["model_dir"], skip_tokenizer_init=True, load_format="safetensors",
+        dtype=spec.get("dtype", "float32"), block_size=spec.get("block_size", 32),
+        kv_cache_memory_bytes=spec.get("kv_cache_memory_bytes", 64 << 20),
+        max_model_len=spec.get("max_model_len", 4096),
+        max_num_batched_tokens=spec.get("max_num_batched_tokens", 2048),
+        enable_prefix_caching=True, disable_log_stats=False, seed=0,
+        kv_transfer_config=_kv_transfer_config(spec),
+    )
+    result = {"phases": []}
+    for phase in spec["phases"]:
+        if phase.get("reset_prefix_cache"):
+            llm.reset_prefix_cache()
+        corrupted = _corrupt(spec, phase["corrupt_prompt"]) if phase.get("corrupt_prompt") else 0
+        params = SamplingParams(max_tokens=phase.get("max_tokens", 8), temperature=0.0, ignore_eos=True,
+                                logprobs=spec.get("logprobs", 1))
+        outputs = []
+        for prompt in phase["prompts"]:
+            started = time.perf_counter()
+            (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+            completion = out.outputs[0]
+            outputs.append({
+                "token_ids": list(completion.token_ids),
+                "logprobs": [lp[t].logprob for lp, t in zip(completion.logprobs or [], completion.token_ids)],
+                "num_cached_tokens": out.num_cached_tokens,
+                "latency_s": time.perf_counter() - started,
+            })
+        _drain_saves(spec)  # background saves must land before the next phase looks them up
+        result["phases"].append({"outputs": outputs, "counters": _counters(llm), "corrupted_objects": corrupted})
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

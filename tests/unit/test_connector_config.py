@@ -1,0 +1,33 @@
+"""The connector's extra_config: defaults, sizes, and clear errors for bad values."""
+
+import pytest
+
+from kvpool.connector.config import ConnectorConfig
+
+
+def test_defaults_and_sizes():
+    cfg = ConnectorConfig.from_extra_config({"master_address": "tcp://127.0.0.1:5555", "pool_memory_bytes": "64MiB"})
+    assert cfg.pool_memory_bytes == 64 << 20 and cfg.load_async and cfg.save_decode
+    assert cfg.blocks_per_object(32) == 1
+    assert ConnectorConfig("tcp://h:1", tokens_per_object=128).blocks_per_object(32) == 4
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({}, "needs master_address"),
+        ({"master_address": "localhost:5555"}, "ZMQ endpoint"),
+        ({"master_address": "tcp://h:1", "bogus": 1}, "unknown kv_connector_extra_config keys"),
+        ({"master_address": "tcp://h:1", "pool_memory_bytes": "lots"}, "cannot read"),
+        ({"master_address": "tcp://h:1", "tenant": "a b"}, "tenant must be"),
+        ({"master_address": "tcp://h:1", "timeout_s": 0}, "timeout_s"),
+    ],
+)
+def test_bad_values_are_rejected_with_a_clear_error(extra, message):
+    with pytest.raises(ValueError, match=message):
+        ConnectorConfig.from_extra_config(extra)
+
+
+def test_tokens_per_object_must_be_whole_blocks():
+    with pytest.raises(ValueError, match="multiple of vLLM's block size"):
+        ConnectorConfig("tcp://h:1", tokens_per_object=48).blocks_per_object(32)
