@@ -171,6 +171,10 @@ def write_report(results: dict, out: Path) -> None:
         f"{mem['tracemalloc_bytes_per_object']:.0f} bytes/object.",
         "",
         "![lookups](master_bench.png)",
+        "",
+        "Notes: a leased reply carries one Replica per hit, and the figures are client-visible round trips, so",
+        "they include the client decoding those replicas (msgspec structs) on the same 2 CPUs. Time the",
+        "master alone by driving `MasterCore.handle` in-process with encoded requests.",
     ]
     (out / "master_bench.md").write_text("\n".join(lines) + "\n")
     plot(results, out / "master_bench.png")
