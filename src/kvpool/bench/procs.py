@@ -190,6 +190,7 @@ def start_vllm_server(
     extra_args: tuple[str, ...] = (),
     extra_env: dict[str, str] | None = None,
     cache_root: Path | None = None,
+    enforce_eager: bool = True,
     wait: bool = True,
     timeout_s: float = 240.0,
 ) -> ManagedProcess:
@@ -200,7 +201,9 @@ def start_vllm_server(
     so two servers on one machine do not fight over cores. `info` gets {"url", "port", "pid"}.
     With `wait=False`, call `wait_http_ok(proc, proc.info["url"] + "/health", ...)` later.
     `cache_root` (default `workdir/vllm-cache`, shared by the servers of one workdir) keeps vLLM's
-    compiled graphs, so a second server of the same model starts faster.
+    compiled graphs, so a second server of the same model starts faster. `enforce_eager` skips
+    torch.compile: for the tiny model on CPU it measured no faster (8K-token prefill 0.93 vs 0.91 s)
+    but costs 20-80 s at start-up.
     """
     port = free_port()
     scratch = Path(workdir) / f"{name}.scratch"
@@ -214,6 +217,7 @@ def start_vllm_server(
         "--max-model-len", str(max_model_len),
         "--enable-prefix-caching", "--enable-prompt-tokens-details",
         "--disable-uvicorn-access-log",
+        *(["--enforce-eager"] if enforce_eager else []),
         *(["--kv-transfer-config", json.dumps(kv_transfer_config)] if kv_transfer_config else []),
         *extra_args,
     ]  # fmt: skip

