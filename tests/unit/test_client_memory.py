@@ -91,3 +91,13 @@ def test_staging_buffer_grows_by_doubling_and_registers_each_buffer():
     assert registered == [4096, 8192] and s.array.nbytes == 8192
     s.ensure(40000)
     assert registered == [4096, 8192, 65536]
+
+
+def test_first_outside_names_the_first_unregistered_region():
+    r = RegisteredRanges()
+    r.add(1000, 100)
+    r.add(5000, 100)
+    assert r.first_outside([[1000, 1050], [5000]], [[50, 50], [100]]) is None
+    assert r.first_outside([[1000], [5000, 5090]], [[10], [10, 20]]) == (1, 5090, 20)
+    assert r.first_outside([[1095]], [[10]]) == (0, 1095, 10)
+    assert r.first_outside([[10]], [[1]]) == (0, 10, 1)

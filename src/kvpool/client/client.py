@@ -106,13 +106,13 @@ class Client:
 
     def _check_registered(self, addrs: list[list[int]], sizes: list[list[int]]) -> None:
         # the data plane checks too, but per job; here the message names the object
-        for i, (a_list, s_list) in enumerate(zip(addrs, sizes)):
-            for addr, size in zip(a_list, s_list):
-                if not self._registered.contains(addr, size):
-                    raise UsageError(
-                        f"object {i}: region at 0x{addr:x} ({size} bytes) is not inside registered "
-                        f"memory; call client.register(buffer) first"
-                    )
+        outside = self._registered.first_outside(addrs, sizes)
+        if outside is not None:
+            i, addr, size = outside
+            raise UsageError(
+                f"object {i}: region at 0x{addr:x} ({size} bytes) is not inside registered "
+                f"memory; call client.register(buffer) first"
+            )
 
     # ---- batch put / get --------------------------------------------------------------------
 

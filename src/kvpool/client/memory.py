@@ -94,6 +94,22 @@ class RegisteredRanges:
             i = bisect.bisect_right(self._starts, addr) - 1
             return i >= 0 and addr + size_bytes <= self._ends[i]
 
+    def first_outside(self, addrs: list[list[int]], sizes: list[list[int]]) -> tuple[int, int, int] | None:
+        """(object index, addr, size) of the first region not inside a registered range, or None.
+        Consecutive regions usually share a range, so the last one found is tried first."""
+        with self._lock:
+            starts, ends = self._starts, self._ends
+            lo = hi = 0
+            for i, (a_list, s_list) in enumerate(zip(addrs, sizes)):
+                for addr, size in zip(a_list, s_list):
+                    if lo <= addr and addr + size <= hi:
+                        continue
+                    k = bisect.bisect_right(starts, addr) - 1
+                    if k < 0 or addr + size > ends[k]:
+                        return i, addr, size
+                    lo, hi = starts[k], ends[k]
+        return None
+
     def __len__(self) -> int:
         return len(self._starts)
 

@@ -68,26 +68,40 @@ def normalize_regions(
     num_keys: int, addrs: list, sizes: list
 ) -> tuple[list[list[int]], list[list[int]]]:
     """Accept per-object region lists (or a bare int for a one-region object); validate shapes.
-    Raises ValueError with the object index; the client turns it into a UsageError."""
+    Raises ValueError with the object index; the client turns it into a UsageError.
+    Lists of plain ints are passed through uncopied (this runs per region on the hot path)."""
     if len(addrs) != num_keys or len(sizes) != num_keys:
         raise ValueError(f"got {num_keys} keys but {len(addrs)} addrs and {len(sizes)} sizes entries")
     out_addrs: list[list[int]] = []
     out_sizes: list[list[int]] = []
     for i, (a, s) in enumerate(zip(addrs, sizes)):
-        a_list = [a] if _is_int(a) else list(a)
-        s_list = [s] if _is_int(s) else list(s)
+        a_list, s_list = _int_list(a, i), _int_list(s, i)
         if len(a_list) != len(s_list):
             raise ValueError(f"object {i}: {len(a_list)} addrs but {len(s_list)} sizes")
         if not a_list:
             raise ValueError(f"object {i}: no regions")
-        for addr, size in zip(a_list, s_list):
-            if not _is_int(addr) or not _is_int(size):
-                raise ValueError(f"object {i}: addrs and sizes must be ints, got {addr!r}, {size!r}")
-            if addr <= 0 or size <= 0:
-                raise ValueError(f"object {i}: need addr > 0 and size > 0, got addr={addr} size={size}")
-        out_addrs.append([int(x) for x in a_list])
-        out_sizes.append([int(x) for x in s_list])
+        if min(a_list) <= 0 or min(s_list) <= 0:
+            raise ValueError(f"object {i}: need addr > 0 and size > 0, got addrs={a_list} sizes={s_list}")
+        out_addrs.append(a_list)
+        out_sizes.append(s_list)
     return out_addrs, out_sizes
+
+
+def _int_list(value: object, index: int) -> list[int]:
+    if type(value) is int:
+        return [value]
+    if type(value) is list and all(type(x) is int for x in value):
+        return value
+    if _is_int(value):
+        return [int(value)]
+    try:
+        items = list(value)
+    except TypeError:
+        raise ValueError(f"object {index}: addrs and sizes must be ints or lists of ints, got {value!r}") from None
+    for x in items:
+        if not _is_int(x):
+            raise ValueError(f"object {index}: addrs and sizes must be ints, got {x!r}")
+    return [int(x) for x in items]
 
 
 def _is_int(value: object) -> bool:
