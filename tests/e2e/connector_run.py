@@ -120,6 +120,8 @@ def main(spec_path: str, out_path: str) -> int:
                 "latency_s": time.perf_counter() - started,
             })
         _drain_saves(spec)  # background saves must land before the next phase looks them up
+        for _ in range(3):  # engine steps deliver the worker's completions and stats to the scheduler
+            llm.llm_engine.step()
         result["phases"].append({"outputs": outputs, "counters": _counters(llm), "corrupted_objects": corrupted})
     with open(out_path, "w") as f:
         json.dump(result, f)

@@ -1,0 +1,55 @@
+"""vLLM fixtures for the connector's end-to-end tests: the tiny seeded Llama (float32, so KV loaded
+from the pool can be compared with recomputed KV by logprobs) and a runner that starts vLLM with
+KVPoolConnector in a fresh process (tests/e2e/connector_run.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvpool.bench.tiny_model import TinyLlamaConfig, write_tiny_llama
+
+RUNNER = Path(__file__).parent / "connector_run.py"
+BLOCK_SIZE = 32  # the CPU attention backend needs a multiple of 32; tests assume this value
+
+
+@pytest.fixture(scope="session")
+def tiny_model_f32(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-f32"), TinyLlamaConfig(dtype="float32"))
+
+
+def vllm_env(workdir: Path) -> dict[str, str]:
+    scratch = workdir / "vllm-scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    return {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+        "TMPDIR": str(scratch), "VLLM_RPC_BASE_PATH": str(scratch),
+        "VLLM_CACHE_ROOT": str(workdir.parent / "vllm-cache"), "HF_HOME": str(scratch / "hf"),
+    }  # fmt: skip
+
+
+@pytest.fixture
+def run_vllm(tmp_path, tiny_model_f32):
+    """run_vllm(name, master, phases, **spec) -> the runner's JSON (fresh process each call)."""
+
+    def run(name: str, master: str | None, phases: list[dict], timeout_s: float = 300.0, **spec) -> dict:
+        spec_path, out_path = tmp_path / f"{name}.spec.json", tmp_path / f"{name}.out.json"
+        spec_path.write_text(json.dumps(
+            {"model_dir": str(tiny_model_f32), "master": master, "block_size": BLOCK_SIZE, "phases": phases, **spec}
+        ))  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, str(RUNNER), str(spec_path), str(out_path)],
+            env=vllm_env(tmp_path), capture_output=True, text=True, timeout=timeout_s,
+        )
+        (tmp_path / f"{name}.log").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            raise AssertionError(f"vLLM run {name} exited {done.returncode}:\n{(done.stdout + done.stderr)[-6000:]}")
+        return json.loads(out_path.read_text())
+
+    return run

@@ -1,0 +1,114 @@
+"""KVPoolConnector in the real vLLM (CPU build, tiny seeded Llama in float32), against a real pool
+(master and nodes as processes on 127.0.0.1). Each vLLM run is a fresh process; inside one run a
+prefix-cache reset makes the next phase see only the pool, as a fresh process would."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+BLOCK_SIZE = 32  # what the run_vllm fixture configures
+LOGPROB_TOL = 1e-4
+
+
+def prompt(num_tokens: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 7990) for _ in range(num_tokens)]
+
+
+def only(result: dict, phase: int, index: int = 0) -> dict:
+    return result["phases"][phase]["outputs"][index]
+
+
+def counters(result: dict, phase: int) -> dict:
+    return result["phases"][phase]["counters"]
+
+
+def assert_same_answer(got: dict, want: dict) -> None:
+    assert got["token_ids"] == want["token_ids"]
+    assert max(abs(a - b) for a, b in zip(got["logprobs"], want["logprobs"])) < LOGPROB_TOL
+
+
+def test_fresh_process_loads_prefix_and_answers_like_recompute(make_pool, run_vllm):
+    pool = make_pool(num_nodes=1)
+    p = prompt(100, seed=1)  # 3 full blocks + 4 tokens
+    a = run_vllm("A", pool.address, [{"prompts": [p], "max_tokens": 8}])
+    assert only(a, 0)["num_cached_tokens"] == 0  # A computed everything: the no-cache reference
+    assert counters(a, 0)["vllm:kvpool_saved_blocks"] >= 3
+
+    b = run_vllm("B", pool.address, [
+        {"prompts": [p], "max_tokens": 8},
+        {"prompts": [p], "max_tokens": 8, "reset_prefix_cache": True, "corrupt_prompt": p},
+    ])  # fmt: skip
+    loaded = only(b, 0)
+    assert loaded["num_cached_tokens"] == 3 * BLOCK_SIZE
+    assert counters(b, 0)["vllm:kvpool_loaded_blocks"] == 3
+    assert counters(b, 0)["vllm:external_prefix_cache_hits"] == 3 * BLOCK_SIZE  # vLLM's own counter
+    assert_same_answer(loaded, only(a, 0))
+
+    # the same load with the pooled bytes replaced by noise gives another answer: the KV is used
+    assert b["phases"][1]["corrupted_objects"] == 3
+    corrupted = only(b, 1)
+    assert corrupted["num_cached_tokens"] == 3 * BLOCK_SIZE
+    assert corrupted["logprobs"] != loaded["logprobs"]
+
+
+def test_partial_hit_loads_the_prefix_and_computes_the_rest(make_pool, run_vllm):
+    pool = make_pool(num_nodes=1)
+    p, suffix = prompt(100, seed=2), prompt(60, seed=3)
+    reference = run_vllm("ref", None, [{"prompts": [p + suffix], "max_tokens": 6}])
+    # objects of 2 blocks: P's 3 full blocks make 1 object; P+S (160 tokens) then hits 64 tokens
+    result = run_vllm("partial", pool.address, [
+        {"prompts": [p], "max_tokens": 1},
+        {"prompts": [p + suffix], "max_tokens": 6, "reset_prefix_cache": True},
+    ], extra_config={"tokens_per_object": 2 * BLOCK_SIZE})  # fmt: skip
+    assert counters(result, 0)["vllm:kvpool_saved_blocks"] == 2
+    hit = only(result, 1)
+    assert hit["num_cached_tokens"] == 2 * BLOCK_SIZE
+    assert counters(result, 1)["vllm:kvpool_loaded_blocks"] == 2
+    assert counters(result, 1)["vllm:external_prefix_cache_hits"] == 2 * BLOCK_SIZE
+    assert_same_answer(hit, only(reference, 0))
+
+
+def test_prompt_longer_than_max_num_batched_tokens(make_pool, run_vllm):
+    pool = make_pool(num_nodes=1)
+    long_prompt = prompt(300, seed=4)  # 9 full blocks, prefilled in chunks of 64 tokens
+    result = run_vllm("chunked", pool.address, [
+        {"prompts": [long_prompt], "max_tokens": 6},
+        {"prompts": [long_prompt], "max_tokens": 6, "reset_prefix_cache": True},
+    ], max_num_batched_tokens=64)  # fmt: skip
+    assert counters(result, 0)["vllm:kvpool_saved_blocks"] >= 9  # saved chunk by chunk
+    hit = only(result, 1)
+    assert hit["num_cached_tokens"] == 9 * BLOCK_SIZE
+    assert_same_answer(hit, only(result, 0))
+
+
+def test_node_killed_before_the_load_means_recompute(make_pool, run_vllm):
+    # a long node TTL keeps the dead node's objects listed, so B really tries (and fails) to read
+    pool = make_pool(num_nodes=1, master_args=("--node-ttl-s", "600"))
+    p = prompt(100, seed=5)
+    a = run_vllm("A", pool.address, [{"prompts": [p], "max_tokens": 8}])
+    pool.nodes[0].kill()
+    b = run_vllm("B", pool.address, [{"prompts": [p], "max_tokens": 8}])
+    assert counters(b, 0)["vllm:kvpool_load_failed_blocks"] == 3
+    assert only(b, 0)["num_cached_tokens"] == 0  # vLLM recomputed the failed blocks
+    assert_same_answer(only(b, 0), only(a, 0))
+
+
+def test_works_inside_multiconnector_next_to_example_connector(make_pool, run_vllm, tmp_path):
+    pool = make_pool(num_nodes=1)
+    p = prompt(100, seed=6)
+    example_dir = tmp_path / "example-kv"
+    example_dir.mkdir()
+    result = run_vllm("multi", pool.address, [
+        {"prompts": [p], "max_tokens": 6},
+        {"prompts": [p], "max_tokens": 6, "reset_prefix_cache": True},
+    ], multi_example_dir=str(example_dir))  # fmt: skip
+    assert counters(result, 0)["vllm:kvpool_saved_blocks"] >= 3
+    assert any(example_dir.iterdir())  # the other connector saved too
+    assert only(result, 1)["num_cached_tokens"] == 3 * BLOCK_SIZE  # the first child (the pool) loaded
+    assert counters(result, 1)["vllm:kvpool_loaded_blocks"] == 3
+    assert_same_answer(only(result, 1), only(result, 0))
