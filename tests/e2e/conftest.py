@@ -38,18 +38,33 @@ def vllm_env(workdir: Path) -> dict[str, str]:
 def run_vllm(tmp_path, tiny_model_f32):
     """run_vllm(name, master, phases, **spec) -> the runner's JSON (fresh process each call)."""
 
-    def run(name: str, master: str | None, phases: list[dict], timeout_s: float = 300.0, **spec) -> dict:
-        spec_path, out_path = tmp_path / f"{name}.spec.json", tmp_path / f"{name}.out.json"
+    started: list[subprocess.Popen] = []
+
+    def start(name: str, master: str | None, phases: list[dict], **spec):
+        """Start the run in the background; returns wait(timeout_s) -> the runner's JSON."""
+        spec_path, out_path, log_path = (tmp_path / f"{name}.{ext}" for ext in ("spec.json", "out.json", "log"))
         spec_path.write_text(json.dumps(
             {"model_dir": str(tiny_model_f32), "master": master, "block_size": BLOCK_SIZE, "phases": phases, **spec}
         ))  # fmt: skip
-        done = subprocess.run(
-            [sys.executable, str(RUNNER), str(spec_path), str(out_path)],
-            env=vllm_env(tmp_path), capture_output=True, text=True, timeout=timeout_s,
-        )
-        (tmp_path / f"{name}.log").write_text(done.stdout + done.stderr)
-        if done.returncode != 0:
-            raise AssertionError(f"vLLM run {name} exited {done.returncode}:\n{(done.stdout + done.stderr)[-6000:]}")
-        return json.loads(out_path.read_text())
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([sys.executable, str(RUNNER), str(spec_path), str(out_path)],
+                                    env=vllm_env(tmp_path), stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        started.append(proc)
 
-    return run
+        def wait(timeout_s: float = 300.0) -> dict:
+            returncode = proc.wait(timeout_s)
+            if returncode != 0:
+                raise AssertionError(f"vLLM run {name} exited {returncode}:\n{log_path.read_text()[-6000:]}")
+            return json.loads(out_path.read_text())
+
+        return wait
+
+    def run(name: str, master: str | None, phases: list[dict], timeout_s: float = 300.0, **spec) -> dict:
+        return start(name, master, phases, **spec)(timeout_s)
+
+    run.start = start
+    yield run
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

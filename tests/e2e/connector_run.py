@@ -5,7 +5,8 @@
 SPEC: {"model_dir", "master" (or null: no connector), "extra_config", "multi_example_dir" (wrap in
 MultiConnector after ExampleConnector writing there), "block_size", "max_num_batched_tokens",
 "dtype", "logprobs", "phases": [{"prompts": [[ids]], "max_tokens", "reset_prefix_cache",
-"corrupt_prompt": [ids] (overwrite that prompt's pooled objects with random bytes first)}]}
+"corrupt_prompt": [ids] (overwrite that prompt's pooled objects with random bytes first),
+"wait_file" (wait for it before the phase), "signal_file" (create it after the phase)}]}
 OUT: per phase, per prompt {"token_ids", "logprobs"}; plus metric counters after each phase.
 Prefix-cache resets between phases make a phase see only the pool, like a fresh process would.
 """
@@ -103,6 +104,12 @@ def main(spec_path: str, out_path: str) -> int:
     )
     result = {"phases": []}
     for phase in spec["phases"]:
+        if phase.get("wait_file"):  # the test changes the world (restarts the master...) meanwhile
+            deadline = time.monotonic() + 300
+            while not os.path.exists(phase["wait_file"]):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{phase['wait_file']} did not appear")
+                time.sleep(0.05)
         if phase.get("reset_prefix_cache"):
             llm.reset_prefix_cache()
         corrupted = _corrupt(spec, phase["corrupt_prompt"]) if phase.get("corrupt_prompt") else 0
@@ -123,6 +130,8 @@ def main(spec_path: str, out_path: str) -> int:
         for _ in range(3):  # engine steps deliver the worker's completions and stats to the scheduler
             llm.llm_engine.step()
         result["phases"].append({"outputs": outputs, "counters": _counters(llm), "corrupted_objects": corrupted})
+        if phase.get("signal_file"):
+            open(phase["signal_file"], "w").close()
     with open(out_path, "w") as f:
         json.dump(result, f)
     return 0

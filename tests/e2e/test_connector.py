@@ -5,6 +5,7 @@ prefix-cache reset makes the next phase see only the pool, as a fresh process wo
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -112,3 +113,33 @@ def test_works_inside_multiconnector_next_to_example_connector(make_pool, run_vl
     assert only(result, 1)["num_cached_tokens"] == 3 * BLOCK_SIZE  # the first child (the pool) loaded
     assert counters(result, 1)["vllm:kvpool_loaded_blocks"] == 3
     assert_same_answer(only(result, 1), only(result, 0))
+
+
+def test_unreachable_master_degrades_to_no_pool_and_recovers(tmp_path, run_vllm):
+    from kvpool.bench import procs
+
+    port = procs.free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    p, q = prompt(100, seed=7), prompt(100, seed=8)
+    go = tmp_path / "master-is-back"
+    wait = run_vllm.start("degraded", address, [
+        {"prompts": [p], "max_tokens": 4, "signal_file": str(tmp_path / "phase0-done")},
+        {"prompts": [q], "max_tokens": 4, "reset_prefix_cache": True, "wait_file": str(go)},
+        {"prompts": [q], "max_tokens": 4, "reset_prefix_cache": True},
+    ], extra_config={"timeout_s": 0.5, "retry_initial_s": 0.2, "retry_max_s": 1.0})  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "phase0-done").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    master = procs.start_master(tmp_path / "pool", "--port", str(port))
+    node = procs.start_node(tmp_path / "pool", address, "64MiB")
+    try:
+        go.touch()
+        result = wait()
+    finally:
+        node.stop()
+        master.stop()
+    assert counters(result, 0)["vllm:kvpool_pool_unavailable"] >= 1  # no master: served without the pool
+    assert only(result, 0)["num_cached_tokens"] == 0 and len(only(result, 0)["token_ids"]) == 4
+    assert counters(result, 1).get("vllm:kvpool_saved_blocks", 0) >= 3  # the master is back: saves resume
+    assert only(result, 2)["num_cached_tokens"] == 3 * BLOCK_SIZE  # and loads
+    assert_same_answer(only(result, 2), only(result, 1))

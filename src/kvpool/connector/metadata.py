@@ -24,6 +24,7 @@ class KVPoolMetadata(KVConnectorMetadata):
 @dataclass
 class KVPoolWorkerMetadata(KVConnectorWorkerMetadata):
     completed_save_jobs: dict[int, int] = field(default_factory=dict)  # job id -> workers done
+    failed_loads: set[str] = field(default_factory=set)  # requests whose load came back short
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, KVPoolWorkerMetadata):
@@ -31,4 +32,4 @@ class KVPoolWorkerMetadata(KVConnectorWorkerMetadata):
         merged = dict(self.completed_save_jobs)
         for job_id, count in other.completed_save_jobs.items():
             merged[job_id] = merged.get(job_id, 0) + count
-        return KVPoolWorkerMetadata(merged)
+        return KVPoolWorkerMetadata(merged, self.failed_loads | other.failed_loads)

@@ -69,6 +69,10 @@ class SchedulerSide:
         self._trackers: dict[str, RequestTracker] = {}
         self._lookups: dict[str, tuple[int, int]] = {}  # req id -> (local tokens, pool hit objects)
         self._pending_loads: list[LoadSpec] = []
+        # requests whose pool load came back short: vLLM recomputes them, and asking the pool again
+        # would plan the same failing load forever (the master may list a dead node's objects
+        # until the node's TTL ends)
+        self._load_failed: set[str] = set()
         self._late_saves: list[SaveSpec] = []  # planned in request_finished
         self._pinned: dict[int, tuple[list[int], int]] = {}  # job id -> (block ids, workers to report)
         self._next_job_id = 0
@@ -81,6 +85,8 @@ class SchedulerSide:
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         rid = request.request_id
         self._lookups.pop(rid, None)
+        if rid in self._load_failed:
+            return 0, False
         window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
         if window * self.geom.tokens_per_object <= num_computed_tokens or not self._health.should_try():
             return 0, False
@@ -179,6 +185,7 @@ class SchedulerSide:
         meta = connector_output.kv_connector_worker_meta
         if not isinstance(meta, KVPoolWorkerMetadata):
             return
+        self._load_failed |= meta.failed_loads & self._requests.keys()
         for job_id, count in meta.completed_save_jobs.items():
             pinned = self._pinned.get(job_id)
             if pinned is None:
@@ -197,6 +204,7 @@ class SchedulerSide:
         tracker = self._trackers.pop(rid, None)
         self._requests.pop(rid, None)
         self._lookups.pop(rid, None)
+        self._load_failed.discard(rid)
         if tracker is not None and self._block_pool is not None and self._health.available:
             # Objects computed in the last steps whose hashes came late (async scheduling): plan
             # them now, while the blocks are still the request's; the references keep them alive.

@@ -55,6 +55,7 @@ class WorkerSide:
         self._lock = threading.Lock()
         self._done_loads: list[tuple[LoadSpec, int]] = []  # (spec, leading objects read)
         self._done_saves: dict[int, int] = {}
+        self._failed_loads: set[str] = set()
         self._errors_to_report: set[int] = set()
         self._inflight: set[Future] = set()
 
@@ -100,6 +101,8 @@ class WorkerSide:
                 num_loaded = self._load(spec)
                 with self._lock:
                     self._errors_to_report |= failed_block_ids(spec, num_loaded)
+                    if num_loaded < len(spec.keys):
+                        self._failed_loads.add(spec.req_id)
 
     def _load(self, spec: LoadSpec) -> int:
         started = time.perf_counter()
@@ -137,6 +140,8 @@ class WorkerSide:
             done, self._done_loads = self._done_loads, []
             for spec, num_loaded in done:
                 self._errors_to_report |= failed_block_ids(spec, num_loaded)
+                if num_loaded < len(spec.keys):
+                    self._failed_loads.add(spec.req_id)
         return {spec.req_id for spec, _ in done}
 
     def take_load_errors(self) -> set[int]:
@@ -187,10 +192,11 @@ class WorkerSide:
 
     def take_worker_meta(self) -> KVPoolWorkerMetadata | None:
         with self._lock:
-            if not self._done_saves:
+            if not self._done_saves and not self._failed_loads:
                 return None
             done, self._done_saves = self._done_saves, {}
-        return KVPoolWorkerMetadata(done)
+            failed, self._failed_loads = self._failed_loads, set()
+        return KVPoolWorkerMetadata(done, failed)
 
     # ---- life cycle ----------------------------------------------------------------------------
 

@@ -1,0 +1,222 @@
+"""Time to first token with KVPoolConnector: recompute vs vLLM's local prefix-cache hit vs pool hit.
+
+Each vLLM runs in a fresh process (in-process engine, VLLM_ENABLE_V1_MULTIPROCESSING=0), with the
+tiny seeded Llama (bf16) from kvpool.bench.tiny_model, against a real `kvpool master` + `kvpool
+node` on this machine:
+- vanilla (no connector): each prompt computed (recompute), then sent again (local hit);
+- writer (connector): the same, and its saves fill the pool;
+- reader (connector, fresh process, empty local cache): each prompt loaded from the pool (pool hit).
+TTFT = wall time of `generate(max_tokens=1)` for one prompt. Every process first serves a warm-up
+prompt of each length (excluded). Prompts are random token ids, different in every repetition.
+Writes benchmarks/results/connector_ttft.{json,md,png}.
+
+    .venv/bin/python benchmarks/connector_ttft_bench.py [--lengths 2048 8192] [--reps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BLOCK_SIZE = 128  # vLLM's CPU default
+
+
+def child(spec_path: str, out_path: str) -> None:
+    """One fresh vLLM process: run the phases of `spec`, write TTFTs."""
+    from vllm import LLM, SamplingParams
+
+    spec = json.loads(Path(spec_path).read_text())
+    kv_transfer_config = None
+    if spec["master"]:
+        kv_transfer_config = {
+            "kv_connector": "KVPoolConnector", "kv_connector_module_path": "kvpool.connector",
+            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"master_address": spec["master"]},
+        }  # fmt: skip
+    max_len = max(spec["lengths"])
+    llm = LLM(
+        model=spec["model_dir"], skip_tokenizer_init=True, load_format="safetensors", block_size=BLOCK_SIZE,
+        kv_cache_memory_bytes=spec["kv_cache_bytes"], max_model_len=max_len + BLOCK_SIZE,
+        max_num_batched_tokens=max_len + BLOCK_SIZE, enable_prefix_caching=True, seed=0,
+        kv_transfer_config=kv_transfer_config,
+    )  # fmt: skip
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+    def ttft(prompt: list[int]) -> tuple[float, int]:
+        started = time.perf_counter()
+        (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+        return time.perf_counter() - started, out.num_cached_tokens
+
+    def drain() -> None:  # the writer's background saves land before the reader starts
+        if spec["master"]:
+            from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+            get_kv_transfer_group()._worker.drain(60.0)
+            for _ in range(3):
+                llm.llm_engine.step()
+
+    for length in spec["lengths"]:  # warm-up: compile, first allocations, first pool round trips
+        warm = [random.Random(-length).randrange(10, 7990) for _ in range(length)]
+        ttft(warm)
+        ttft(warm)
+    results: dict[str, list] = {}
+    for phase in spec["phases"]:
+        for length in spec["lengths"]:
+            for rep in range(spec["reps"]):
+                prompt = make_prompt(length, rep)
+                seconds, cached = ttft(prompt)
+                results.setdefault(f"{phase}/{length}", []).append([seconds, cached])
+        drain()
+    Path(out_path).write_text(json.dumps(results))
+
+
+def make_prompt(length: int, rep: int) -> list[int]:
+    rng = random.Random(length * 1000 + rep)
+    return [rng.randrange(10, 7990) for _ in range(length)]
+
+
+def run_child(name: str, spec: dict, workdir: Path) -> dict:
+    spec_path, out_path = workdir / f"{name}.spec.json", workdir / f"{name}.out.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+           "TMPDIR": str(workdir), "VLLM_RPC_BASE_PATH": str(workdir), "VLLM_CACHE_ROOT": str(workdir / "cache"),
+           "VLLM_CPU_OMP_THREADS_BIND": "0-1"}  # fmt: skip
+    done = subprocess.run([sys.executable, __file__, "--child", str(spec_path), str(out_path)],
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    (workdir / f"{name}.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{(done.stdout + done.stderr)[-4000:]}")
+    return json.loads(out_path.read_text())
+
+
+def summary(samples: list[list[float]]) -> dict:
+    xs = sorted(s for s, _ in samples)
+    return {"p50_s": statistics.median(xs), "min_s": xs[0], "max_s": xs[-1], "n": len(xs),
+            "cached_tokens": sorted({c for _, c in samples})}  # fmt: skip
+
+
+def machine() -> dict:
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
+    mem_kib = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")))
+    return {"cpu": model, "cpus": os.cpu_count(), "memory_gib": round(mem_kib / 2**20, 1),
+            "python": platform.python_version(), "load_avg_1m_start": os.getloadavg()[0]}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192], help="prompt lengths in tokens")
+    parser.add_argument("--reps", type=int, default=5, help="prompts per length and case (default 5)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(*args.child)
+        return 0
+
+    from rich.progress import Progress
+
+    from kvpool.bench import procs
+    from kvpool.bench.tiny_model import write_tiny_llama
+
+    info = machine()
+    workdir = Path(tempfile.mkdtemp(prefix="connector-ttft-", dir=Path(__file__).parents[1] / "scratch"))
+    model = write_tiny_llama(workdir / "model")
+    kv_bytes_per_token = 4 * 2 * 2 * 64 * 2  # layers * (K,V) * kv heads * head dim * bf16
+    total_tokens = sum(args.lengths) * (args.reps + 1)
+    kv_cache_bytes = 2 * total_tokens * kv_bytes_per_token + (64 << 20)
+    master = procs.start_master(workdir)
+    node = procs.start_node(workdir, master.info["address"], f"{(total_tokens * kv_bytes_per_token >> 20) + 64}MiB")
+    base = {"model_dir": str(model), "lengths": args.lengths, "reps": args.reps, "kv_cache_bytes": kv_cache_bytes}
+    runs = [
+        ("vanilla", {**base, "master": None, "phases": ["recompute", "local_hit"]}),
+        ("writer", {**base, "master": master.info["address"], "phases": ["recompute", "local_hit"]}),
+        ("reader", {**base, "master": master.info["address"], "phases": ["pool_hit"]}),
+    ]
+    raw: dict[str, dict] = {}
+    try:
+        with Progress() as progress:
+            task = progress.add_task("fresh vLLM processes", total=len(runs))
+            for name, spec in runs:
+                raw[name] = run_child(name, spec, workdir)
+                progress.advance(task)
+    finally:
+        node.stop()
+        master.stop()
+    info["load_avg_1m_end"] = os.getloadavg()[0]
+    table = {
+        f"{case} ({run})": {str(length): summary(raw[run][f"{case}/{length}"]) for length in args.lengths}
+        for run, case in [("vanilla", "recompute"), ("vanilla", "local_hit"), ("writer", "recompute"),
+                          ("writer", "local_hit"), ("reader", "pool_hit")]
+    }  # fmt: skip
+    result = {"machine": info, "block_size": BLOCK_SIZE, "model": "tiny Llama (kvpool.bench.tiny_model), bf16",
+              "reps": args.reps, "ttft": table, "raw": raw, "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "connector_ttft.json").write_text(json.dumps(result, indent=1))
+    write_markdown(result, args.lengths, args.out / "connector_ttft.md")
+    plot(result, args.lengths, args.out / "connector_ttft.png")
+    print((args.out / "connector_ttft.md").read_text())
+    return 0
+
+
+def write_markdown(result: dict, lengths: list[int], path: Path) -> None:
+    m, t = result["machine"], result["ttft"]
+    lines = [
+        "# Connector TTFT: recompute vs local prefix-cache hit vs pool hit", "",
+        f"Generated by `benchmarks/connector_ttft_bench.py` on {result['date']}: {m['cpu']}, {m['cpus']} CPUs, "
+        f"{m['memory_gib']} GiB, Python {m['python']}, vllm-cpu 0.32, {result['model']}, block size "
+        f"{result['block_size']}. 1-minute load average {m['load_avg_1m_start']:.1f} at the start, "
+        f"{m['load_avg_1m_end']:.1f} at the end: other work shared the CPUs, so figures are noisy.", "",
+        "Each case runs in a fresh process (in-process engine) after a warm-up prompt per length; TTFT is the "
+        f"wall time of `generate(max_tokens=1)`, median (min-max) of {result['reps']} different prompts. Pool: one "
+        "`kvpool master` + one `kvpool node` on the same machine (same-host shared-memory path).", "",
+        "| case | " + " | ".join(f"{n} tokens" for n in lengths) + " |",
+        "|---|" + "---|" * len(lengths),
+    ]  # fmt: skip
+    for case, by_len in t.items():
+        cells = [f"{1000 * by_len[str(n)]['p50_s']:.1f} ms ({1000 * by_len[str(n)]['min_s']:.1f}-"
+                 f"{1000 * by_len[str(n)]['max_s']:.1f}), cached {by_len[str(n)]['cached_tokens']}" for n in lengths]
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    lines += ["", "Ratios (medians):", ""]
+    for n in lengths:
+        pool, local = t["pool_hit (reader)"][str(n)]["p50_s"], t["local_hit (vanilla)"][str(n)]["p50_s"]
+        recompute = t["recompute (vanilla)"][str(n)]["p50_s"]
+        lines.append(f"- {n} tokens: pool hit / local hit = {pool / local:.2f}x (goal <= 2x); "
+                     f"recompute / pool hit = {recompute / pool:.1f}x (goal >= 20x at 8K)")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(result: dict, lengths: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = ["recompute (vanilla)", "local_hit (vanilla)", "pool_hit (reader)"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.25
+    for i, case in enumerate(cases):
+        stats = [result["ttft"][case][str(n)] for n in lengths]
+        p50 = [1000 * s["p50_s"] for s in stats]
+        err = [[1000 * (s["p50_s"] - s["min_s"]) for s in stats], [1000 * (s["max_s"] - s["p50_s"]) for s in stats]]
+        ax.bar([x + (i - 1) * width for x in range(len(lengths))], p50, width, yerr=err, capsize=3, label=case)
+    ax.set_xticks(range(len(lengths)), [f"{n} tokens" for n in lengths])
+    ax.set_yscale("log")
+    ax.set_ylabel("TTFT (ms, log scale)")
+    ax.set_title("TTFT: recompute vs local prefix cache vs kvpool hit (fresh process)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
