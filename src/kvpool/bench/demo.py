@@ -30,14 +30,16 @@ from kvpool.workload.synth import SynthConfig, synth_sessions
 
 RUNS = ("baseline", "pool")
 LABELS = {"baseline": "without pool", "pool": "with pool"}
-CONNECTOR = {"kv_connector": "KVPoolConnector", "kv_connector_module_path": "kvpool.connector", "kv_role": "kv_both"}
+# a failed pool load is recomputed by vLLM rather than failing the request
+CONNECTOR = {"kv_connector": "KVPoolConnector", "kv_connector_module_path": "kvpool.connector", "kv_role": "kv_both",
+             "kv_load_failure_policy": "recompute"}
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    num_sessions: int = 8
-    scale: float = 0.15  # of the Codex profile's token counts
-    max_turns: int = 16
+    num_sessions: int = 12
+    scale: float = 0.25  # of the Codex profile's token counts
+    max_turns: int = 12
     time_scale: float = 0.05  # of the trace's tool/think times
     seed: int = 0
     sessions_file: Path | None = None  # replay this instead of synthesizing
@@ -77,21 +79,36 @@ class RunOutcome:
         return LABELS[self.name]
 
 
-def connector_problem() -> str | None:
-    """Why the pool run cannot work (the connector package or master is missing), else None.
+class ConnectorProbe:
+    """Whether the pool run can work (master and connector importable), checked in a child process
+    started at once (importing the connector imports vLLM: seconds), answered when needed."""
 
-    Checked in a child process, because importing the connector imports vLLM."""
-    for module in ("kvpool.master.cli", "kvpool.connector"):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not built yet"
-    probe = subprocess.run(
-        [sys.executable, "-c", "from kvpool.connector import KVPoolConnector"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    if probe.returncode != 0:
-        last = (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return f"`from kvpool.connector import KVPoolConnector` fails: {last}"
-    return None
+    def __init__(self) -> None:
+        self._missing = next((m for m in ("kvpool.master.cli", "kvpool.connector")
+                              if importlib.util.find_spec(m) is None), None)  # fmt: skip
+        self._proc = None
+        if self._missing is None:
+            self._proc = subprocess.Popen([sys.executable, "-c", "from kvpool.connector import KVPoolConnector"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    def problem(self, timeout_s: float = 300.0) -> str | None:
+        """Why the pool run cannot work, else None."""
+        if self._missing is not None:
+            return f"{self._missing} is not built yet"
+        try:
+            _, err = self._proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            return f"importing kvpool.connector took more than {timeout_s:.0f} s"
+        if self._proc.returncode != 0:
+            last = (err.strip().splitlines() or ["(no output)"])[-1]
+            return f"`from kvpool.connector import KVPoolConnector` fails: {last}"
+        return None
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
 
 
 class Demo:

@@ -13,11 +13,12 @@ from rich.table import Table
 
 from kvpool.bench import plots, procs, reports
 from kvpool.bench.cli import replay_with_progress
-from kvpool.bench.demo import LABELS, Demo, DemoConfig, RunOutcome, connector_problem, ratio
+from kvpool.bench.demo import LABELS, ConnectorProbe, Demo, DemoConfig, RunOutcome, ratio
 
 # The published reference (vLLM + Mooncake Store, Kimi-K2.5 on 12 GB200, Codex traces), for context.
 REFERENCE = {"throughput": "3.8x", "ttft": "46x lower", "e2e": "8.6x lower", "hit": "1.7 % -> 92.2 %"}
-QUICK = {"num_sessions": 2, "max_turns": 3, "scale": 0.05, "time_scale": 0.0}
+# one session: round-robin then sends consecutive turns to different servers, so the pool must serve
+QUICK = {"num_sessions": 1, "max_turns": 4, "scale": 0.05, "time_scale": 0.0}
 
 
 def _mib(text: str) -> int:
@@ -36,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "hit rate side by side and save JSON, Markdown and a plot. Every process is stopped on exit or Ctrl-C."
     )
     parser.add_argument("--quick", action="store_true",
-                        help=f"a smoke run: {QUICK['num_sessions']} sessions x {QUICK['max_turns']} turns, tiny prompts")
+                        help=f"a smoke run: {QUICK['num_sessions']} session(s) x {QUICK['max_turns']} turns, short prompts, no think time")
     parser.add_argument("--sessions", type=int, default=None, metavar="N", help=f"sessions to replay (default {d.num_sessions})")
     parser.add_argument("--max-turns", type=int, default=None, help=f"turns per session at most (default {d.max_turns})")
     parser.add_argument("--scale", type=float, default=None,
@@ -154,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     t0 = time.monotonic()
     outcomes: dict[str, RunOutcome] = {}
+    probe = ConnectorProbe() if "pool" in config.runs else None
     try:
         demo = Demo(config, status=lambda msg: console.print(f"[bold]{msg}[/]"))
         console.print(f"workdir (logs, model): {demo.workdir}")
@@ -170,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         for name in config.runs:
             if name == "pool":
                 with console.status("checking that the vLLM connector is importable"):
-                    problem = connector_problem()
+                    problem = probe.problem()
                 if problem:
                     outcomes[name] = RunOutcome(name, error=f"the pool half cannot run: {problem}")
                     console.print(f"[red]{outcomes[name].error}[/]")
@@ -188,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if probe is not None:
+            probe.close()
         procs.stop_all()
 
     console.print(_table(outcomes))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ class ManagedProcess:
     env: dict[str, str] = field(default_factory=dict)
     popen: subprocess.Popen | None = None
     info: dict = field(default_factory=dict)  # the ready file's JSON
+    cleanup_paths: list[Path] = field(default_factory=list)  # removed once the process is gone
 
     @property
     def ready_file(self) -> Path:
@@ -128,6 +130,8 @@ class ManagedProcess:
     def _forget(self) -> None:
         if self in _LIVE:
             _LIVE.remove(self)
+        for path in self.cleanup_paths:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def kvpool_argv(*args: str) -> list[str]:
@@ -208,6 +212,8 @@ def start_vllm_server(
     port = free_port()
     scratch = Path(workdir) / f"{name}.scratch"
     scratch.mkdir(parents=True, exist_ok=True)
+    # vLLM binds IPC sockets under TMPDIR; a socket path must stay under 108 bytes
+    sockets = Path(tempfile.mkdtemp(prefix="kvpool-vllm-"))
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", "tiny",
@@ -222,13 +228,13 @@ def start_vllm_server(
         *extra_args,
     ]  # fmt: skip
     env = {
-        "TMPDIR": str(scratch), "VLLM_RPC_BASE_PATH": str(scratch),
+        "TMPDIR": str(sockets), "VLLM_RPC_BASE_PATH": str(sockets),
         "VLLM_CACHE_ROOT": str(cache_root or Path(workdir) / "vllm-cache"), "HF_HOME": str(scratch / "hf"),
         "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1",
         **({"VLLM_CPU_OMP_THREADS_BIND": cpu_bind} if cpu_bind is not None else {}),
         **(extra_env or {}),
     }  # fmt: skip
-    proc = ManagedProcess(name, argv, Path(workdir), env=env).start(ready_file_arg=False)
+    proc = ManagedProcess(name, argv, Path(workdir), env=env, cleanup_paths=[sockets]).start(ready_file_arg=False)
     proc.info = {"url": f"http://127.0.0.1:{port}", "port": port, "pid": proc.pid}
     if wait:
         wait_http_ok(proc, proc.info["url"] + "/health", timeout_s)
