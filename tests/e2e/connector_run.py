@@ -103,6 +103,10 @@ def main(spec_path: str, out_path: str) -> int:
         kv_transfer_config=_kv_transfer_config(spec),
     )
     result = {"phases": []}
+    if spec.get("wait_embedded_node_s"):
+        ours = _our_connector(spec)
+        if not ours._node.wait_mounted(spec["wait_embedded_node_s"]):
+            raise TimeoutError("the embedded node did not mount")
     for phase in spec["phases"]:
         if phase.get("wait_file"):  # the test changes the world (restarts the master...) meanwhile
             deadline = time.monotonic() + 300

@@ -143,3 +143,15 @@ def test_unreachable_master_degrades_to_no_pool_and_recovers(tmp_path, run_vllm)
     assert counters(result, 1).get("vllm:kvpool_saved_blocks", 0) >= 3  # the master is back: saves resume
     assert only(result, 2)["num_cached_tokens"] == 3 * BLOCK_SIZE  # and loads
     assert_same_answer(only(result, 2), only(result, 1))
+
+
+def test_embedded_node_makes_one_vllm_and_a_master_a_pool(make_pool, run_vllm):
+    pool = make_pool(num_nodes=0)
+    p = prompt(100, seed=9)
+    result = run_vllm("embedded", pool.address, [
+        {"prompts": [p], "max_tokens": 4},
+        {"prompts": [p], "max_tokens": 4, "reset_prefix_cache": True},
+    ], extra_config={"pool_memory_bytes": "16MiB"}, wait_embedded_node_s=60)  # fmt: skip
+    assert counters(result, 0)["vllm:kvpool_saved_blocks"] == 3
+    assert only(result, 1)["num_cached_tokens"] == 3 * BLOCK_SIZE
+    assert_same_answer(only(result, 1), only(result, 0))
