@@ -1,0 +1,131 @@
+"""The connector's scheduler half on vLLM's real BlockPool: exact load/save plans and block references.
+
+The master is replaced by a lookup table here because this file checks planning only; the e2e tests
+run the same code against a real master, nodes and vLLM.
+"""
+
+from types import SimpleNamespace
+
+from vllm.v1.core.block_pool import BlockPool
+
+from kvpool.connector.health import PoolHealth
+from kvpool.connector.keys import object_keys
+from kvpool.connector.metadata import KVPoolWorkerMetadata
+from kvpool.connector.plan import Geometry
+from kvpool.connector.scheduler import SchedulerSide
+from kvpool.core.errors import UnavailableError
+
+BS = 4
+HASHES = [bytes([i]) * 32 for i in range(1, 20)]
+
+
+class Lookups:
+    """lookup_prefix answers from a set of stored keys (leading hits), counting calls."""
+
+    def __init__(self, stored: set[str] | None = None, down: bool = False) -> None:
+        self.stored, self.down, self.calls = stored or set(), down, 0
+
+    def lookup_prefix(self, keys: list[str]) -> int:
+        self.calls += 1
+        if self.down:
+            raise UnavailableError("master did not answer")
+        n = 0
+        while n < len(keys) and keys[n] in self.stored:
+            n += 1
+        return n
+
+    def close(self) -> None:
+        pass
+
+
+def make(lookups: Lookups, blocks_per_object: int = 1) -> tuple[SchedulerSide, BlockPool]:
+    side = SchedulerSide(
+        Geometry(BS, blocks_per_object), make_client=lambda: lookups,
+        health=PoolHealth("test", 60.0, 60.0), num_workers=1, save_decode=True, load_async=True,
+    )  # fmt: skip
+    pool = BlockPool(num_gpu_blocks=32, enable_caching=True, hash_block_size=BS)
+    side.bind_block_pool(pool)
+    return side, pool
+
+
+def request(rid: str, num_tokens: int, num_computed: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(request_id=rid, num_tokens=num_tokens, num_prompt_tokens=num_tokens,
+                           num_computed_tokens=num_computed, block_hashes=HASHES[: num_tokens // BS])  # fmt: skip
+
+
+def blocks(ids: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(get_block_ids=lambda: (ids,))
+
+
+def step(rid: str, computed_before: int, scheduled: int, table: list[int], new: bool = True) -> SimpleNamespace:
+    new_reqs = [SimpleNamespace(req_id=rid, num_computed_tokens=computed_before)] if new else []
+    cached = SimpleNamespace(req_ids=[] if new else [rid], num_computed_tokens=[] if new else [computed_before])
+    return SimpleNamespace(
+        scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached, num_scheduled_tokens={rid: scheduled},
+        scheduled_spec_decode_tokens={}, kv_connector_block_state=SimpleNamespace(get_block_ids=lambda r: (table,)),
+    )  # fmt: skip
+
+
+def test_lookup_is_repeatable_and_leaves_the_last_token():
+    lookups = Lookups({k for k in object_keys(HASHES, 1, 0, 4)})
+    side, _ = make(lookups)
+    req = request("r", num_tokens=16)  # 4 blocks, all in the pool
+    assert side.get_num_new_matched_tokens(req, 0) == (12, True)  # block 3 holds the last token
+    assert side.get_num_new_matched_tokens(req, 0) == (12, True)  # asked again: same answer
+    assert side.get_num_new_matched_tokens(req, 12) == (0, False)  # local hit as long: no round trip
+    assert lookups.calls == 2
+
+
+def test_load_plan_targets_only_blocks_past_the_local_hit():
+    lookups = Lookups({k for k in object_keys(HASHES, 2, 0, 3)})
+    side, _ = make(lookups, blocks_per_object=2)
+    req = request("r", num_tokens=26)  # 6 full blocks = 3 objects of 2 blocks
+    assert side.get_num_new_matched_tokens(req, 4) == (20, True)  # local: 1 block; pool: 3 objects
+    side.update_state_after_alloc(req, blocks([5, 6, 7, 8, 9, 10, 11]), 20)
+    meta = side.build_connector_meta(step("other", 0, 0, []))
+    (load,) = meta.loads
+    assert load.keys == object_keys(HASHES, 2, 0, 3)
+    assert load.block_ids == [[None, 6], [7, 8], [9, 10]]  # block 5 is the shared local hit
+    assert side.build_connector_meta(step("other", 0, 0, [])).loads == []  # emitted once
+
+
+def test_saves_pin_blocks_until_every_worker_reports():
+    side, pool = make(Lookups())
+    table = [b.block_id for b in pool.get_new_blocks(4)]
+    req = request("r", num_tokens=14)
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    side.update_state_after_alloc(req, blocks(table), 0)
+    (save,) = side.build_connector_meta(step("r", 0, 10, table)).saves  # 10 tokens: 2 full blocks
+    assert save.keys == object_keys(HASHES, 1, 0, 2) and save.parents == [None, save.keys[0]]
+    assert save.block_ids == [[table[0]], [table[1]]]
+    assert [pool.blocks[b].ref_cnt for b in table] == [2, 2, 1, 1]
+    (save2,) = side.build_connector_meta(step("r", 10, 4, table, new=False)).saves  # 14 tokens: block 2
+    assert save2.block_ids == [[table[2]]] and save2.parents == [save.keys[1]]
+    assert side.has_pending_saves()
+    side.update_connector_output(SimpleNamespace(kv_connector_worker_meta=KVPoolWorkerMetadata({save.job_id: 1})))
+    side.update_connector_output(SimpleNamespace(kv_connector_worker_meta=KVPoolWorkerMetadata({save2.job_id: 1})))
+    assert [pool.blocks[b].ref_cnt for b in table] == [1, 1, 1, 1] and not side.has_pending_saves()
+
+
+def test_a_failed_load_is_not_planned_again():
+    lookups = Lookups({k for k in object_keys(HASHES, 1, 0, 3)})
+    side, _ = make(lookups)
+    req = request("r", num_tokens=14)
+    assert side.get_num_new_matched_tokens(req, 0) == (12, True)
+    side.update_state_after_alloc(req, blocks([1, 2, 3, 4]), 12)
+    side.build_connector_meta(step("other", 0, 0, []))
+    side.update_connector_output(SimpleNamespace(kv_connector_worker_meta=KVPoolWorkerMetadata({}, {"r"})))
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)  # vLLM recomputes instead
+
+
+def test_unreachable_master_means_no_pool_until_the_back_off_ends():
+    lookups = Lookups(down=True)
+    side, pool = make(lookups)
+    req = request("r", num_tokens=14)
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert lookups.calls == 1  # backing off: no second round trip
+    table = [b.block_id for b in pool.get_new_blocks(4)]
+    side.update_state_after_alloc(req, blocks(table), 0)
+    assert side.build_connector_meta(step("r", 0, 14, table)).saves == []  # nothing saved meanwhile
+    assert side.stats.take().data["pool_unavailable"] == 1
