@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import msgspec
+
 from kvpool.bench import procs
 from kvpool.bench.replay import ReplayConfig, ReplayResult
 from kvpool.bench.reports import summarize
@@ -122,7 +124,8 @@ class Demo:
     def sessions(self) -> list[Session]:
         c = self.config
         if c.sessions_file is not None:
-            return read_sessions(c.sessions_file)[: c.num_sessions]
+            return [msgspec.structs.replace(s, turns=s.turns[: c.max_turns])
+                    for s in read_sessions(c.sessions_file)[: c.num_sessions]]  # fmt: skip
         return synth_sessions(SynthConfig(profile="codex", num_sessions=c.num_sessions, scale=c.scale,
                                           seed=c.seed, max_turns=c.max_turns))  # fmt: skip
 

