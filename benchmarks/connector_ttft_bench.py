@@ -5,7 +5,9 @@ tiny seeded Llama (bf16) from kvpool.bench.tiny_model, against a real `kvpool ma
 node` on this machine:
 - vanilla (no connector): each prompt computed (recompute), then sent again (local hit);
 - writer (connector): the same, and its saves fill the pool;
-- reader (connector, fresh process, empty local cache): each prompt loaded from the pool (pool hit).
+- reader (connector, fresh process, empty local cache): each prompt loaded from the pool (pool hit),
+  reported to vLLM as an asynchronous load (the default);
+- reader_sync: the same with `load_async: false` (the load runs in the step, before the forward).
 TTFT = wall time of `generate(max_tokens=1)` for one prompt. Every process first serves a warm-up
 prompt of each length (excluded). Prompts are random token ids, different in every repetition.
 Writes benchmarks/results/connector_ttft.{json,md,png}.
@@ -40,7 +42,7 @@ def child(spec_path: str, out_path: str) -> None:
         kv_transfer_config = {
             "kv_connector": "KVPoolConnector", "kv_connector_module_path": "kvpool.connector",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"master_address": spec["master"]},
+            "kv_connector_extra_config": {"master_address": spec["master"], **spec.get("extra_config", {})},
         }  # fmt: skip
     max_len = max(spec["lengths"])
     llm = LLM(
@@ -141,6 +143,8 @@ def main() -> int:
         ("vanilla", {**base, "master": None, "phases": ["recompute", "local_hit"]}),
         ("writer", {**base, "master": master.info["address"], "phases": ["recompute", "local_hit"]}),
         ("reader", {**base, "master": master.info["address"], "phases": ["pool_hit"]}),
+        ("reader_sync", {**base, "master": master.info["address"], "phases": ["pool_hit"],
+                         "extra_config": {"load_async": False}}),
     ]
     raw: dict[str, dict] = {}
     try:
@@ -156,7 +160,7 @@ def main() -> int:
     table = {
         f"{case} ({run})": {str(length): summary(raw[run][f"{case}/{length}"]) for length in args.lengths}
         for run, case in [("vanilla", "recompute"), ("vanilla", "local_hit"), ("writer", "recompute"),
-                          ("writer", "local_hit"), ("reader", "pool_hit")]
+                          ("writer", "local_hit"), ("reader", "pool_hit"), ("reader_sync", "pool_hit")]
     }  # fmt: skip
     result = {"machine": info, "block_size": BLOCK_SIZE, "model": "tiny Llama (kvpool.bench.tiny_model), bf16",
               "reps": args.reps, "ttft": table, "raw": raw, "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
@@ -188,10 +192,11 @@ def write_markdown(result: dict, lengths: list[int], path: Path) -> None:
         lines.append(f"| {case} | " + " | ".join(cells) + " |")
     lines += ["", "Ratios (medians):", ""]
     for n in lengths:
-        pool, local = t["pool_hit (reader)"][str(n)]["p50_s"], t["local_hit (vanilla)"][str(n)]["p50_s"]
-        recompute = t["recompute (vanilla)"][str(n)]["p50_s"]
-        lines.append(f"- {n} tokens: pool hit / local hit = {pool / local:.2f}x (goal <= 2x); "
-                     f"recompute / pool hit = {recompute / pool:.1f}x (goal >= 20x at 8K)")
+        local, recompute = t["local_hit (vanilla)"][str(n)]["p50_s"], t["recompute (vanilla)"][str(n)]["p50_s"]
+        for reader in ("reader", "reader_sync"):
+            pool = t[f"pool_hit ({reader})"][str(n)]["p50_s"]
+            lines.append(f"- {n} tokens, {reader}: pool hit / local hit = {pool / local:.2f}x (goal <= 2x); "
+                         f"recompute / pool hit = {recompute / pool:.1f}x (goal >= 20x at 8K)")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -201,14 +206,14 @@ def plot(result: dict, lengths: list[int], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = ["recompute (vanilla)", "local_hit (vanilla)", "pool_hit (reader)"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.25
+    cases = ["recompute (vanilla)", "local_hit (vanilla)", "pool_hit (reader)", "pool_hit (reader_sync)"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.2
     for i, case in enumerate(cases):
         stats = [result["ttft"][case][str(n)] for n in lengths]
         p50 = [1000 * s["p50_s"] for s in stats]
         err = [[1000 * (s["p50_s"] - s["min_s"]) for s in stats], [1000 * (s["max_s"] - s["p50_s"]) for s in stats]]
-        ax.bar([x + (i - 1) * width for x in range(len(lengths))], p50, width, yerr=err, capsize=3, label=case)
+        ax.bar([x + (i - 1.5) * width for x in range(len(lengths))], p50, width, yerr=err, capsize=3, label=case)
     ax.set_xticks(range(len(lengths)), [f"{n} tokens" for n in lengths])
     ax.set_yscale("log")
     ax.set_ylabel("TTFT (ms, log scale)")

@@ -129,3 +129,13 @@ def test_unreachable_master_means_no_pool_until_the_back_off_ends():
     side.update_state_after_alloc(req, blocks(table), 0)
     assert side.build_connector_meta(step("r", 0, 14, table)).saves == []  # nothing saved meanwhile
     assert side.stats.take().data["pool_unavailable"] == 1
+
+
+def test_a_local_hit_is_not_saved_again():
+    side, pool = make(Lookups())
+    table = [b.block_id for b in pool.get_new_blocks(4)]
+    req = request("r", num_tokens=14)
+    assert side.get_num_new_matched_tokens(req, 8) == (0, False)  # vLLM has 2 blocks already
+    side.update_state_after_alloc(req, blocks(table), 0)
+    (save,) = side.build_connector_meta(step("r", 8, 6, table)).saves
+    assert save.keys == object_keys(HASHES, 1, 2, 3) and save.block_ids == [[table[2]]]

@@ -10,6 +10,8 @@ Keys (all optional except `master_address`):
   node_id              name of the embedded node (default: vllm-<host>-<pid>-r<rank>)
   timeout_s            one master round trip / transfer round (default 2.0)
   load_async           report pool hits as asynchronous loads (default True)
+  load_wait_ms         with async loads, how long one engine step may wait for a load in flight
+                       (default 5; see worker.take_finished_loads)
   save_decode          also save KV produced during decode (default True)
   num_replicas         replicas per saved object (default 1)
   transfer_path        auto | nixl | shm (default auto: shared memory on the same host, else NIXL)
@@ -49,6 +51,7 @@ class ConnectorConfig:
     node_id: str | None = None
     timeout_s: float = 2.0
     load_async: bool = True
+    load_wait_ms: float = 5.0
     save_decode: bool = True
     num_replicas: int = 1
     transfer_path: str = "auto"
@@ -71,6 +74,8 @@ class ConnectorConfig:
             raise ValueError(f"tokens_per_object must be a positive int, got {self.tokens_per_object!r}")
         if self.pool_memory_bytes is not None and self.pool_memory_bytes < (1 << 20):
             raise ValueError(f"pool_memory_bytes must be at least 1 MiB, got {self.pool_memory_bytes}")
+        if not 0 <= self.load_wait_ms <= 1000:
+            raise ValueError(f"load_wait_ms must be within 0..1000, got {self.load_wait_ms!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
         if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
@@ -91,7 +96,7 @@ class ConnectorConfig:
         values = dict(extra)
         if values.get("pool_memory_bytes") is not None:
             values["pool_memory_bytes"] = _parse_size(values["pool_memory_bytes"])
-        for name in ("timeout_s", "retry_initial_s", "retry_max_s"):
+        for name in ("timeout_s", "retry_initial_s", "retry_max_s", "load_wait_ms"):
             if isinstance(values.get(name), int) and not isinstance(values.get(name), bool):
                 values[name] = float(values[name])
         if "master_address" not in values:

@@ -114,7 +114,8 @@ class KVPoolConnector(KVConnectorBase_V1):
             self.namespace = None  # known once the worker's ranks are (register_kv_caches)
             self._kv_cache_config = kv_cache_config
             self._worker = WorkerSide(
-                self.geom, health=PoolHealth("pool", cfg.retry_initial_s, cfg.retry_max_s), load_async=cfg.load_async
+                self.geom, health=PoolHealth("pool", cfg.retry_initial_s, cfg.retry_max_s),
+                load_async=cfg.load_async, load_wait_s=cfg.load_wait_ms / 1000,
             )
 
     def _make_client(self):

@@ -68,6 +68,7 @@ class SchedulerSide:
         self._requests: dict[str, object] = {}  # req id -> vLLM Request, while it lives
         self._trackers: dict[str, RequestTracker] = {}
         self._lookups: dict[str, tuple[int, int]] = {}  # req id -> (local tokens, pool hit objects)
+        self._local_hits: dict[str, int] = {}  # req id -> vLLM's local hit (tokens) at admission
         self._pending_loads: list[LoadSpec] = []
         # requests whose pool load came back short: vLLM recomputes them, and asking the pool again
         # would plan the same failing load forever (the master may list a dead node's objects
@@ -85,6 +86,7 @@ class SchedulerSide:
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         rid = request.request_id
         self._lookups.pop(rid, None)
+        self._local_hits[rid] = num_computed_tokens
         if rid in self._load_failed:
             return 0, False
         window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
@@ -115,6 +117,11 @@ class SchedulerSide:
         rid = request.request_id
         self._requests[rid] = request
         tracker = self._trackers.setdefault(rid, RequestTracker(rid))
+        # a local hit was computed (or loaded) by this instance before and saved then: putting it
+        # again would only cost a round trip per step (PUT_EXISTS). If the pool evicted it since,
+        # it stays evicted: the pool's choice, not ours to undo.
+        num_local_objects = self._local_hits.pop(rid, 0) // self.geom.tokens_per_object
+        tracker.next_save = max(tracker.next_save, num_local_objects)
         lookup = self._lookups.pop(rid, None)
         if lookup is None:
             return
@@ -204,6 +211,7 @@ class SchedulerSide:
         tracker = self._trackers.pop(rid, None)
         self._requests.pop(rid, None)
         self._lookups.pop(rid, None)
+        self._local_hits.pop(rid, None)
         self._load_failed.discard(rid)
         if tracker is not None and self._block_pool is not None and self._health.available:
             # Objects computed in the last steps whose hashes came late (async scheduling): plan

@@ -41,7 +41,10 @@ class _NoPool(Exception):
 
 
 class WorkerSide:
-    def __init__(self, geom: Geometry, *, health: PoolHealth, load_async: bool, shutdown_timeout_s: float = 10.0):
+    def __init__(
+        self, geom: Geometry, *, health: PoolHealth, load_async: bool, load_wait_s: float = 0.005,
+        shutdown_timeout_s: float = 10.0,
+    ):
         self.geom = geom
         self.stats = StatsRecorder()
         self._health = health
@@ -52,7 +55,10 @@ class WorkerSide:
         self._scratch = None
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="kvpool-load")
         self._saver = ThreadPoolExecutor(1, thread_name_prefix="kvpool-save")
+        self._load_wait_s = load_wait_s
         self._lock = threading.Lock()
+        self._loads_changed = threading.Condition(self._lock)
+        self._loads_in_flight = 0
         self._done_loads: list[tuple[LoadSpec, int]] = []  # (spec, leading objects read)
         self._done_saves: dict[int, int] = {}
         self._failed_loads: set[str] = set()
@@ -96,6 +102,8 @@ class WorkerSide:
     def start_load_kv(self, meta: KVPoolMetadata) -> None:
         for spec in meta.loads:
             if self._load_async:
+                with self._lock:
+                    self._loads_in_flight += 1
                 self._track(self._loader.submit(self._load, spec))
             else:  # synchronous: this step's forward reads these blocks right after we return
                 num_loaded = self._load(spec)
@@ -132,11 +140,21 @@ class WorkerSide:
         if self._load_async:
             with self._lock:
                 self._done_loads.append((spec, num_loaded))
+                self._loads_in_flight -= 1
+                self._loads_changed.notify_all()
         return num_loaded
 
     def take_finished_loads(self) -> set[str]:
-        """Async loads done since the last call; their failed blocks are queued for this pass."""
+        """Async loads done since the last call; their failed blocks are queued for this pass.
+
+        While loads are in flight and none is done, wait up to `load_wait_s` first: vLLM calls
+        this every step, and an engine that spins through empty steps holds the GIL, so the
+        loader thread (one GIL hand-off per copied region) would crawl. The wait releases the GIL;
+        it delays other requests' steps by at most load_wait_s, only while a load runs.
+        """
         with self._lock:
+            if self._loads_in_flight and not self._done_loads and self._load_wait_s > 0:
+                self._loads_changed.wait(self._load_wait_s)
             done, self._done_loads = self._done_loads, []
             for spec, num_loaded in done:
                 self._errors_to_report |= failed_block_ids(spec, num_loaded)
