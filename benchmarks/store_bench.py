@@ -91,6 +91,8 @@ def _put_get(client, tag: str, size: int, total: int, repeats: int, regions: int
         "get_gbps": statistics.median(gets),
         "memcpy_gbps": statistics.median(memcpys),
         "get_over_memcpy": statistics.median(g / m for g, m in zip(gets, memcpys)),
+        "best_get_gbps": max(gets),
+        "best_get_over_memcpy": max(gets) / max(memcpys),  # peak vs peak: what each can do undisturbed
         "num_objects": n,
     }
 
@@ -263,12 +265,13 @@ def write_report(results: dict, out_dir: Path) -> None:
         "reads it back with `get_into` (one call per batch of 64 keys of 64 KiB or 256 KiB, 16 of 1 MiB, 4 of 4 and 16 MiB), verifies every byte, then removes it. Median of "
         f"{results['config']['repeats']} passes after one warm-up pass. memcpy: numpy copy of the same objects "
         "between the same buffers in the same client process, timed batch by batch right before each get_into "
-        "(get / memcpy is the median of per-pass ratios). `shm`: the client maps the node's segment (same host); `nixl`: UCX "
+        "(get / memcpy is the median of per-pass ratios; in brackets the fastest get pass over the fastest "
+        "memcpy pass, what each does when the machine leaves it alone). `shm`: the client maps the node's segment (same host); `nixl`: UCX "
         "one-sided READ/WRITE.",
         "",
         "## Bandwidth (GB/s)",
         "",
-        "| object | " + " | ".join(f"{p} memcpy | {p} put | {p} get | {p} get / memcpy" for p in paths) + " |",
+        "| object | " + " | ".join(f"{p} memcpy | {p} put | {p} get | {p} get / memcpy, median (best / best)" for p in paths) + " |",
         "|---|" + "---|---|---|---|" * len(paths),
     ]
     for s in sizes:
@@ -277,7 +280,7 @@ def write_report(results: dict, out_dir: Path) -> None:
             o = results[p]["objects"][str(s)]
             row += (
                 f" {o['memcpy_gbps']:.2f} | {o['put_gbps']:.2f} | {o['get_gbps']:.2f} |"
-                f" {100 * o['get_over_memcpy']:.0f} % |"
+                f" {100 * o['get_over_memcpy']:.0f} % ({100 * o['best_get_over_memcpy']:.0f} %) |"
             )
         lines.append(row)
     lines += [
@@ -317,8 +320,13 @@ def goals(results: dict) -> list[str]:
     for p in (p for p in PATHS if p in results):
         ratios = [results[p]["objects"][str(s)]["get_over_memcpy"] for s in big]
         worst = min(ratios) if ratios else float("nan")
+        best = [results[p]["objects"][str(s)]["best_get_over_memcpy"] for s in big]
         verdict = "met" if worst >= 0.5 else "NOT met"
-        out.append(f"- get >= 50 % of memcpy for objects >= 1 MiB, path {p}: worst {100 * worst:.0f} % -> {verdict}")
+        out.append(
+            f"- get >= 50 % of memcpy for objects >= 1 MiB, path {p}: median ratios "
+            f"{', '.join(f'{100 * r:.0f} %' for r in ratios)} (worst {100 * worst:.0f} %) -> {verdict}; "
+            f"best get / best memcpy {', '.join(f'{100 * r:.0f} %' for r in best)}"
+        )
         p50 = results[p]["lookup"]["p50_us"]
         out.append(f"- lookup round trip < 200 us (P50), measured with path {p}'s client: {p50:.0f} us -> "
                    f"{'met' if p50 < 200 else 'NOT met'}")
