@@ -54,7 +54,7 @@ def replay_with_progress(sessions: list[Session], config: ReplayConfig, descript
     planned = sum(len(s.turns) for s in sessions[: config.max_sessions or len(sessions)])
     failed = [0]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("[red]{task.fields[failed]} failed"), TimeElapsedColumn(),
+                  TextColumn("[red]{task.fields[failed]} not ok"), TimeElapsedColumn(),
                   console=console, transient=False) as progress:  # fmt: skip
         task = progress.add_task(description, total=planned, failed=0)
 
@@ -71,7 +71,8 @@ def write_results(result: ReplayResult, output_dir: Path, label: str) -> dict:
     summary = reports.summarize(result)
     output_dir.mkdir(parents=True, exist_ok=True)
     reports.write_json(output_dir / "replay.json", reports.to_json(result, summary, label))
-    (output_dir / "replay.md").write_text(reports.summary_markdown(summary, title=f"Replay: {label}"))
+    (output_dir / "replay.md").write_text(reports.summary_markdown(summary, title=f"Replay: {label}")
+                                          + f"\nMachine: {reports.machine()}\n\nConfig: {result.config}\n")
     plots.plot_ttft_cdf([(label, result.records)], output_dir / "ttft_cdf.png")
     plots.plot_ttft_by_turn([(label, result.records)], output_dir / "ttft_by_turn.png")
     return summary
