@@ -8,8 +8,12 @@ Keys (all optional except `master_address`):
   tokens_per_object    tokens per pool object, a multiple of vLLM's block size (default: one block)
   pool_memory_bytes    run an embedded storage node contributing this much memory ("4GiB" or int)
   node_id              name of the embedded node (default: vllm-<host>-<pid>-r<rank>)
-  timeout_s            one master round trip / transfer round (default 2.0)
-  load_async           report pool hits as asynchronous loads (default True)
+  timeout_s            one master round trip / transfer round on the worker (default 2.0)
+  lookup_timeout_s     the scheduler's lookup round trip; the engine waits on it (default 1.0)
+  load_async           report pool hits to vLLM as asynchronous loads (True) or load them in the
+                       step, before the forward (False). Default: async except on the CPU build,
+                       where the "transfer" is a memcpy on the CPUs that compute, so async only adds
+                       engine steps (benchmarks/results/connector_ttft.md: 25-40x slower TTFT there)
   load_wait_ms         with async loads, how long one engine step may wait for a load in flight
                        (default 5; see worker.take_finished_loads)
   save_decode          also save KV produced during decode (default True)
@@ -50,7 +54,8 @@ class ConnectorConfig:
     pool_memory_bytes: int | None = None  # None: no embedded node
     node_id: str | None = None
     timeout_s: float = 2.0
-    load_async: bool = True
+    lookup_timeout_s: float = 1.0
+    load_async: bool | None = None  # None: by device (see above)
     load_wait_ms: float = 5.0
     save_decode: bool = True
     num_replicas: int = 1
@@ -74,10 +79,12 @@ class ConnectorConfig:
             raise ValueError(f"tokens_per_object must be a positive int, got {self.tokens_per_object!r}")
         if self.pool_memory_bytes is not None and self.pool_memory_bytes < (1 << 20):
             raise ValueError(f"pool_memory_bytes must be at least 1 MiB, got {self.pool_memory_bytes}")
+        if self.load_async not in (None, True, False):
+            raise ValueError(f"load_async must be true, false or absent, got {self.load_async!r}")
         if not 0 <= self.load_wait_ms <= 1000:
             raise ValueError(f"load_wait_ms must be within 0..1000, got {self.load_wait_ms!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        if not self.timeout_s > 0 or not self.lookup_timeout_s > 0:
+            raise ValueError(f"timeouts must be > 0, got {self.timeout_s!r}, {self.lookup_timeout_s!r}")
         if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
             raise ValueError(f"num_replicas must be an int >= 1, got {self.num_replicas!r}")
         if self.transfer_path not in _PATHS:
@@ -92,11 +99,13 @@ class ConnectorConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(extra) - known)
         if unknown:
-            raise ValueError(f"unknown kv_connector_extra_config keys for KVPoolConnector: {unknown}; known: {sorted(known)}")
+            raise ValueError(
+                f"unknown kv_connector_extra_config keys for KVPoolConnector: {unknown}; known: {sorted(known)}"
+            )
         values = dict(extra)
         if values.get("pool_memory_bytes") is not None:
             values["pool_memory_bytes"] = _parse_size(values["pool_memory_bytes"])
-        for name in ("timeout_s", "retry_initial_s", "retry_max_s", "load_wait_ms"):
+        for name in ("timeout_s", "lookup_timeout_s", "retry_initial_s", "retry_max_s", "load_wait_ms"):
             if isinstance(values.get(name), int) and not isinstance(values.get(name), bool):
                 values[name] = float(values[name])
         if "master_address" not in values:

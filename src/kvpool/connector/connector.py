@@ -11,6 +11,7 @@ that serves it (scheduler.py, worker.py) and derives the pool namespace both hal
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -37,7 +38,9 @@ log = logging.getLogger(__name__)
 NAMESPACE_FORMAT = 1  # bump when the object byte layout changes
 
 
-def pool_namespace(vllm_config, kv_cache_config, cfg: ConnectorConfig, geom: Geometry, tp_rank: int, pp_rank: int) -> str:
+def pool_namespace(
+    vllm_config, kv_cache_config, cfg: ConnectorConfig, geom: Geometry, tp_rank: int, pp_rank: int
+) -> str:
     """Everything that changes the bytes stored for a token prefix (see keys.py)."""
     import json
 
@@ -87,13 +90,19 @@ class KVPoolConnector(KVConnectorBase_V1):
         block_size = groups[0].kv_cache_spec.block_size
         hash_block_size = kv_cache_config.hash_block_size or vllm_config.cache_config.block_size
         if hash_block_size != block_size:
-            raise ValueError(f"KVPoolConnector needs vLLM's hash block size ({hash_block_size}) == block size ({block_size})")
+            raise ValueError(
+                f"KVPoolConnector needs vLLM's hash block size ({hash_block_size}) == block size ({block_size})"
+            )
         if self._kv_transfer_config.kv_load_failure_policy != "recompute":
             log.warning(
                 "kvpool: kv_load_failure_policy is %r: a failed pool load then fails the request. "
                 "Set \"kv_load_failure_policy\": \"recompute\" so vLLM recomputes it instead.",
                 self._kv_transfer_config.kv_load_failure_policy,
             )
+        from vllm.platforms import current_platform
+
+        if cfg.load_async is None:
+            cfg = dataclasses.replace(cfg, load_async=current_platform.device_type != "cpu")
         self.config = cfg
         self.geom = Geometry(block_size, cfg.blocks_per_object(block_size))
         self._vllm_config = vllm_config
@@ -106,7 +115,8 @@ class KVPoolConnector(KVConnectorBase_V1):
             # missing an object fails its load and vLLM recomputes, so this is safe, not exact.
             self.namespace = pool_namespace(vllm_config, kv_cache_config, cfg, self.geom, 0, 0)
             self._scheduler = SchedulerSide(
-                self.geom, make_client=self._make_client, num_workers=vllm_config.parallel_config.world_size,
+                self.geom, make_client=lambda: self._make_client(cfg.lookup_timeout_s),
+                num_workers=vllm_config.parallel_config.world_size,
                 health=PoolHealth("pool master", cfg.retry_initial_s, cfg.retry_max_s),
                 save_decode=cfg.save_decode, load_async=cfg.load_async,
             )
@@ -118,10 +128,10 @@ class KVPoolConnector(KVConnectorBase_V1):
                 load_async=cfg.load_async, load_wait_s=cfg.load_wait_ms / 1000,
             )
 
-    def _make_client(self):
+    def _make_client(self, timeout_s: float):
         from kvpool.client import Client
 
-        return Client(self.config.master_address, self.namespace, timeout_s=self.config.timeout_s,
+        return Client(self.config.master_address, self.namespace, timeout_s=timeout_s,
                       path=self.config.transfer_path, num_replicas=self.config.num_replicas)
 
     # ---- worker side ---------------------------------------------------------------------------
@@ -130,8 +140,10 @@ class KVPoolConnector(KVConnectorBase_V1):
         from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 
         tp_rank, pp_rank = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
-        self.namespace = pool_namespace(self._vllm_config, self._kv_cache_config, self.config, self.geom, tp_rank, pp_rank)
-        self._worker.attach(self._make_client(), kv_caches, self._num_blocks)
+        self.namespace = pool_namespace(
+            self._vllm_config, self._kv_cache_config, self.config, self.geom, tp_rank, pp_rank
+        )
+        self._worker.attach(self._make_client(self.config.timeout_s), kv_caches, self._num_blocks)
         if self.config.pool_memory_bytes is not None:
             from kvpool.connector.embedded import EmbeddedNode
 
