@@ -83,6 +83,8 @@ vllm:external_prefix_cache_queries_total{engine="0",model_name="tiny"} 750.0
 vllm:external_prefix_cache_hits_total{engine="0",model_name="tiny"} 600.0
 vllm:prompt_tokens_total{engine="0",model_name="tiny"} 1000.0
 garbage line
+vllm:kvpool_loaded_blocks_total{engine="0",model_name="tiny"} 3.0
+vllm:kvpool_load_failed_blocks_total{engine="0",model_name="tiny"} 2.0
 vllm:prefix_cache_hits_total{engine="1",model_name="tiny"} 50.0
 """
 
@@ -95,12 +97,15 @@ def test_parse_counters_sums_label_sets_and_ignores_created_and_junk():
     assert rates["local"] == pytest.approx(0.3)
     assert rates["external"] == pytest.approx(0.8)
     assert rates["combined"] == pytest.approx(0.9)
+    assert (c.pool_loaded_blocks, c.pool_load_failed_blocks) == (3, 2)
+    assert c.hit_rates(block_size=100)["combined_loaded"] == pytest.approx((300 + 600 - 200) / 1000)
+    assert rates["combined_loaded"] is None  # unknown without the block size
 
 
 def test_no_vllm_counters_is_none_not_zero():
     assert parse_counters("proxy_requests_total 5\n") is None
     assert total_delta([CacheCounters()], [None]) is None
-    assert CacheCounters().hit_rates() == {"local": None, "external": None, "combined": None}
+    assert CacheCounters().hit_rates(16) == {"local": None, "external": None, "combined": None, "combined_loaded": None}
 
 
 def test_sessions_with_one_id_scope_share_block_tokens():

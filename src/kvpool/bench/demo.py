@@ -195,7 +195,11 @@ class Demo:
             warnings.append("vLLM's /metrics could not be read: hit rates unknown")
         elif name == "pool" and counters["external_queries"] == 0:
             warnings.append("the servers never asked the pool (vllm:external_prefix_cache_queries stayed 0)")
-        elif name == "pool" and counters["external_hits"] == 0:
+        elif name == "pool" and counters["pool_load_failed_blocks"] > 0:
+            warnings.append(f"{counters['pool_load_failed_blocks']:.0f} of "
+                            f"{counters['pool_load_failed_blocks'] + counters['pool_loaded_blocks']:.0f} pool blocks "
+                            "failed to load and were recomputed (see 'less failed pool loads')")  # fmt: skip
+        if name == "pool" and counters is not None and counters["external_queries"] > 0 and counters["external_hits"] == 0:
             logs = "; ".join(p.tail_log(3).replace("\n", " | ")[-300:] for p in started if p.name.startswith("vllm"))
             warnings.append(f"the pool never hit; server logs end: {logs}")
         return warnings

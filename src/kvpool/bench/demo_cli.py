@@ -110,6 +110,9 @@ def comparison_rows(outcomes: dict[str, RunOutcome]) -> list[tuple[str, str, str
                  "", REFERENCE["hit"]))  # fmt: skip
     rows.append(("  of which pool", _pct(get(b, "hit_rate", "external")) if get(b, "hit_rate", "external") is not None else "-",
                  _pct(ratio(get(p, "server_counters", "external_hits"), get(p, "server_counters", "local_queries"))), "", ""))  # fmt: skip
+    _, fp = get(b, "server_counters", "pool_load_failed_blocks"), get(p, "server_counters", "pool_load_failed_blocks")
+    rows.append(("  less failed pool loads", _pct(get(b, "hit_rate", "combined_loaded")),
+                 _pct(get(p, "hit_rate", "combined_loaded")) + (f" ({fp:.0f} blocks failed)" if fp else ""), "", ""))  # fmt: skip
     rows.append(("potential hit rate", _pct(get(b, "hit_rate", "potential")), _pct(get(p, "hit_rate", "potential")), "", "94.2 %"))
     rb, rp = get(b, "requests"), get(p, "requests")
     rows.append(("requests ok / planned", f"{rb['ok']} / {rb['planned']}" if rb else "n/a",
@@ -170,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     t0 = time.monotonic()
     machine_at_start = reports.machine()
+    code = reports.code_version()
     outcomes: dict[str, RunOutcome] = {}
     probe = ConnectorProbe() if "pool" in config.runs else None
     try:
@@ -215,14 +219,14 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs = [(o.label, o.result.records) for o in outcomes.values() if o.result is not None]
     payload = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(config).items()}, "trace": info,
-               "machine_at_start": machine_at_start, "machine": reports.machine(), "duration_s": time.monotonic() - t0,
+               "code": code, "machine_at_start": machine_at_start, "machine": reports.machine(), "duration_s": time.monotonic() - t0,
                "runs": {n: {"summary": o.summary, "error": o.error, "warnings": o.warnings, "startup_s": o.startup_s}
                         for n, o in outcomes.items()},
                "table": comparison_rows(outcomes)}  # fmt: skip
     reports.write_json(out / "demo_summary.json", payload)
     reports.write_json(out / "demo_records.json", {n: reports.to_json(o.result, o.summary, o.label)
                                                    for n, o in outcomes.items() if o.result is not None})  # fmt: skip
-    (out / "demo_table.md").write_text(_markdown(outcomes, config, info, machine_at_start))
+    (out / "demo_table.md").write_text(_markdown(outcomes, config, info, machine_at_start) + f"\nCode: {code}\n")
     if runs:
         plots.plot_comparison(runs, out / "demo_ttft.png", "kvpool demo: TTFT without and with the pool")
     console.print(f"results in {out}/ ({time.monotonic() - t0:.0f} s in all)")

@@ -47,6 +47,21 @@ def machine() -> dict:
             "load_avg_1_5_15m": load}  # other work on the machine skews latencies  # fmt: skip
 
 
+def code_version() -> dict:
+    """The git commit of this checkout and the source files changed since (numbers move with them)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[3]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                                text=True, timeout=10).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=root, capture_output=True,
+                               text=True, timeout=10).stdout.split("\n")  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "modified": []}
+    return {"commit": commit or None, "modified": [line[3:] for line in dirty if line.strip()]}
+
+
 def ttft_by_turn(records: list[RequestRecord]) -> dict[int, dict[str, float | int | None]]:
     by_turn: dict[int, list[float]] = {}
     for r in records:
@@ -83,7 +98,8 @@ def summarize(result: ReplayResult) -> dict:
         "ttft_by_turn_s": ttft_by_turn(result.records),
         "hit_rate": {
             # from the servers' /metrics (None: a server could not be read, or a proxy was scraped)
-            **(counters.hit_rates() if counters is not None else {"local": None, "external": None, "combined": None}),
+            **(counters.hit_rates(result.config.cache_block_size) if counters is not None
+               else {"local": None, "external": None, "combined": None, "combined_loaded": None}),  # fmt: skip
             # from each response's usage (vLLM: --enable-prompt-tokens-details)
             "usage": (sum(usage_cached) / input_tokens) if usage_cached and input_tokens else None,
             # what an unbounded cache shared by every server could have served for these prompts
@@ -139,7 +155,8 @@ def summary_markdown(summary: dict, title: str = "Replay") -> str:
         f"Throughput: {thr['input']:.0f} input tok/s, {thr['output']:.1f} output tok/s, {thr['total']:.0f} total tok/s.",
         "",
         f"Hit rate: combined {_pct(hit['combined'])} (local {_pct(hit['local'])}, pool {_pct(hit['external'])} "
-        f"of local misses); by usage {_pct(hit['usage'])}; potential (unbounded shared cache) {_pct(hit['potential'])}.",
+        f"of local misses); less failed pool loads {_pct(hit['combined_loaded'])}; by usage {_pct(hit['usage'])}; "
+        f"potential (unbounded shared cache) {_pct(hit['potential'])}.",
         "",
         "| turn | requests | TTFT P50 | TTFT P90 |",
         "|---|---|---|---|",

@@ -22,6 +22,10 @@ COUNTERS = {
     "prompt_tokens": "vllm:prompt_tokens_total",
     "generation_tokens": "vllm:generation_tokens_total",
     "preemptions": "vllm:num_preemptions_total",
+    # KVPoolConnector's own counters (absent without it): a hit whose load fails is recomputed,
+    # but vLLM has already counted it in external_prefix_cache_hits
+    "pool_loaded_blocks": "vllm:kvpool_loaded_blocks_total",
+    "pool_load_failed_blocks": "vllm:kvpool_load_failed_blocks_total",
 }
 
 
@@ -34,6 +38,8 @@ class CacheCounters:
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
     preemptions: float = 0.0
+    pool_loaded_blocks: float = 0.0
+    pool_load_failed_blocks: float = 0.0
 
     def __add__(self, other: "CacheCounters") -> "CacheCounters":
         return CacheCounters(**{k: getattr(self, k) + getattr(other, k) for k in COUNTERS})
@@ -41,17 +47,23 @@ class CacheCounters:
     def __sub__(self, other: "CacheCounters") -> "CacheCounters":
         return CacheCounters(**{k: getattr(self, k) - getattr(other, k) for k in COUNTERS})
 
-    def hit_rates(self) -> dict[str, float | None]:
+    def hit_rates(self, block_size: int | None = None) -> dict[str, float | None]:
         """local: local hits / prompt tokens queried; external: pool hits / tokens that missed
-        locally; combined: tokens not computed / prompt tokens queried."""
+        locally; combined: local + pool hits / prompt tokens queried; combined_loaded: the same
+        less the blocks whose pool load failed (`block_size` tokens each; needs the block size)."""
 
         def ratio(a: float, b: float) -> float | None:
             return a / b if b > 0 else None
 
+        loaded = None
+        if block_size is not None:
+            failed_tokens = self.pool_load_failed_blocks * block_size
+            loaded = ratio(self.local_hits + max(0.0, self.external_hits - failed_tokens), self.local_queries)
         return {
             "local": ratio(self.local_hits, self.local_queries),
             "external": ratio(self.external_hits, self.external_queries),
             "combined": ratio(self.local_hits + self.external_hits, self.local_queries),
+            "combined_loaded": loaded,
         }
 
 
