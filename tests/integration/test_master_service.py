@@ -101,12 +101,12 @@ def test_usage_errors_and_misses_through_the_channel(master):
         with pytest.raises(UsageError, match="> 0"):
             channel.call(p.PutStart("t", ["a"], [-5], [None]))
         reply = channel.call(p.LookupPrefix("t", ["never-put"]))
-        assert reply.num_hit == 0 and reply.replicas == []
+        assert reply.num_hit == 0 and reply.replica_lists() == [] and reply.lease_id == 0
         seg = channel.call(p.MountSegment("n1", "h", 1 << 20, 0, "agent", b"meta", None)).segment_id
         put = channel.call(p.PutStart("t", ["a", "b"], [100, 2 << 20], [None, "a"]))
         assert put.statuses == [p.PUT_ALLOCATED, p.PUT_NO_SPACE] and "larger than the largest segment" in put.message
         assert channel.call(p.PutEnd("t", ["a"])).count == 1
-        assert channel.call(p.LookupPrefix("t", ["a", "b"])).replicas == [[p.Replica(seg, 0, 100)]]
+        assert channel.call(p.LookupPrefix("t", ["a", "b"])).replica_lists() == [[p.Replica(seg, 0, 100)]]
         stats = channel.call(p.Stats())
         assert (stats.num_objects, stats.hit_keys, stats.miss_keys) == (1, 1, 2)
     finally:

@@ -15,6 +15,8 @@ import torch
 from prometheus_client import REGISTRY
 
 from kvpool.client import PUT_ALLOCATED, PUT_EXISTS, Client
+from kvpool.core import protocol
+from kvpool.core.errors import UsageError
 from pool_worker import chain_keys, pattern, scattered_regions
 
 KiB = 1024
@@ -183,3 +185,30 @@ def test_status_cli_table_and_json(pool):
     assert "node0" in table.stdout and "node1" in table.stdout and "hit rate" in table.stdout
     helped = subprocess.run([*run[:4], "--help"], capture_output=True, text=True, check=True, timeout=60)
     assert "--json" in helped.stdout and "--timeout-s" in helped.stdout
+
+
+def test_reads_release_their_leases_so_removed_space_is_freed_at_once(make_pool):
+    # a 60 s lease: without the release, removed objects would hold their space for a minute
+    pool = make_pool(num_nodes=1, master_args=("--lease-ttl-s", "60", "--max-lease-hold-s", "60"))
+    size = 64 * KiB
+    keys = chain_keys("rel", 4)
+    buf = np.zeros(4 * size, dtype=np.uint8)
+    with Client(pool.address, "release") as reader, Client(pool.address, "release") as other:
+        reader.register(buf)
+        for key in keys:
+            assert reader.put(key, pattern(key, size), parent=None) is True
+        addrs = [[buf.ctypes.data + i * size] for i in range(4)]
+        assert reader.get_into(keys, addrs, [[size]] * 4) == 4
+        assert reader.get(keys[0]) == pattern(keys[0], size).tobytes()
+        # a reader that has not finished: a leased lookup of keys[0], not released yet
+        held = other._channel.call(protocol.LookupPrefix("release", [keys[0]], lease=True))
+        assert held.num_hit == 1 and held.lease_id > 0
+        # a failed read (regions of the wrong size) still releases its lease
+        with pytest.raises(UsageError, match="holds"):
+            reader.get_into(keys[:2], addrs[:2], [[size - 64]] * 2)
+        assert reader.remove(keys) == 4
+        stats = reader.stats()  # same connection: the releases were handled before this
+        assert stats.lease_releases == 3
+        assert stats.used_bytes == size  # only keys[0], still held by the unfinished reader
+        assert other._channel.call(protocol.ReleaseLeases("release", [held.lease_id])).count == 1
+        assert reader.stats().used_bytes == 0

@@ -187,5 +187,6 @@ def test_malformed_input_is_a_usage_error_and_loses_nothing(pool):
 
 def _replicas(client: Client, keys: list[str]) -> list[int]:
     """The segment holding each key (one replica each), via a leased lookup."""
-    reply = client._lookup_leased(keys)[1]
-    return [rs[0].segment_id for rs in reply.replicas]
+    _, reply, replicas = client._lookup_leased(keys)
+    client._release(reply.lease_id)
+    return [rs[0].segment_id for rs in replicas]

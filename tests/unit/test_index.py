@@ -82,12 +82,13 @@ def test_objects_are_readable_only_after_put_end_and_lookup_stops_at_first_miss(
     assert lookup(core, ["a", "b", "c"]).num_hit == 0
     core.handle(p.PutEnd("t", ["a", "c"]), 1.0)
     reply = lookup(core, ["a", "b", "c"], 1.0)
-    assert reply.num_hit == 1 and reply.replicas == [[p.Replica(s1, 0, 64)]]
+    assert reply.num_hit == 1 and reply.replica_lists() == [[p.Replica(s1, 0, 64)]]
+    assert reply.replica_locations == p.pack_replicas([p.Replica(s1, 0, 64)]) and reply.replica_counts == b""
     assert reply.lease_ttl_s == core.config.lease_ttl_s
     core.handle(p.PutEnd("t", ["b"]), 1.0)
     assert lookup(core, ["a", "b", "c", "zz"], 2.0).num_hit == 3
     counting = lookup(core, ["a", "b", "c"], 2.0, lease=False)
-    assert counting.num_hit == 3 and counting.replicas == []
+    assert counting.num_hit == 3 and counting.replica_locations == b"" and counting.lease_id == 0
     stats = core.stats(2.0)
     assert (stats.lookups, stats.gets, stats.hit_keys, stats.miss_keys) == (4, 3, 7, 6)
 

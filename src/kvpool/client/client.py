@@ -8,6 +8,10 @@ Rules:
 - Get: the lease clock starts BEFORE the lookup is sent (t0), so the client's deadline t0 + ttl
   is never later than the master's. A read finishing after it counts as failed: its bytes are never
   reported. A failed read falls back to the object's next replica (same-host replicas first).
+- Leases are released as soon as the reads end, read or failed (ReleaseLeases with the lookup's
+  lease id, sent without waiting for the answer: the channel drops that late reply), so removed or
+  evicted space is freed at once rather than at the lease TTL. A lost release costs nothing but
+  that wait: the master still ends the lease at its TTL.
 - Segment descriptions are cached by id (segments.py): unknown ids are fetched with GetSegments,
   ids the master no longer knows are forgotten by the data plane.
 - Thread-safe: the channel and caches have locks, the staging buffer has its own; no lock is held
@@ -53,8 +57,8 @@ class ClientConfig:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.path not in _PATHS:
             raise ValueError(f"path must be one of {_PATHS}, got {self.path!r}")
-        if self.num_replicas < 1:
-            raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
+        if not 1 <= self.num_replicas <= protocol.MAX_REPLICAS:
+            raise ValueError(f"num_replicas must be in 1..{protocol.MAX_REPLICAS}, got {self.num_replicas}")
         if self.staging_bytes < 4096:
             raise ValueError(f"staging_bytes must be >= 4096, got {self.staging_bytes}")
 
@@ -189,31 +193,46 @@ class Client:
         if not keys:
             return 0
         self._check_registered(addrs, sizes)
-        t0, reply = self._lookup_leased(keys)
-        for i in range(reply.num_hit):
-            object_size = reply.replicas[i][0].size if reply.replicas[i] else None
-            if object_size is not None and object_size != sum(sizes[i]):
-                raise UsageError(
-                    f"key {keys[i]!r} holds {object_size} bytes but its regions total {sum(sizes[i])} bytes"
-                )
-        count = self._read_leased(keys, reply, t0, addrs, sizes)
+        t0, reply, replicas = self._lookup_leased(keys)
+        try:
+            for i, rs in enumerate(replicas):
+                if rs[0].size != sum(sizes[i]):
+                    raise UsageError(
+                        f"key {keys[i]!r} holds {rs[0].size} bytes but its regions total {sum(sizes[i])} bytes"
+                    )
+            count = self._read_leased(keys, replicas, reply.lease_ttl_s, t0, addrs, sizes)
+        finally:
+            self._release(reply.lease_id)
         self._metrics.latency_s.labels(self.config.tenant, "get").observe(time.perf_counter() - started)
         return count
 
-    def _lookup_leased(self, keys: list[str]) -> tuple[float, protocol.LookupReply]:
+    def _lookup_leased(self, keys: list[str]) -> tuple[float, protocol.LookupReply, list[list[Replica]]]:
+        """(t0, the reply, per hit its replicas). The caller must `_release(reply.lease_id)`."""
         t0 = time.monotonic()  # before sending: our deadline is never later than the master's
         reply = self._call(protocol.LookupPrefix(self.config.tenant, list(keys), lease=True), protocol.LookupReply)
-        if len(reply.replicas) < reply.num_hit:
-            raise ProtocolError(f"master answered {reply.num_hit} hits with {len(reply.replicas)} replica lists")
-        return t0, reply
+        try:
+            replicas = plan.split_replicas(reply.replica_locations, reply.replica_counts, reply.num_hit)
+        except ValueError as e:
+            self._release(reply.lease_id)
+            raise ProtocolError(f"malformed lookup reply from the master: {e}") from None
+        return t0, reply, replicas
 
-    def _read_leased(self, keys, reply: protocol.LookupReply, t0: float, addrs, sizes) -> int:
+    def _release(self, lease_id: int) -> None:
+        """Hand a leased lookup back (fire-and-forget; the lease TTL covers a lost message)."""
+        if lease_id and not self._closed:
+            try:
+                self._channel.send(protocol.ReleaseLeases(self.config.tenant, [lease_id]))
+            except KVPoolError:
+                pass
+
+    def _read_leased(self, keys, replicas: list[list[Replica]], lease_ttl_s: float, t0: float, addrs, sizes) -> int:
         tenant = self.config.tenant
-        deadline = t0 + reply.lease_ttl_s
-        num_hit = reply.num_hit
-        self._segments.get({r.segment_id for rs in reply.replicas[:num_hit] for r in rs})
+        deadline = t0 + lease_ttl_s
+        num_hit = len(replicas)
+        if num_hit:
+            self._segments.get({r.segment_id for rs in replicas for r in rs})
         local_ids = self._segments.local_ids()
-        untried = [plan.order_replicas(list(reply.replicas[i]), local_ids) for i in range(num_hit)]
+        untried = [plan.order_replicas(rs, local_ids) for rs in replicas]
         completed_at: list[float | None] = [None] * num_hit
         pending = list(range(num_hit))
         first_round = True
@@ -329,14 +348,17 @@ class Client:
         """Read `key` into the staging buffer (caller holds its lock); a view of the bytes or None."""
         self._check_keys([key], unique=False)
         started = time.perf_counter()
-        t0, reply = self._lookup_leased([key])
-        if reply.num_hit == 0 or not reply.replicas[0]:
-            self._metrics.get_keys.labels(self.config.tenant).inc()
-            count = 0
-        else:
-            size = reply.replicas[0][0].size
-            self._staging.ensure(size)
-            count = self._read_leased([key], reply, t0, [[self._staging.addr]], [[size]])
+        t0, reply, replicas = self._lookup_leased([key])
+        try:
+            if not replicas:
+                self._metrics.get_keys.labels(self.config.tenant).inc()
+                count = 0
+            else:
+                size = replicas[0][0].size
+                self._staging.ensure(size)
+                count = self._read_leased([key], replicas, reply.lease_ttl_s, t0, [[self._staging.addr]], [[size]])
+        finally:
+            self._release(reply.lease_id)
         self._metrics.latency_s.labels(self.config.tenant, "get").observe(time.perf_counter() - started)
         return self._staging.array[:size] if count == 1 else None
 

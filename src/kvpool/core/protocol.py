@@ -7,14 +7,23 @@ Rules:
   Anything that does not decode is answered with `ErrorReply(kind="protocol")`, never a crash.
 - Keys are plain strings inside a tenant's namespace; the tenant travels with every data request.
 - Times on the wire are durations (ttl_s), never absolute clocks: master and client clocks differ.
+- Hot replies are compact: a leased lookup answers replica locations as one bytes field of
+  little-endian int64 triples (segment_id, offset, size), hits in order (`pack_replicas` /
+  `unpack_replicas`; numpy reads it with `frombuffer(..., "<i8").reshape(-1, 3)`), not one struct
+  per hit, whose encoding and decoding cost more than the lookup itself.
 """
 
 from __future__ import annotations
+
+import struct
 
 import msgspec
 from msgspec import Struct
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger control frames are rejected before decoding
+MAX_REPLICAS = 8  # per object; a per-hit replica count travels as one byte
+REPLICA_BYTES = 24  # one packed replica: segment_id, offset, size as little-endian int64
+_REPLICA = struct.Struct("<qqq")
 
 
 class Replica(Struct, array_like=True, frozen=True, gc=False):
@@ -25,6 +34,19 @@ class Replica(Struct, array_like=True, frozen=True, gc=False):
     segment_id: int
     offset: int
     size: int
+
+
+def pack_replicas(replicas) -> bytes:
+    """Replicas (or (segment_id, offset, size) triples) as packed little-endian int64 triples."""
+    pack = _REPLICA.pack
+    return b"".join([pack(*r) if isinstance(r, tuple) else pack(r.segment_id, r.offset, r.size) for r in replicas])
+
+
+def unpack_replicas(locations: bytes) -> list[Replica]:
+    """The inverse of pack_replicas; raises ValueError when the length is not a multiple of 24."""
+    if len(locations) % REPLICA_BYTES:
+        raise ValueError(f"packed replicas are {len(locations)} bytes, not a multiple of {REPLICA_BYTES}")
+    return [Replica(*t) for t in _REPLICA.iter_unpack(locations)]
 
 
 class SegmentInfo(Struct, frozen=True):
@@ -98,6 +120,16 @@ class LookupPrefix(Struct, tag="lookup_prefix", frozen=True):
     lease: bool = True
 
 
+class ReleaseLeases(Struct, tag="release_leases", frozen=True):
+    """The reader is done with these leased lookups (read or failed): their objects may be evicted,
+    and removed ones freed, without waiting for the lease TTL. Ids come from LookupReply.lease_id;
+    unknown, expired or already released ids are ignored (releasing twice is harmless). Answered
+    with OkReply(count = ids released now)."""
+
+    tenant: str
+    lease_ids: list[int]
+
+
 class Exists(Struct, tag="exists", frozen=True):
     tenant: str
     keys: list[str]
@@ -121,6 +153,7 @@ Request = (
     | PutEnd
     | PutRevoke
     | LookupPrefix
+    | ReleaseLeases
     | Exists
     | Remove
     | Stats
@@ -165,9 +198,34 @@ class PutStartReply(Struct, tag="put_started", frozen=True):
 
 
 class LookupReply(Struct, tag="lookup", frozen=True):
+    """`num_hit` leading keys are complete. With a lease: `replica_locations` holds every hit's
+    replicas, packed (see pack_replicas), hits in order; `replica_counts` has one byte per hit, its
+    replica count, or is empty when every hit has exactly one replica (the common case, sent free).
+    `lease_id` (0: nothing leased) names this lookup's lease for ReleaseLeases."""
+
     num_hit: int
-    replicas: list[list[Replica]]  # per leading hit; empty when no lease was asked for
     lease_ttl_s: float
+    lease_id: int = 0
+    replica_locations: bytes = b""
+    replica_counts: bytes = b""
+
+    def replica_lists(self) -> list[list[Replica]]:
+        """Per hit, its replicas (slow path for tests and tools; the client decodes with numpy).
+        Raises ValueError when the fields do not agree with num_hit."""
+        flat = unpack_replicas(self.replica_locations)
+        if not flat:
+            return []
+        counts = list(self.replica_counts) if self.replica_counts else [1] * self.num_hit
+        if len(counts) != self.num_hit or sum(counts) != len(flat) or (counts and min(counts) < 1):
+            raise ValueError(
+                f"lookup reply with {self.num_hit} hits has {len(self.replica_counts)} counts "
+                f"and {len(flat)} replicas"
+            )
+        out, start = [], 0
+        for n in counts:
+            out.append(flat[start : start + n])
+            start += n
+        return out
 
 
 class ExistsReply(Struct, tag="exists_ok", frozen=True):
@@ -201,6 +259,7 @@ class StatsReply(Struct, tag="stats_ok", frozen=True):
     lease_expiries: int
     fragmentation: float  # 1 - largest free range / total free, over all segments
     nodes: list[NodeStats]
+    lease_releases: int = 0  # leased lookups released by their reader before the TTL
 
 
 Reply = (

@@ -5,10 +5,11 @@ Rules:
   their own clock. Decoding bytes is the service's job; this takes decoded protocol structs.
 - Bad requests raise UsageError here and become ErrorReply(kind="usage") in `handle`; nothing a
   caller sends can leave the index half-updated (validation happens before any change).
-- Replica lists in replies are tuples in-process (no copy on the lookup hot path); msgpack sends
-  them as arrays, so they decode as lists on the other side.
+- PutStart replies carry Replica lists; leased lookups carry the records' packed replica bytes,
+  joined (protocol.LookupReply), plus a lease id the reader hands back in ReleaseLeases.
 - `tick` runs the timed work: unmount silent segments, reclaim pending puts whose writer died,
-  free removed-but-leased space once the lease ends, and evict if above the high watermark.
+  drop expired lease entries, free removed-but-leased space once the lease ends, and evict if
+  above the high watermark.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class MasterCore:
             p.PutEnd: self._put_end,
             p.PutRevoke: self._put_revoke,
             p.LookupPrefix: self._lookup_prefix,
+            p.ReleaseLeases: self._release_leases,
             p.Exists: self._exists,
             p.Remove: self._remove,
             p.Stats: lambda req, now_s: self.stats(now_s),
@@ -105,8 +107,8 @@ class MasterCore:
             )
         if n and min(req.sizes) <= 0:
             raise UsageError("object sizes must be > 0 bytes")
-        if req.num_replicas < 1:
-            raise UsageError(f"num_replicas must be >= 1, got {req.num_replicas}")
+        if not 1 <= req.num_replicas <= p.MAX_REPLICAS:
+            raise UsageError(f"num_replicas must be in 1..{p.MAX_REPLICAS}, got {req.num_replicas}")
         statuses, replicas, message = self.index.put_start(
             req.tenant, req.keys, req.sizes, req.parents, req.num_replicas, req.pinned, now_s
         )
@@ -122,8 +124,12 @@ class MasterCore:
 
     def _lookup_prefix(self, req: p.LookupPrefix, now_s: float) -> p.LookupReply:
         _check_tenant(req.tenant)
-        num_hit, replicas = self.index.lookup_prefix(req.tenant, req.keys, req.lease, now_s)
-        return p.LookupReply(num_hit=num_hit, replicas=replicas, lease_ttl_s=self.config.lease_ttl_s)  # type: ignore[arg-type]
+        num_hit, lease_id, locations, counts = self.index.lookup_prefix(req.tenant, req.keys, req.lease, now_s)
+        return p.LookupReply(num_hit, self.config.lease_ttl_s, lease_id, locations, counts)
+
+    def _release_leases(self, req: p.ReleaseLeases, now_s: float) -> p.OkReply:
+        _check_tenant(req.tenant)
+        return p.OkReply(count=self.index.release_leases(req.tenant, req.lease_ids, now_s))
 
     def _exists(self, req: p.Exists, now_s: float) -> p.ExistsReply:
         _check_tenant(req.tenant)
@@ -141,6 +147,7 @@ class MasterCore:
             self.index.drop_segment(segment.segment_id)
             self.segments_expired += 1
         self.index.reclaim_pending(now_s)
+        self.index.expire_leases(now_s)
         self.index.free_zombies(now_s)
         self.index.evictor.maybe_evict(now_s)
         evictor = self.index.evictor
@@ -177,6 +184,7 @@ class MasterCore:
             evicted_bytes=index.evictor.evicted_bytes,
             lease_grants=index.lease_grants,
             lease_expiries=index.lease_expiries,
+            lease_releases=index.lease_releases,
             fragmentation=segments.fragmentation(),
             nodes=nodes,
         )

@@ -21,7 +21,7 @@ from __future__ import annotations
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
-from kvpool.core.protocol import Replica
+from kvpool.core.protocol import REPLICA_BYTES, Replica, unpack_replicas
 
 if TYPE_CHECKING:
     from kvpool.master.index import ObjectIndex
@@ -38,7 +38,7 @@ class ObjectRecord:
     __slots__ = (
         "space",  # the tenant's dict that holds this record
         "key",
-        "replicas",  # tuple[Replica, ...]
+        "locations",  # bytes: its replicas packed (protocol.pack_replicas), sent as-is by leased lookups
         "flags",
         "parent",  # ObjectRecord | None
         "num_children",
@@ -46,12 +46,13 @@ class ObjectRecord:
         "heap_access_s",  # last_access_s when pushed onto the eviction heap
         "lease_until_s",  # float | None
         "lease_since_s",  # start of the current unbroken lease, float | None
+        "lease_count",  # leased lookups holding it and not yet released nor expired (index._leases)
     )
 
-    def __init__(self, space: dict, key: str, replicas: tuple[Replica, ...], flags: int, now_s: float) -> None:
+    def __init__(self, space: dict, key: str, locations: bytes, flags: int, now_s: float) -> None:
         self.space = space
         self.key = key
-        self.replicas = replicas
+        self.locations = locations
         self.flags = flags
         self.parent: ObjectRecord | None = None
         self.num_children = 0
@@ -59,13 +60,20 @@ class ObjectRecord:
         self.heap_access_s = now_s
         self.lease_until_s: float | None = None
         self.lease_since_s: float | None = None
+        self.lease_count = 0
 
     def __lt__(self, other: "ObjectRecord") -> bool:
         return self.heap_access_s < other.heap_access_s
 
     @property
+    def replicas(self) -> list[Replica]:
+        """Unpacked (cold paths: freeing space, dropping a segment, tests)."""
+        return unpack_replicas(self.locations)
+
+    @property
     def size_bytes(self) -> int:
-        return self.replicas[0].size if self.replicas else 0
+        loc = self.locations
+        return int.from_bytes(loc[16:REPLICA_BYTES], "little") if loc else 0
 
 
 class Evictor:
@@ -128,7 +136,7 @@ class Evictor:
                     continue
                 rec.lease_until_s = rec.lease_since_s = None
                 index.lease_expiries += 1
-            for replica in rec.replicas:
+            for replica in unpack_replicas(rec.locations):
                 segment = index.segments.by_id.get(replica.segment_id)
                 if segment is not None:
                     freed += segment.allocator.aligned(replica.size)

@@ -43,6 +43,7 @@ class MasterCollector(Collector):
             ("evicted_bytes", "Object bytes evicted", s.evicted_bytes),
             ("lease_grants", "Read leases granted (new lease periods)", s.lease_grants),
             ("lease_expiries", "Read leases seen expired", s.lease_expiries),
+            ("lease_releases", "Leased lookups released by their reader before the TTL", s.lease_releases),
         ):
             yield CounterMetricFamily(f"kvpool_master_{name}", doc, value=value)
         labels = ["node_id", "segment_id", "state"]

@@ -6,6 +6,8 @@ Rules:
 - Thread-safe by a lock: calls are short; batching, not concurrency, is how callers go fast.
 - A call that gets no reply within `timeout_s` raises UnavailableError and never hangs; an
   ErrorReply is raised as the matching KVPoolError class.
+- `send` is fire-and-forget (a request whose answer nobody needs, e.g. ReleaseLeases): its reply
+  arrives later and the next `call` drops it like any stale reply.
 """
 
 from __future__ import annotations
@@ -70,6 +72,16 @@ class MasterChannel:
         if isinstance(reply, protocol.ErrorReply):
             raise error_from_reply(reply.kind, reply.message)
         return reply
+
+    def send(self, request: protocol.Request) -> None:
+        """Send without waiting for the reply; raises UnavailableError if the send queue is full."""
+        payload = protocol.request_encoder.encode(request)
+        with self._lock:
+            sock = self._connect()
+            try:
+                sock.send_multipart([next(self._ids).to_bytes(8, "little"), payload], flags=zmq.NOBLOCK)
+            except zmq.Again:
+                raise UnavailableError(f"master {self.address} is not accepting requests") from None
 
     def close(self) -> None:
         with self._lock:
