@@ -38,10 +38,10 @@ class Lookups:
         pass
 
 
-def make(lookups: Lookups, blocks_per_object: int = 1) -> tuple[SchedulerSide, BlockPool]:
+def make(lookups: Lookups, blocks_per_object: int = 1, **kwargs) -> tuple[SchedulerSide, BlockPool]:
     side = SchedulerSide(
         Geometry(BS, blocks_per_object), make_client=lambda: lookups,
-        health=PoolHealth("test", 60.0, 60.0), num_workers=1, save_decode=True, load_async=True,
+        health=PoolHealth("test", 60.0, 60.0), num_workers=1, save_decode=True, load_async=True, **kwargs,
     )  # fmt: skip
     pool = BlockPool(num_gpu_blocks=32, enable_caching=True, hash_block_size=BS)
     side.bind_block_pool(pool)
@@ -73,6 +73,35 @@ def test_lookup_is_repeatable_and_leaves_the_last_token():
     assert side.get_num_new_matched_tokens(req, 0) == (12, True)  # block 3 holds the last token
     assert side.get_num_new_matched_tokens(req, 0) == (12, True)  # asked again: same answer
     assert side.get_num_new_matched_tokens(req, 12) == (0, False)  # local hit as long: no round trip
+    assert lookups.calls == 1  # the second answer came from the request's hint
+
+
+def test_lookup_hint_expires_and_is_dropped_at_admission():
+    now = [0.0]
+    lookups = Lookups({k for k in object_keys(HASHES, 1, 0, 2)})
+    side, _ = make(lookups, lookup_cache_ttl_s=1.0, clock=lambda: now[0])
+    req = request("r", num_tokens=16)
+    assert side.get_num_new_matched_tokens(req, 0) == (8, True)
+    lookups.stored |= set(object_keys(HASHES, 1, 0, 4))  # the pool gains the rest
+    now[0] = 0.5
+    assert side.get_num_new_matched_tokens(req, 0) == (8, True)  # within the TTL: the old answer
+    assert lookups.calls == 1
+    now[0] = 1.6
+    assert side.get_num_new_matched_tokens(req, 0) == (12, True)  # expired: asked again
+    assert lookups.calls == 2
+    side.update_state_after_alloc(req, blocks([1, 2, 3, 4]), 12)
+    assert side.get_num_new_matched_tokens(req, 0) == (12, True)  # admitted since: asked again
+    assert lookups.calls == 3
+    side.get_num_new_matched_tokens(request("other", num_tokens=16), 0)  # hints are per request
+    assert lookups.calls == 4
+
+
+def test_lookup_hint_off_asks_every_time():
+    lookups = Lookups({k for k in object_keys(HASHES, 1, 0, 4)})
+    side, _ = make(lookups, lookup_cache_ttl_s=0.0)
+    req = request("r", num_tokens=16)
+    side.get_num_new_matched_tokens(req, 0)
+    side.get_num_new_matched_tokens(req, 0)
     assert lookups.calls == 2
 
 

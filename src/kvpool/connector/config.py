@@ -10,6 +10,8 @@ Keys (all optional except `master_address`):
   node_id              name of the embedded node (default: vllm-<host>-<pid>-r<rank>)
   timeout_s            one master round trip / transfer round on the worker (default 2.0)
   lookup_timeout_s     the scheduler's lookup round trip; the engine waits on it (default 1.0)
+  lookup_cache_ttl_s   reuse a request's lookup answer while it waits for admission, at most this
+                       long (default 1.0; 0 asks the master every scheduler step)
   load_async           report pool hits to vLLM as asynchronous loads (True) or load them in the
                        step, before the forward (False). Default: async except on the CPU build,
                        where the "transfer" is a memcpy on the CPUs that compute, so async only adds
@@ -55,6 +57,7 @@ class ConnectorConfig:
     node_id: str | None = None
     timeout_s: float = 2.0
     lookup_timeout_s: float = 1.0
+    lookup_cache_ttl_s: float = 1.0
     load_async: bool | None = None  # None: by device (see above)
     load_wait_ms: float = 5.0
     save_decode: bool = True
@@ -85,6 +88,8 @@ class ConnectorConfig:
             raise ValueError(f"load_wait_ms must be within 0..1000, got {self.load_wait_ms!r}")
         if not self.timeout_s > 0 or not self.lookup_timeout_s > 0:
             raise ValueError(f"timeouts must be > 0, got {self.timeout_s!r}, {self.lookup_timeout_s!r}")
+        if not 0 <= self.lookup_cache_ttl_s <= 3600:
+            raise ValueError(f"lookup_cache_ttl_s must be within 0..3600, got {self.lookup_cache_ttl_s!r}")
         if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
             raise ValueError(f"num_replicas must be an int >= 1, got {self.num_replicas!r}")
         if self.transfer_path not in _PATHS:
@@ -105,7 +110,8 @@ class ConnectorConfig:
         values = dict(extra)
         if values.get("pool_memory_bytes") is not None:
             values["pool_memory_bytes"] = _parse_size(values["pool_memory_bytes"])
-        for name in ("timeout_s", "lookup_timeout_s", "retry_initial_s", "retry_max_s", "load_wait_ms"):
+        for name in ("timeout_s", "lookup_timeout_s", "retry_initial_s", "retry_max_s", "load_wait_ms",
+                     "lookup_cache_ttl_s"):
             if isinstance(values.get(name), int) and not isinstance(values.get(name), bool):
                 values[name] = float(values[name])
         if "master_address" not in values:

@@ -54,7 +54,8 @@ NULL_BLOCK_ID = 0  # vLLM's placeholder block (v1/attention/backends/utils.py); 
 class SchedulerSide:
     def __init__(
         self, geom: Geometry, *, make_client: Callable[[], object], health: PoolHealth,
-        num_workers: int, save_decode: bool, load_async: bool,
+        num_workers: int, save_decode: bool, load_async: bool, lookup_cache_ttl_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.geom = geom
         self.stats = StatsRecorder()
@@ -69,6 +70,13 @@ class SchedulerSide:
         self._trackers: dict[str, RequestTracker] = {}
         self._lookups: dict[str, tuple[int, int]] = {}  # req id -> (local tokens, pool hit objects)
         self._local_hits: dict[str, int] = {}  # req id -> vLLM's local hit (tokens) at admission
+        # req id -> (lookup window in objects, pool hit objects, asked at): vLLM asks again every
+        # step while a request waits for blocks; the master's answer is reused until the request
+        # is admitted or for lookup_cache_ttl_s. A stale hit only makes a load fail (reported,
+        # recomputed); a stale miss only skips the pool for this request.
+        self._hints: dict[str, tuple[int, int, float]] = {}
+        self._hint_ttl_s = lookup_cache_ttl_s
+        self._clock = clock
         self._pending_loads: list[LoadSpec] = []
         # requests whose pool load came back short: vLLM recomputes them, and asking the pool again
         # would plan the same failing load forever (the master may list a dead node's objects
@@ -92,6 +100,26 @@ class SchedulerSide:
         window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
         if window * self.geom.tokens_per_object <= num_computed_tokens or not self._health.should_try():
             return 0, False
+        num_hit = self._cached_hint(rid, window)
+        if num_hit is None:
+            num_hit = self._lookup(request, window)
+            if num_hit is None:
+                return 0, False
+            if self._hint_ttl_s > 0:
+                self._hints[rid] = (window, num_hit, self._clock())
+        self._lookups[rid] = (num_computed_tokens, num_hit)
+        num_external = external_tokens(self.geom, num_hit, num_computed_tokens)
+        return num_external, self._load_async and num_external > 0
+
+    def _cached_hint(self, rid: str, window: int) -> int | None:
+        hint = self._hints.get(rid)
+        if hint is None or hint[0] != window or self._clock() - hint[2] > self._hint_ttl_s:
+            return None
+        self.stats.add(lookups_cached=1)
+        return hint[1]
+
+    def _lookup(self, request, window: int) -> int | None:
+        """Leading objects of the request's first `window` the pool holds; None when it failed."""
         keys = object_keys(request.block_hashes, self.geom.blocks_per_object, 0, window)
         started = time.perf_counter()
         try:
@@ -101,20 +129,19 @@ class SchedulerSide:
         except UnavailableError as exc:
             self._health.record_unavailable(exc)
             self.stats.add(lookups=1, lookup_failures=1, pool_unavailable=1)
-            return 0, False
+            return None
         except KVPoolError as exc:
             log.warning("kvpool: lookup failed (%s); treating it as a miss", exc)
             self.stats.add(lookups=1, lookup_failures=1)
-            return 0, False
+            return None
         self._health.record_success()
         self.stats.add(lookups=1)
         self.stats.observe("lookup_latency_s", time.perf_counter() - started)
-        self._lookups[rid] = (num_computed_tokens, num_hit)
-        num_external = external_tokens(self.geom, num_hit, num_computed_tokens)
-        return num_external, self._load_async and num_external > 0
+        return num_hit
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         rid = request.request_id
+        self._hints.pop(rid, None)  # admitted: a later admission (after preemption) asks again
         self._requests[rid] = request
         tracker = self._trackers.setdefault(rid, RequestTracker(rid))
         # a local hit was computed (or loaded) by this instance before and saved then: putting it
@@ -211,6 +238,7 @@ class SchedulerSide:
         tracker = self._trackers.pop(rid, None)
         self._requests.pop(rid, None)
         self._lookups.pop(rid, None)
+        self._hints.pop(rid, None)
         self._local_hits.pop(rid, None)
         self._load_failed.discard(rid)
         if tracker is not None and self._block_pool is not None and self._health.available:

@@ -18,6 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 
 COUNTERS = {
     "lookups": "Prefix lookups sent to the pool master",
+    "lookups_cached": "Lookups answered from the per-request hint (vLLM asked again while the request waited)",
     "lookup_hit_tokens": "Tokens the pool reported beyond vLLM's local hit",
     "lookup_failures": "Lookups that failed (master unreachable or error)",
     "loads": "Load jobs (one per request hit)",

@@ -14,6 +14,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -33,6 +34,12 @@ _NIXL_ERRORS: tuple[type[BaseException], ...] = tuple(
 ) + (RuntimeError,)
 
 _SPIN_S = 0.0002  # busy-poll this long before sleeping between polls
+# NIXL's UCX progress thread polls its workers' event fds with this timeout (microseconds). The
+# Python wrapper hard-codes 0, which makes the thread spin on a whole core even when idle
+# (measured: an embedded node in a vLLM worker pinned to one core halved its prefill speed).
+# Events still wake it at once; the timeout only bounds the periodic fallback poll.
+_PROGRESS_DELAY_US = 1000
+_AGENT_LOCK = threading.Lock()
 _MAX_SLEEP_S = 0.001
 
 
@@ -52,12 +59,31 @@ class Pending:
     done: bool = False
 
 
+def _agent_with_progress_delay(name: str, config, delay_us: int):
+    """nixl_agent(name, config) with the progress thread's poll timeout set to `delay_us`
+    (nixl_agent_config does not expose it; the wrapper reads nixlBind.nixlAgent at call time)."""
+    import nixl_cu12._api as api
+
+    real = api.nixlBind.nixlAgent
+
+    def make(agent_name, agent_config):
+        agent_config.pthrDelay = delay_us
+        return real(agent_name, agent_config)
+
+    with _AGENT_LOCK:
+        api.nixlBind.nixlAgent = make
+        try:
+            return nixl_agent(name, config)
+        finally:
+            api.nixlBind.nixlAgent = real
+
+
 class NixlEndpoint:
     def __init__(self, name: str) -> None:
         self.name = name
         try:
             config = nixl_agent_config(backends=["UCX"], sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_RW)
-            self._agent = nixl_agent(name, config)
+            self._agent = _agent_with_progress_delay(name, config, _PROGRESS_DELAY_US)
         except _NIXL_ERRORS as e:
             raise TransferError(f"cannot start NIXL agent {name!r} with the UCX backend: {e}") from e
         if "UCX" not in self._agent.backends:
