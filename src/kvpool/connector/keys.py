@@ -62,7 +62,3 @@ def object_keys(block_hashes: Sequence[object], blocks_per_object: int, start: i
             f"objects up to {stop} need {stop * blocks_per_object} block hashes, have {len(block_hashes)}"
         )
     return [ObjectKey(hash_hex(block_hashes[(i + 1) * blocks_per_object - 1])) for i in range(start, stop)]
-
-
-def num_complete_objects(num_block_hashes: int, blocks_per_object: int) -> int:
-    return num_block_hashes // blocks_per_object

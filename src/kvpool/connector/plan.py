@@ -100,10 +100,6 @@ class SaveSpec:
     parents: list[str | None]
     block_ids: list[list[int]]
 
-    @property
-    def all_block_ids(self) -> list[int]:
-        return [b for blocks in self.block_ids for b in blocks]
-
 
 def savable_objects(
     geom: Geometry, num_computed_tokens: int, num_block_hashes: int, limit_tokens: int | None = None
