@@ -36,9 +36,12 @@ def raw(master):
 
 
 def raw_call(sock, *frames, timeout_ms=3000):
+    """[request_id, reply] of one raw exchange; every reply also names the master's epoch."""
     sock.send_multipart(list(frames))
     assert sock.poll(timeout_ms), "the master did not answer"
-    return sock.recv_multipart()
+    request_id, epoch, reply = sock.recv_multipart()
+    assert len(epoch) == 8 and int.from_bytes(epoch, "little") >> 32, epoch
+    return request_id, reply
 
 
 def assert_still_serving(master):
@@ -105,8 +108,12 @@ def test_usage_errors_and_misses_through_the_channel(master):
         seg = channel.call(p.MountSegment("n1", "h", 1 << 20, 0, "agent", b"meta", None)).segment_id
         put = channel.call(p.PutStart("t", ["a", "b"], [100, 2 << 20], [None, "a"]))
         assert put.statuses == [p.PUT_ALLOCATED, p.PUT_NO_SPACE] and "larger than the largest segment" in put.message
-        assert channel.call(p.PutEnd("t", ["a"])).count == 1
-        assert channel.call(p.LookupPrefix("t", ["a", "b"])).replica_lists() == [[p.Replica(seg, 0, 100)]]
+        with pytest.raises(UsageError, match="must match"):
+            channel.call(p.PutEnd("t", ["a"], [put.tokens[0]], []))
+        assert channel.call(p.PutEnd("t", ["a"], [put.tokens[0] + 1], [0])).refused == [0]  # not its token
+        assert channel.call(p.PutEnd("t", ["a"], [put.tokens[0]], [77])).ended == 1
+        hit = channel.call(p.LookupPrefix("t", ["a", "b"]))
+        assert hit.replica_lists() == [[p.Replica(seg, 0, 100)]] and p.unpack_checksums(hit.checksums) == [77]
         stats = channel.call(p.Stats())
         assert (stats.num_objects, stats.hit_keys, stats.miss_keys) == (1, 1, 2)
     finally:
@@ -115,7 +122,7 @@ def test_usage_errors_and_misses_through_the_channel(master):
 
 def test_metrics_are_served(master):
     channel = MasterChannel(master.info["address"], timeout_s=3.0)
-    channel.call(p.MountSegment("n1", "h", 1 << 20, 0, "agent", b"", None))
+    segment_id = channel.call(p.MountSegment("n1", "h", 1 << 20, 0, "agent", b"", None)).segment_id
     channel.close()
     deadline = time.monotonic() + 5
     while True:  # the snapshot is published each tick (0.2 s)
@@ -124,7 +131,8 @@ def test_metrics_are_served(master):
             break
         time.sleep(0.1)
     assert "kvpool_master_capacity_bytes 1.048576e+06" in text
-    assert 'kvpool_master_node_capacity_bytes{node_id="n1",segment_id="1",state="alive"}' in text
+    assert f'kvpool_master_node_capacity_bytes{{node_id="n1",segment_id="{segment_id}",state="alive"}}' in text
+    assert f'kvpool_master_info{{epoch="{channel.epoch:016x}"}} 1.0' in text
     assert "kvpool_master_evictions_total" in text
 
 
@@ -147,8 +155,9 @@ def test_master_service_runs_in_process_and_stops():
     try:
         channel = MasterChannel(service.address, timeout_s=3.0)
         seg = channel.call(p.MountSegment("n1", "h", 4096, 0, "agent", b"", None)).segment_id
-        assert channel.call(p.PutStart("t", ["a"], [10], [None])).replicas == [[p.Replica(seg, 0, 10)]]
-        assert channel.call(p.PutEnd("t", ["a"])).count == 1
+        put = channel.call(p.PutStart("t", ["a"], [10], [None]))
+        assert put.replicas == [[p.Replica(seg, 0, 10)]]
+        assert channel.call(p.PutEnd("t", ["a"], put.tokens, [0])).ended == 1
         assert channel.call(p.LookupPrefix("t", ["a"], lease=False)).num_hit == 1
         channel.close()
     finally:

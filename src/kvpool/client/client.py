@@ -5,6 +5,15 @@ Rules:
   get batch. Then one-sided transfers, one job per segment, all segments at once (transfer_many).
 - Put: allocated replicas are written, then PutEnd makes written keys readable and PutRevoke frees
   keys whose write failed (their status becomes PUT_FAILED). PUT_EXISTS keys are never written.
+  Both name each allocation's write token; keys whose token the master refused (the put outlived
+  put_timeout_s and was reclaimed) are PUT_FAILED too. The write's deadline is derived from the
+  master's put_timeout_s, counted from before PutStart was sent: the writer gives up (and revokes)
+  a margin before the master would reclaim. A write that missed its deadline and may still land
+  (data_plane's in_flight) is revoked into quarantine and the quarantine ended once the transfer
+  is known to be over.
+- Checksums (client/checksum.py): the writer sends one per object with PutEnd; a reader verifies
+  every hit against the one its lookup returned before counting it, and a mismatch ends the hits
+  there (a miss, a metric and a log line). `checksums=False` neither sends nor verifies.
 - Get: the lease clock starts BEFORE the lookup is sent (t0), so the client's deadline t0 + ttl
   is never later than the master's. A read finishing after it counts as failed: its bytes are never
   reported. A failed read falls back to the object's next replica (same-host replicas first).
@@ -13,18 +22,21 @@ Rules:
   evicted space is freed at once rather than at the lease TTL. A lost release costs nothing but
   that wait: the master still ends the lease at its TTL.
 - Segment descriptions are cached by id (segments.py): unknown ids are fetched with GetSegments,
-  ids the master no longer knows are forgotten by the data plane.
+  ids the master no longer knows are forgotten by the data plane. A reply from a new master
+  incarnation empties the cache (and the data plane's routes) before it is used.
 - Thread-safe: the channel and caches have locks, the staging buffer has its own; no lock is held
   across a transfer except the staging buffer's.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
 
 from kvpool.client import plan
+from kvpool.client.checksum import checksum_objects
 from kvpool.client.memory import RegisteredRanges, StagingBuffer, copy_bytes, region_of
 from kvpool.client.metrics import client_metrics
 from kvpool.client.segments import SegmentCache
@@ -32,10 +44,17 @@ from kvpool.core import protocol
 from kvpool.core.errors import CapacityError, KVPoolError, ProtocolError, TransferError, UsageError
 from kvpool.core.protocol import PUT_ALLOCATED, PUT_EXISTS, PUT_NO_SPACE, Replica
 from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
-from kvpool.transfer.control import MasterChannel
+from kvpool.transfer.control import MasterChannel, parse_addresses
+
+log = logging.getLogger(__name__)
 
 PUT_FAILED = 3  # client-side only: space was allocated but the write failed; revoked, safe to retry
 _PUT_STATUS_NAMES = {PUT_ALLOCATED: "stored", PUT_EXISTS: "exists", PUT_NO_SPACE: "no_space", PUT_FAILED: "failed"}
+
+
+def _end_margin_s(put_timeout_s: float) -> float:
+    """How long before the master's reclaim a writer stops: room for PutEnd to travel and be handled."""
+    return min(max(0.2 * put_timeout_s, 0.05), 5.0)
 _PATHS = ("auto", "nixl", "shm")
 
 
@@ -47,10 +66,10 @@ class ClientConfig:
     path: str = "auto"  # auto: same-host shared memory when possible, else NIXL; nixl|shm force one
     num_replicas: int = 1
     staging_bytes: int = 1 << 20  # initial bounce buffer for put/get of unregistered values
+    checksums: bool = True  # send a checksum per object and verify every hit (see the module rules)
 
     def __post_init__(self) -> None:
-        if not self.master_address.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(f"master_address must be a ZMQ endpoint like tcp://HOST:PORT, got {self.master_address!r}")
+        parse_addresses(self.master_address)  # ValueError naming the malformed one
         if not self.tenant or len(self.tenant) > MAX_TENANT_LENGTH:
             raise ValueError(f"tenant must be 1..{MAX_TENANT_LENGTH} characters, got {self.tenant!r}")
         if self.timeout_s <= 0:
@@ -73,9 +92,10 @@ class Client:
         path: str = "auto",
         num_replicas: int = 1,
         staging_bytes: int = 1 << 20,
+        checksums: bool = True,
         plane=None,
     ) -> None:
-        self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes)
+        self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes, checksums)
         from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
 
         self._owns_plane = plane is None
@@ -85,6 +105,7 @@ class Client:
         self._kept_alive: list[object] = []  # registered objects must outlive their registration
         self._register_lock = threading.Lock()
         self._segments = SegmentCache(self._call, self.plane, host_id())
+        self._channel.add_epoch_listener(self._segments.on_new_epoch)
         self._metrics = client_metrics()
         self._staging = StagingBuffer(self._register_region, staging_bytes)
         self._closed = False
@@ -147,27 +168,52 @@ class Client:
             return [], ""
         self._check_registered(addrs, sizes)
         totals = [sum(s) for s in sizes]
+        tenant = self.config.tenant
+        t0 = time.monotonic()  # before sending: our deadline is never later than the master's reclaim
         reply = self._call(
-            protocol.PutStart(
-                self.config.tenant, list(keys), totals, list(parents), self.config.num_replicas, bool(pinned)
-            ),
+            protocol.PutStart(tenant, list(keys), totals, list(parents), self.config.num_replicas, bool(pinned)),
             protocol.PutStartReply,
         )
         statuses = list(reply.statuses)
-        choices = [(i, r) for i, st in enumerate(statuses) if st == PUT_ALLOCATED for r in reply.replicas[i]]
+        allocated = [i for i, st in enumerate(statuses) if st == PUT_ALLOCATED]
+        tokens = list(reply.tokens) if len(reply.tokens) == len(keys) else None
+        if allocated and tokens is None:
+            raise ProtocolError(f"the master answered PutStart with {len(reply.tokens)} tokens for {len(keys)} keys")
+        write_deadline = t0 + reply.put_timeout_s - _end_margin_s(reply.put_timeout_s)
+        choices = [(i, r) for i in allocated for r in reply.replicas[i]]
         try:
-            failed = self._run_round("WRITE", choices, addrs, sizes)
+            checksums = self._checksums([addrs[i] for i in allocated], [sizes[i] for i in allocated])
+            failed, in_flight = self._run_round(
+                "WRITE", choices, addrs, sizes, max(1e-3, write_deadline - time.monotonic())
+            )
         except BaseException:
-            self._revoke_quietly([keys[i] for i, st in enumerate(statuses) if st == PUT_ALLOCATED])
+            self._revoke_quietly([keys[i] for i in allocated], [tokens[i] for i in allocated])
             raise
-        written = [keys[i] for i, st in enumerate(statuses) if st == PUT_ALLOCATED and i not in failed]
+        if allocated and time.monotonic() > write_deadline:
+            failed = set(allocated)  # too late to end safely: the master may reclaim any moment now
         if failed:
-            self._call(protocol.PutRevoke(self.config.tenant, [keys[i] for i in sorted(failed)]), protocol.OkReply)
+            gone = sorted(failed)
+            flight = [n for n, i in enumerate(gone) if i in in_flight]
+            self._call(protocol.PutRevoke(tenant, [keys[i] for i in gone], [tokens[i] for i in gone], flight),
+                       protocol.OkReply)
+            if flight:
+                self._end_quarantine_later(in_flight, [tokens[i] for i in gone if i in in_flight])
             for i in failed:
                 statuses[i] = PUT_FAILED
+        written = [i for i in allocated if i not in failed]
         if written:
-            self._call(protocol.PutEnd(self.config.tenant, written), protocol.OkReply)
-        tenant = self.config.tenant
+            by_index = dict(zip(allocated, checksums))
+            ended = self._call(
+                protocol.PutEnd(tenant, [keys[i] for i in written], [tokens[i] for i in written],
+                                [by_index[i] for i in written]),
+                protocol.PutEndReply,
+            )
+            for n in ended.refused:
+                statuses[written[n]] = PUT_FAILED
+                self._metrics.put_keys.labels(tenant, "refused").inc()
+            if ended.refused:
+                log.warning("kvpool: the master refused %d of %d put ends (their allocation was reclaimed or "
+                            "is no longer ours); those keys were not stored", len(ended.refused), len(written))
         for i, st in enumerate(statuses):
             self._metrics.put_keys.labels(tenant, _PUT_STATUS_NAMES.get(st, str(st))).inc()
             if st == PUT_ALLOCATED:
@@ -175,12 +221,38 @@ class Client:
         self._metrics.latency_s.labels(tenant, "put").observe(time.perf_counter() - started)
         return statuses, reply.message
 
-    def _revoke_quietly(self, keys: list[str]) -> None:
+    def _checksums(self, addrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        if not self.config.checksums or not addrs:
+            return [0] * len(addrs)
+        return checksum_objects(addrs, sizes)
+
+    def _end_quarantine_later(self, transfers: dict, tokens: list[int]) -> None:
+        """Tell the master once every write of these tokens is over (done or failed)."""
+        waits = {id(t): t for t in transfers.values()}
+        remaining = [len(waits)]
+        lock = threading.Lock()
+        tenant = self.config.tenant
+
+        def settled(_transfer) -> None:
+            with lock:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+            if not self._closed:
+                try:
+                    self._channel.send(protocol.EndQuarantine(tenant, tokens))
+                except KVPoolError:
+                    pass  # the master's quarantine limit ends it instead
+
+        for transfer in waits.values():
+            transfer.add_done_callback(settled)
+
+    def _revoke_quietly(self, keys: list[str], tokens: list[int]) -> None:
         """Free allocations whose write never happened; if the master is unreachable too, its put
         timeout reclaims them, and the error that brought us here is the one worth raising."""
         if keys:
             try:
-                self._call(protocol.PutRevoke(self.config.tenant, keys), protocol.OkReply)
+                self._call(protocol.PutRevoke(self.config.tenant, keys, tokens), protocol.OkReply)
             except KVPoolError:
                 pass
 
@@ -200,7 +272,7 @@ class Client:
                     raise UsageError(
                         f"key {keys[i]!r} holds {rs[0].size} bytes but its regions total {sum(sizes[i])} bytes"
                     )
-            count = self._read_leased(keys, replicas, reply.lease_ttl_s, t0, addrs, sizes)
+            count = self._read_leased(keys, replicas, reply, t0, addrs, sizes)
         finally:
             self._release(reply.lease_id)
         self._metrics.latency_s.labels(self.config.tenant, "get").observe(time.perf_counter() - started)
@@ -212,6 +284,8 @@ class Client:
         reply = self._call(protocol.LookupPrefix(self.config.tenant, list(keys), lease=True), protocol.LookupReply)
         try:
             replicas = plan.split_replicas(reply.replica_locations, reply.replica_counts, reply.num_hit)
+            if reply.checksums and len(reply.checksums) != protocol.CHECKSUM_BYTES * reply.num_hit:
+                raise ValueError(f"{reply.num_hit} hits but {len(reply.checksums)} bytes of checksums")
         except ValueError as e:
             self._release(reply.lease_id)
             raise ProtocolError(f"malformed lookup reply from the master: {e}") from None
@@ -225,9 +299,10 @@ class Client:
             except KVPoolError:
                 pass
 
-    def _read_leased(self, keys, replicas: list[list[Replica]], lease_ttl_s: float, t0: float, addrs, sizes) -> int:
+    def _read_leased(self, keys, replicas: list[list[Replica]], reply: protocol.LookupReply, t0: float, addrs,
+                     sizes) -> int:
         tenant = self.config.tenant
-        deadline = t0 + lease_ttl_s
+        deadline = t0 + reply.lease_ttl_s
         num_hit = len(replicas)
         if num_hit:
             self._segments.get({r.segment_id for rs in replicas for r in rs})
@@ -242,7 +317,9 @@ class Client:
                 self._metrics.replica_fallbacks.labels(tenant).inc(len(choices))
             first_round = False
             # waiting past the lease is pointless: such a read would be discarded anyway
-            failed = self._run_round("READ", choices, addrs, sizes, max(1e-3, deadline - time.monotonic()))
+            failed, in_flight = self._run_round("READ", choices, addrs, sizes, max(1e-3, deadline - time.monotonic()))
+            if in_flight:
+                self._fence_reads(in_flight)
             now = time.monotonic()
             for i, _ in choices:
                 if i not in failed:
@@ -261,22 +338,47 @@ class Client:
         expired = sum(1 for t in completed_at if t is not None and t > deadline) + len(pending)
         if expired:
             self._metrics.lease_expiries.labels(tenant).inc(expired)
+        if count and self.config.checksums and reply.checksums:
+            count = self._verified(keys, count, reply.checksums, addrs, sizes)
         self._metrics.get_keys.labels(tenant).inc(len(keys))
         self._metrics.hit_keys.labels(tenant).inc(count)
         self._metrics.get_bytes.labels(tenant).inc(sum(sum(sizes[i]) for i in range(count)))
         return count
 
+    def _verified(self, keys, count: int, packed: bytes, addrs, sizes) -> int:
+        """How many of the first `count` objects read hold the bytes their writer checksummed."""
+        expected = protocol.unpack_checksums(packed[: protocol.CHECKSUM_BYTES * count])
+        todo = [i for i in range(count) if expected[i]]
+        if not todo:
+            return count
+        got = checksum_objects([addrs[i] for i in todo], [sizes[i] for i in todo])
+        for i, value in zip(todo, got):
+            if value != expected[i]:
+                self._metrics.checksum_mismatches.labels(self.config.tenant).inc()
+                log.warning("kvpool: checksum mismatch on %r (read %016x, written %016x): treated as a miss",
+                            keys[i], value, expected[i])
+                return i
+        return count
+
+    def _fence_reads(self, in_flight: dict) -> None:
+        """A read that missed its deadline may still write into the caller's memory: return only
+        once every such transfer is over (the data plane ends it at its peer's death at the latest)."""
+        for transfer in {id(t): t for t in in_flight.values()}.values():
+            transfer.wait()
+
     def _run_round(
         self, op: str, choices: list[tuple[int, Replica]], addrs, sizes, timeout_s: float | None = None
-    ) -> set[int]:
-        """One round of transfers, one job per segment; returns the object indices that failed."""
+    ) -> tuple[set[int], dict]:
+        """One round of transfers, one job per segment; returns (the object indices that failed,
+        object index -> the data plane's StuckTransfer for failed ones whose transfer may still land)."""
+        in_flight: dict = {}
         if not choices:
-            return set()
+            return set(), in_flight
         infos = self._segments.get({r.segment_id for _, r in choices})
         failed = {i for i, r in choices if r.segment_id not in infos}
         jobs = plan.group_by_segment([(i, r) for i, r in choices if r.segment_id in infos], addrs, sizes)
         if not jobs:
-            return failed
+            return failed, in_flight
         errors = self.plane.transfer_many(
             op,
             [(infos[j.segment_id], j.local_addrs, j.remote_offsets, j.sizes) for j in jobs],
@@ -287,10 +389,12 @@ class Client:
             if error is not None:
                 failed.update(job.object_indices)
                 broken_segments.append(job.segment_id)
+                if error.in_flight is not None:
+                    in_flight.update(dict.fromkeys(job.object_indices, error.in_flight))
         if broken_segments:
             self._metrics.transfer_failures.labels(self.config.tenant, op).inc(len(broken_segments))
             self._segments.recheck(broken_segments)
-        return failed
+        return failed, in_flight
 
     # ---- plain values -----------------------------------------------------------------------
 
@@ -356,7 +460,7 @@ class Client:
             else:
                 size = replicas[0][0].size
                 self._staging.ensure(size)
-                count = self._read_leased([key], replicas, reply.lease_ttl_s, t0, [[self._staging.addr]], [[size]])
+                count = self._read_leased([key], replicas, reply, t0, [[self._staging.addr]], [[size]])
         finally:
             self._release(reply.lease_id)
         self._metrics.latency_s.labels(self.config.tenant, "get").observe(time.perf_counter() - started)
@@ -390,6 +494,11 @@ class Client:
         return self._call(protocol.Stats(), protocol.StatsReply)
 
     # ---- internals --------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int | None:
+        """The master incarnation that answered last (None before the first answer)."""
+        return self._channel.epoch
 
     def _call(self, request, reply_type):
         if self._closed:

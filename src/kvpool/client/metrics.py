@@ -40,6 +40,12 @@ class ClientMetrics:
             t + ["op"],
             registry=registry,
         )
+        self.checksum_mismatches = Counter(
+            "kvpool_client_checksum_mismatches",
+            "Objects read whose bytes did not match their writer's checksum (served as misses)",
+            t,
+            registry=registry,
+        )
         self.replica_fallbacks = Counter(
             "kvpool_client_replica_fallbacks", "Reads retried on another replica", t, registry=registry
         )

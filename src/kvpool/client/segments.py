@@ -1,8 +1,10 @@
 """The client's cache of segment descriptions (what the data plane needs to reach a segment).
 
 Rules:
-- Entries are keyed by segment id and never go stale in place: a remount gets a new id, so an id
-  either describes the same segment or is gone.
+- Entries are keyed by segment id and never go stale in place: a remount gets a new id, and ids
+  are unique across master incarnations, so an id either describes the same segment or is gone.
+- A new master incarnation empties the cache and drops the data plane's routes (`on_new_epoch`,
+  called by the channel before the new incarnation's reply is used).
 - Unknown ids are fetched in one GetSegments round trip per call; ids the master leaves out are
   gone, and the data plane forgets them (drops its mapping or remote agent).
 - After a failed transfer the failing ids are asked about again, so a dead node's segment is
@@ -53,6 +55,14 @@ class SegmentCache:
                 with self._lock:
                     self._by_id.pop(segment_id, None)
                 self._plane.forget_segment(segment_id)
+
+    def on_new_epoch(self, old_epoch: int | None, new_epoch: int) -> None:
+        if old_epoch is None:
+            return
+        with self._lock:
+            dropped, self._by_id = list(self._by_id), {}
+        for segment_id in dropped:
+            self._plane.forget_segment(segment_id)
 
     def local_ids(self) -> set[int]:
         """Cached segments on this host (reachable through the shared-memory path)."""

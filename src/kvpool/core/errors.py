@@ -34,9 +34,16 @@ class UnavailableError(KVPoolError):
 
 
 class TransferError(KVPoolError):
-    """A data-plane transfer failed (dead peer, NIXL error)."""
+    """A data-plane transfer failed (dead peer, NIXL error). `in_flight` is None when nothing of
+    it can land any more; otherwise the data plane's handle on a transfer that missed its deadline
+    and may still write (it has `wait(timeout_s)` and `add_done_callback(fn)`): the memory it
+    touches must not be reused until it is done."""
 
     kind = "transfer"
+
+    def __init__(self, message: str = "", in_flight: object | None = None) -> None:
+        super().__init__(message)
+        self.in_flight = in_flight
 
 
 class LeaseExpiredError(TransferError):

@@ -7,6 +7,18 @@ Rules:
   Anything that does not decode is answered with `ErrorReply(kind="protocol")`, never a crash.
 - Keys are plain strings inside a tenant's namespace; the tenant travels with every data request.
 - Times on the wire are durations (ttl_s), never absolute clocks: master and client clocks differ.
+- Every reply names the master's incarnation (`epoch`, a random 63-bit number chosen at start) in
+  its own frame, before the payload (transfer/control.py reads it). Ids the master hands out that
+  another process keeps (segment ids, lease ids, write tokens) carry the incarnation's random
+  prefix in their high 31 bits (master/ids.py), so no id is ever reissued by a restarted master.
+- Puts are fenced by write tokens: PutStart returns one per allocation, PutEnd / PutRevoke name it,
+  and an end for an allocation that is no longer the writer's (reclaimed, revoked, removed and
+  re-put) is refused and reported in PutEndReply.refused, never applied to another writer's object.
+- Objects carry an end-to-end checksum (client/checksum.py; 0 means none): the writer sends it
+  with PutEnd, the master keeps it and returns it with every leased hit, readers verify it.
+- Nodes keep a directory of their committed objects (DirEntry), fed by heartbeat replies
+  (DirectoryDelta, acknowledged by sequence number), and announce it to a new master
+  (AnnounceObjects) so a master restart keeps the cache.
 - Hot replies are compact: a leased lookup answers replica locations as one bytes field of
   little-endian int64 triples (segment_id, offset, size), hits in order (`pack_replicas` /
   `unpack_replicas`; numpy reads it with `frombuffer(..., "<i8").reshape(-1, 3)`), not one struct
@@ -49,6 +61,29 @@ def unpack_replicas(locations: bytes) -> list[Replica]:
     return [Replica(*t) for t in _REPLICA.iter_unpack(locations)]
 
 
+class DirEntry(Struct, array_like=True, frozen=True, gc=False):
+    """One committed object in a node's directory, self-describing: enough for a new master to
+    rebuild its record. `size` 0 is a removal of whatever the directory holds at `offset`."""
+
+    offset: int
+    size: int
+    tenant: str = ""
+    key: str = ""
+    parent: str | None = None
+    checksum: int = 0
+
+
+class DirectoryDelta(Struct, frozen=True):
+    """Directory changes of one segment, in order: ops[i] has sequence number first_seq + i. With
+    `reset` the node first forgets its whole directory (the master dropped a log the node did not
+    acknowledge in time): it then loses recovery of those objects, never correctness."""
+
+    segment_id: int
+    first_seq: int
+    ops: list[DirEntry]
+    reset: bool = False
+
+
 class SegmentInfo(Struct, frozen=True):
     """What a client needs to reach a segment: NIXL agent metadata, and for same-host clients a
     shared-memory path it can map directly."""
@@ -74,6 +109,18 @@ class MountSegment(Struct, tag="mount", frozen=True):
     agent_name: str
     agent_metadata: bytes
     shm_path: str | None = None
+    recovering: bool = False  # the node will announce objects (AnnounceObjects) before new puts land here
+
+
+class AnnounceObjects(Struct, tag="announce", frozen=True):
+    """A remounted node's directory, in chunks, oldest commit first; `ages_s[i]` is how long ago
+    entries[i] was committed (the new master's LRU order). `last` ends the recovery: the segment
+    takes new objects from then on. Answered with AnnounceReply."""
+
+    segment_id: int
+    entries: list[DirEntry]
+    ages_s: list[float]
+    last: bool = False
 
 
 class UnmountSegment(Struct, tag="unmount", frozen=True):
@@ -81,8 +128,11 @@ class UnmountSegment(Struct, tag="unmount", frozen=True):
 
 
 class Heartbeat(Struct, tag="heartbeat", frozen=True):
+    """`directory_seqs[i]`: the last directory op of segment_ids[i] the node has applied."""
+
     node_id: str
     segment_ids: list[int]
+    directory_seqs: list[int] = []
 
 
 class GetSegments(Struct, tag="get_segments", frozen=True):
@@ -102,13 +152,31 @@ class PutStart(Struct, tag="put_start", frozen=True):
 
 
 class PutEnd(Struct, tag="put_end", frozen=True):
+    """Make written objects readable. `tokens[i]` is keys[i]'s token from PutStartReply;
+    `checksums[i]` its bytes' checksum (0: none). Answered with PutEndReply."""
+
     tenant: str
     keys: list[str]
+    tokens: list[int]
+    checksums: list[int]
 
 
 class PutRevoke(Struct, tag="put_revoke", frozen=True):
+    """Give back allocations whose write failed. `in_flight` lists indices into keys whose transfer
+    may still land (it missed its deadline and could not be cancelled): their space is quarantined,
+    not reused, until EndQuarantine names their tokens (or the quarantine's time limit passes)."""
+
     tenant: str
     keys: list[str]
+    tokens: list[int]
+    in_flight: list[int] = []
+
+
+class EndQuarantine(Struct, tag="end_quarantine", frozen=True):
+    """The writes of these tokens are over (done or failed): their quarantined space may be reused."""
+
+    tenant: str
+    tokens: list[int]
 
 
 class LookupPrefix(Struct, tag="lookup_prefix", frozen=True):
@@ -146,12 +214,14 @@ class Stats(Struct, tag="stats", frozen=True):
 
 Request = (
     MountSegment
+    | AnnounceObjects
     | UnmountSegment
     | Heartbeat
     | GetSegments
     | PutStart
     | PutEnd
     | PutRevoke
+    | EndQuarantine
     | LookupPrefix
     | ReleaseLeases
     | Exists
@@ -180,6 +250,12 @@ class MountReply(Struct, tag="mounted", frozen=True):
 
 class HeartbeatReply(Struct, tag="heartbeat_ok", frozen=True):
     unknown_segment_ids: list[int]  # the master dropped these: the node must mount again
+    deltas: list[DirectoryDelta] = []  # directory ops not yet acknowledged, per known segment
+
+
+class AnnounceReply(Struct, tag="announced", frozen=True):
+    accepted: int
+    rejected_offsets: list[int]  # entries the master did not take (conflicts): the node forgets them
 
 
 class SegmentsReply(Struct, tag="segments", frozen=True):
@@ -192,9 +268,22 @@ PUT_NO_SPACE = 2
 
 
 class PutStartReply(Struct, tag="put_started", frozen=True):
+    """`tokens[i]` names keys[i]'s allocation (0 unless allocated). The master reclaims an
+    allocation not ended within `put_timeout_s` of this reply: a writer must end or revoke before."""
+
     statuses: list[int]  # PUT_* per key
     replicas: list[list[Replica]]  # per key; empty unless allocated
     message: str = ""  # why a key got PUT_NO_SPACE
+    tokens: list[int] = []
+    put_timeout_s: float = 30.0
+
+
+class PutEndReply(Struct, tag="put_ended", frozen=True):
+    """`refused`: indices of keys whose token no longer names a pending allocation (reclaimed,
+    revoked, already ended): nothing was changed for them and the writer's bytes are not served."""
+
+    ended: int
+    refused: list[int] = []
 
 
 class LookupReply(Struct, tag="lookup", frozen=True):
@@ -208,6 +297,7 @@ class LookupReply(Struct, tag="lookup", frozen=True):
     lease_id: int = 0
     replica_locations: bytes = b""
     replica_counts: bytes = b""
+    checksums: bytes = b""  # with a lease: one little-endian uint64 per hit (0: none)
 
     def replica_lists(self) -> list[list[Replica]]:
         """Per hit, its replicas (slow path for tests and tools; the client decodes with numpy).
@@ -260,6 +350,12 @@ class StatsReply(Struct, tag="stats_ok", frozen=True):
     fragmentation: float  # 1 - largest free range / total free, over all segments
     nodes: list[NodeStats]
     lease_releases: int = 0  # leased lookups released by their reader before the TTL
+    epoch: int = 0
+    refused_put_ends: int = 0  # PutEnd keys whose token was no longer pending
+    quarantined: int = 0  # allocations held because their write may still land
+    quarantine_expiries: int = 0  # quarantines ended by their time limit, not by the writer
+    recovered_objects: int = 0  # objects taken from nodes' directories after a (re)mount
+    rejected_announcements: int = 0  # directory entries refused on recovery (conflicts, overlaps)
 
 
 Reply = (
@@ -267,12 +363,23 @@ Reply = (
     | OkReply
     | MountReply
     | HeartbeatReply
+    | AnnounceReply
     | SegmentsReply
     | PutStartReply
+    | PutEndReply
     | LookupReply
     | ExistsReply
     | StatsReply
 )
+
+CHECKSUM_BYTES = 8  # one checksum in LookupReply.checksums
+
+
+def unpack_checksums(packed: bytes) -> list[int]:
+    if len(packed) % CHECKSUM_BYTES:
+        raise ValueError(f"packed checksums are {len(packed)} bytes, not a multiple of {CHECKSUM_BYTES}")
+    return [int.from_bytes(packed[i : i + CHECKSUM_BYTES], "little") for i in range(0, len(packed), CHECKSUM_BYTES)]
+
 
 request_encoder = msgspec.msgpack.Encoder()
 request_decoder = msgspec.msgpack.Decoder(Request)

@@ -94,6 +94,31 @@ class RangeAllocator:
             end += after_size
         self._add_free(offset, end - offset)
 
+    def rebuild(self, used: list[tuple[int, int]]) -> None:
+        """Start over with exactly these (offset, size) ranges in use: sorted by offset, aligned,
+        inside the segment and not overlapping (the caller checks; ValueError otherwise). Used once
+        per recovered segment, so one pass beats `len(used)` single reservations."""
+        self._start_to_size.clear()
+        self._end_to_start.clear()
+        self._by_size.clear()
+        self.free_bytes = self.size_bytes
+        position = 0
+        for offset, size in used:
+            length = self.aligned(size)
+            if offset < position or offset % self.alignment_bytes or offset + length > self.size_bytes:
+                raise ValueError(f"range [{offset}, {offset + length}) overlaps, is unaligned or outside the segment")
+            if offset > position:
+                self._start_to_size[position] = offset - position
+                self._end_to_start[offset] = position
+                self._by_size.append((offset - position, position))
+            self.free_bytes -= length
+            position = offset + length
+        if position < self.size_bytes:
+            self._start_to_size[position] = self.size_bytes - position
+            self._end_to_start[self.size_bytes] = position
+            self._by_size.append((self.size_bytes - position, position))
+        self._by_size.sort()
+
     def free_ranges(self) -> list[tuple[int, int]]:
         """(offset, size) of every free range, by offset (for tests and debugging)."""
         return sorted(self._start_to_size.items())

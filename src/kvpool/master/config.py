@@ -22,6 +22,10 @@ class MasterConfig:
     alignment_bytes: int = 64  # object offsets and sizes are rounded to this
     max_message_bytes: int = MAX_MESSAGE_BYTES  # larger control frames get ErrorReply(kind="protocol")
     tick_interval_s: float = 0.2  # health checks, pending reclaim and metric snapshots run this often
+    quarantine_max_s: float = 300.0  # space of a write that may still land is held at most this long
+    recovery_timeout_s: float = 30.0  # a remounted segment takes new objects after this even if unannounced
+    directory_max_ops: int = 2_000_000  # unacknowledged directory ops kept per segment (directory.py)
+    directory_ops_per_reply: int = 50_000  # directory ops in one heartbeat reply
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -33,7 +37,8 @@ class MasterConfig:
                 "watermarks must satisfy 0 < low_watermark < high_watermark <= 1, got "
                 f"low={self.low_watermark} high={self.high_watermark}"
             )
-        for name in ("lease_ttl_s", "node_ttl_s", "heartbeat_interval_s", "put_timeout_s", "tick_interval_s"):
+        for name in ("lease_ttl_s", "node_ttl_s", "heartbeat_interval_s", "put_timeout_s", "tick_interval_s",
+                     "quarantine_max_s", "recovery_timeout_s", "directory_max_ops", "directory_ops_per_reply"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_lease_hold_s < self.lease_ttl_s:

@@ -8,8 +8,9 @@ Rules:
 - PutStart replies carry Replica lists; leased lookups carry the records' packed replica bytes,
   joined (protocol.LookupReply), plus a lease id the reader hands back in ReleaseLeases.
 - `tick` runs the timed work: unmount silent segments, reclaim pending puts whose writer died,
-  drop expired lease entries, free removed-but-leased space once the lease ends, and evict if
-  above the high watermark.
+  drop expired lease entries, free removed-but-leased space once the lease ends, end quarantines
+  past their limit, end recoveries whose node went quiet, and evict if above the high watermark.
+- `epoch` names this incarnation (ids.py); the service sends it with every reply.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from kvpool.core import protocol as p
 from kvpool.core.errors import KVPoolError, UsageError
 from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
 from kvpool.master.config import MasterConfig
+from kvpool.master.ids import IdSource, new_epoch
 from kvpool.master.index import ObjectIndex
 from kvpool.master.segments import SegmentTable
 
@@ -34,14 +36,24 @@ def _check_keys(keys: list[str]) -> None:
         raise UsageError(f"keys must be 1..{MAX_KEY_LENGTH} characters long")
 
 
+def _check_same_length(what: str, keys: list, *others: list) -> None:
+    if any(len(other) != len(keys) for other in others):
+        raise UsageError(f"{what} got {len(keys)} keys and lists of {[len(o) for o in others]} entries: they must match")
+
+
 class MasterCore:
-    def __init__(self, config: MasterConfig) -> None:
+    def __init__(self, config: MasterConfig, epoch: int | None = None) -> None:
         self.config = config
-        self.segments = SegmentTable(config.alignment_bytes, config.heartbeat_interval_s, config.node_ttl_s)
-        self.index = ObjectIndex(config, self.segments)
+        self.epoch = new_epoch() if epoch is None else epoch
+        self.ids = IdSource(self.epoch)
+        self.segments = SegmentTable(config.alignment_bytes, config.heartbeat_interval_s, config.node_ttl_s, self.ids,
+                                     config.directory_max_ops)
+        self.index = ObjectIndex(config, self.segments, self.ids)
         self.segments_expired = 0
         self._handlers = {
             p.MountSegment: self._mount,
+            p.AnnounceObjects: self._announce,
+            p.EndQuarantine: self._end_quarantine,
             p.UnmountSegment: self._unmount,
             p.Heartbeat: self._heartbeat,
             p.GetSegments: self._get_segments,
@@ -88,7 +100,31 @@ class MasterCore:
         return p.OkReply(count=1)
 
     def _heartbeat(self, req: p.Heartbeat, now_s: float) -> p.HeartbeatReply:
-        return p.HeartbeatReply(unknown_segment_ids=self.segments.heartbeat(req.node_id, req.segment_ids, now_s))
+        unknown = self.segments.heartbeat(req.node_id, req.segment_ids, now_s)
+        deltas = []
+        by_id = self.segments.by_id
+        for i, segment_id in enumerate(req.segment_ids):
+            segment = by_id.get(segment_id)
+            if segment is None or segment.node_id != req.node_id:
+                continue
+            if i < len(req.directory_seqs):
+                segment.log.ack(req.directory_seqs[i])
+            delta = segment.log.delta(segment_id, self.config.directory_ops_per_reply)
+            if delta is not None:
+                deltas.append(delta)
+        return p.HeartbeatReply(unknown_segment_ids=unknown, deltas=deltas)
+
+    def _announce(self, req: p.AnnounceObjects, now_s: float) -> p.AnnounceReply:
+        segment = self.segments.by_id.get(req.segment_id)
+        if segment is None:
+            raise UsageError(f"segment {req.segment_id} is not mounted on this master: mount again")
+        if not segment.recovering:
+            raise UsageError(f"segment {req.segment_id} is not recovering: announce right after a recovering mount")
+        segment.last_heartbeat_s = now_s  # a long announcement must not look like a dead node
+        accepted, rejected = self.index.announce(segment, req.entries, req.ages_s, now_s)
+        if req.last:
+            self.index.finish_recovery(segment)
+        return p.AnnounceReply(accepted=accepted, rejected_offsets=rejected)
 
     def _get_segments(self, req: p.GetSegments, now_s: float) -> p.SegmentsReply:
         by_id = self.segments.by_id
@@ -109,23 +145,37 @@ class MasterCore:
             raise UsageError("object sizes must be > 0 bytes")
         if not 1 <= req.num_replicas <= p.MAX_REPLICAS:
             raise UsageError(f"num_replicas must be in 1..{p.MAX_REPLICAS}, got {req.num_replicas}")
-        statuses, replicas, message = self.index.put_start(
+        statuses, replicas, message, tokens = self.index.put_start(
             req.tenant, req.keys, req.sizes, req.parents, req.num_replicas, req.pinned, now_s
         )
-        return p.PutStartReply(statuses=statuses, replicas=replicas, message=message)  # type: ignore[arg-type]
+        return p.PutStartReply(statuses=statuses, replicas=replicas, message=message,  # type: ignore[arg-type]
+                               tokens=tokens, put_timeout_s=self.config.put_timeout_s)
 
-    def _put_end(self, req: p.PutEnd, now_s: float) -> p.OkReply:
+    def _put_end(self, req: p.PutEnd, now_s: float) -> p.PutEndReply:
         _check_tenant(req.tenant)
-        return p.OkReply(count=self.index.put_end(req.tenant, req.keys, now_s))
+        _check_same_length("put_end", req.keys, req.tokens, req.checksums)
+        if req.checksums and (min(req.checksums) < 0 or max(req.checksums) >= 1 << 64):
+            raise UsageError("checksums must be unsigned 64-bit integers (0: none)")
+        ended, refused = self.index.put_end(req.tenant, req.keys, req.tokens, req.checksums, now_s)
+        return p.PutEndReply(ended=ended, refused=refused)
 
     def _put_revoke(self, req: p.PutRevoke, now_s: float) -> p.OkReply:
         _check_tenant(req.tenant)
-        return p.OkReply(count=self.index.put_revoke(req.tenant, req.keys))
+        _check_same_length("put_revoke", req.keys, req.tokens)
+        if req.in_flight and (min(req.in_flight) < 0 or max(req.in_flight) >= len(req.keys)):
+            raise UsageError(f"in_flight indices must be within 0..{len(req.keys) - 1}")
+        return p.OkReply(count=self.index.put_revoke(req.tenant, req.keys, req.tokens, req.in_flight, now_s))
+
+    def _end_quarantine(self, req: p.EndQuarantine, now_s: float) -> p.OkReply:
+        _check_tenant(req.tenant)
+        return p.OkReply(count=self.index.end_quarantine(req.tokens))
 
     def _lookup_prefix(self, req: p.LookupPrefix, now_s: float) -> p.LookupReply:
         _check_tenant(req.tenant)
-        num_hit, lease_id, locations, counts = self.index.lookup_prefix(req.tenant, req.keys, req.lease, now_s)
-        return p.LookupReply(num_hit, self.config.lease_ttl_s, lease_id, locations, counts)
+        num_hit, lease_id, locations, counts, checksums = self.index.lookup_prefix(
+            req.tenant, req.keys, req.lease, now_s
+        )
+        return p.LookupReply(num_hit, self.config.lease_ttl_s, lease_id, locations, counts, checksums)
 
     def _release_leases(self, req: p.ReleaseLeases, now_s: float) -> p.OkReply:
         _check_tenant(req.tenant)
@@ -141,18 +191,32 @@ class MasterCore:
 
     # ---- timed work and stats ------------------------------------------------------------------
 
-    def tick(self, now_s: float) -> None:
+    def tick(self, now_s: float) -> list[str]:
+        """The timed work; returns what an operator should read in the log."""
+        events = []
         for segment in self.segments.expired(now_s):
             self.segments.unmount(segment.segment_id)
-            self.index.drop_segment(segment.segment_id)
+            lost = self.index.drop_segment(segment.segment_id)
             self.segments_expired += 1
+            events.append(f"node {segment.node_id} silent for over {self.config.node_ttl_s:g} s: segment "
+                          f"{segment.segment_id:x} dropped with {lost} objects that had no other replica")
         self.index.reclaim_pending(now_s)
         self.index.expire_leases(now_s)
         self.index.free_zombies(now_s)
+        expired = self.index.expire_quarantine(now_s)
+        if expired:
+            events.append(f"{expired} quarantined writes freed after {self.config.quarantine_max_s:g} s "
+                          "without word from their writer")
+        for segment in list(self.segments.by_id.values()):
+            if segment.recovering and now_s - segment.mounted_s > self.config.recovery_timeout_s:
+                self.index.finish_recovery(segment)  # its node went quiet mid-announcement: keep what came
+                events.append(f"segment {segment.segment_id:x} of node {segment.node_id}: announcement "
+                              f"unfinished after {self.config.recovery_timeout_s:g} s; taking new objects")
         self.index.evictor.maybe_evict(now_s)
         evictor = self.index.evictor
         if len(evictor.heap) > 2 * self.index.num_complete + 1024:
             evictor.compact()
+        return events
 
     def stats(self, now_s: float) -> p.StatsReply:
         index = self.index
@@ -187,4 +251,10 @@ class MasterCore:
             lease_releases=index.lease_releases,
             fragmentation=segments.fragmentation(),
             nodes=nodes,
+            epoch=self.epoch,
+            refused_put_ends=index.refused_put_ends,
+            quarantined=index.num_quarantined,
+            quarantine_expiries=index.quarantine_expiries,
+            recovered_objects=index.recovered_objects,
+            rejected_announcements=index.rejected_announcements,
         )

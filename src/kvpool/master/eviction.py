@@ -33,6 +33,8 @@ IN_HEAP = 4  # has an entry in the eviction heap
 DEAD = 8  # gone from the index; an old heap entry or a child may still point at it
 DRAINING = 16  # eviction waits for its lease to end: no new lease
 
+NO_CHECKSUM = bytes(8)
+
 
 class ObjectRecord:
     __slots__ = (
@@ -47,9 +49,11 @@ class ObjectRecord:
         "lease_until_s",  # float | None
         "lease_since_s",  # start of the current unbroken lease, float | None
         "lease_count",  # leased lookups holding it and not yet released nor expired (index._leases)
+        "token",  # the write token of its allocation (PutStart): PutEnd / PutRevoke must name it
+        "checksum",  # bytes: the writer's checksum, little-endian uint64 (all zeros: none)
     )
 
-    def __init__(self, space: dict, key: str, locations: bytes, flags: int, now_s: float) -> None:
+    def __init__(self, space: dict, key: str, locations: bytes, flags: int, now_s: float, token: int = 0) -> None:
         self.space = space
         self.key = key
         self.locations = locations
@@ -61,6 +65,8 @@ class ObjectRecord:
         self.lease_until_s: float | None = None
         self.lease_since_s: float | None = None
         self.lease_count = 0
+        self.token = token
+        self.checksum = NO_CHECKSUM
 
     def __lt__(self, other: "ObjectRecord") -> bool:
         return self.heap_access_s < other.heap_access_s

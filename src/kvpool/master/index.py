@@ -23,17 +23,37 @@ Rules:
   key lookups, and a second release of the same id a no-op. Entries whose lease ended are purged
   by `expire_leases` (ids are granted in expiry order: one TTL for all); the lease_until_s check
   stays the authority, so an unreleased lease still ends at its TTL.
+- Writes are fenced by tokens: put_start gives each allocation a token (ids.py) kept on its
+  record; put_end and put_revoke act only on a pending record whose token matches, so a late or
+  duplicate end (reclaimed, revoked, or removed and re-put by another writer) is refused and
+  reported, never applied. A revoke whose write may still land (`in_flight`) keeps the space in
+  `_quarantine` until end_quarantine names the token, the segment goes, or quarantine_max_s.
+- Every change to what a segment holds committed is appended to its directory log (directory.py):
+  an add on put_end, a removal (size 0) when a committed object goes. Nodes keep that directory
+  and announce it to a new master (`announce`), which rebuilds records, chains, tails and an LRU
+  order (by commit age) from it. Announced entries that conflict with what the index already holds
+  (another checksum or size under the key, a pending put of it, overlapping ranges) are rejected.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from kvpool.core.protocol import PUT_ALLOCATED, PUT_EXISTS, PUT_NO_SPACE, REPLICA_BYTES, Replica, pack_replicas
+from kvpool.core.protocol import (
+    PUT_ALLOCATED,
+    PUT_EXISTS,
+    MAX_REPLICAS,
+    PUT_NO_SPACE,
+    REPLICA_BYTES,
+    DirEntry,
+    Replica,
+    pack_replicas,
+)
 from kvpool.master.config import MasterConfig
-from kvpool.master.eviction import COMPLETE, DEAD, DRAINING, IN_HEAP, PINNED, Evictor, ObjectRecord
+from kvpool.master.eviction import COMPLETE, DEAD, DRAINING, IN_HEAP, NO_CHECKSUM, PINNED, Evictor, ObjectRecord
+from kvpool.master.ids import IdSource
 from kvpool.master.placement import choose_segments
-from kvpool.master.segments import SegmentTable
+from kvpool.master.segments import Segment, SegmentTable
 
 _NO_REPLICAS: tuple = ()
 # byte length of a hit's packed replicas -> its replica count (protocol.MAX_REPLICAS fit in a byte)
@@ -41,9 +61,10 @@ _COUNT_OF_LENGTH = bytes(n // REPLICA_BYTES if n % REPLICA_BYTES == 0 else 0 for
 
 
 class ObjectIndex:
-    def __init__(self, config: MasterConfig, segments: SegmentTable) -> None:
+    def __init__(self, config: MasterConfig, segments: SegmentTable, ids: IdSource) -> None:
         self.config = config
         self.segments = segments
+        self.ids = ids
         self.tenants: dict[str, dict[str, ObjectRecord]] = {}
         self.evictor = Evictor(self)
         # pending records in put order; a pending record's last_access_s is its put_start time
@@ -51,8 +72,13 @@ class ObjectIndex:
         self._zombies: set[ObjectRecord] = set()  # removed while leased: space freed when the lease ends
         self._leases: dict[int, tuple[str, list[ObjectRecord]]] = {}  # lease id -> (tenant, records)
         self._lease_order: deque[tuple[float, int]] = deque()  # (until_s, lease id), in grant order
-        self._next_lease_id = 1
+        self._quarantine: dict[int, tuple[ObjectRecord, float]] = {}  # token -> (record, held until)
+        self._orphans: dict[tuple[str, str], list[ObjectRecord]] = {}  # recovered, parent not (yet) seen
         self.lease_releases = 0
+        self.refused_put_ends = 0
+        self.quarantine_expiries = 0
+        self.recovered_objects = 0
+        self.rejected_announcements = 0
         self._sizes: dict[int, int] = {}  # interned size ints: KV blocks mostly share a few sizes
         self.num_complete = 0
         self.num_pending = 0
@@ -77,12 +103,13 @@ class ObjectIndex:
         num_replicas: int,
         pinned: bool,
         now_s: float,
-    ) -> tuple[list[int], list[tuple[Replica, ...]], str]:
+    ) -> tuple[list[int], list[tuple[Replica, ...]], str, list[int]]:
         space = self.tenants.get(tenant)
         if space is None:
             space = self.tenants[tenant] = {}
         statuses: list[int] = []
         replicas: list[tuple[Replica, ...]] = []
+        tokens: list[int] = []
         message = ""
         base_flags = PINNED if pinned else 0
         for i, key in enumerate(keys):
@@ -92,6 +119,7 @@ class ObjectIndex:
                     rec.last_access_s = now_s
                 statuses.append(PUT_EXISTS)
                 replicas.append(_NO_REPLICAS)
+                tokens.append(0)
                 continue
             size = self._sizes.setdefault(sizes[i], sizes[i])
             parent_key = parents[i] if parents else None
@@ -104,17 +132,20 @@ class ObjectIndex:
                     self._release_child(parent)
                 statuses.append(PUT_NO_SPACE)
                 replicas.append(_NO_REPLICAS)
+                tokens.append(0)
                 message = message or why
                 continue
-            rec = ObjectRecord(space, key, pack_replicas(placed), base_flags, now_s)
+            token = self.ids.next()
+            rec = ObjectRecord(space, key, pack_replicas(placed), base_flags, now_s, token)
             rec.parent = parent
             space[key] = rec
             self.num_pending += 1
             self._pending.append(rec)
             statuses.append(PUT_ALLOCATED)
             replicas.append(placed)
+            tokens.append(token)
         self.evictor.maybe_evict(now_s)
-        return statuses, replicas, message
+        return statuses, replicas, message, tokens
 
     def _place(self, size: int, num_replicas: int, now_s: float) -> tuple[tuple[Replica, ...], str]:
         segments = self.segments
@@ -143,38 +174,83 @@ class ObjectIndex:
             placed.append(Replica(segment.segment_id, offset, size))
         return tuple(placed), ""
 
-    def put_end(self, tenant: str, keys: list[str], now_s: float) -> int:
-        """Make pending objects readable; returns how many were pending (others are ignored)."""
+    def _pending_with_token(self, space: dict | None, key: str, token: int) -> ObjectRecord | None:
+        rec = space.get(key) if space is not None else None
+        if rec is None or rec.flags & COMPLETE or rec.token != token:
+            return None
+        return rec
+
+    def put_end(
+        self, tenant: str, keys: list[str], tokens: list[int], checksums: list[int], now_s: float
+    ) -> tuple[int, list[int]]:
+        """Make pending objects readable; returns (how many ended, indices refused: no pending
+        allocation under that key has that token any more)."""
         space = self.tenants.get(tenant)
-        if space is None:
-            return 0
         ended = 0
+        refused: list[int] = []
         push = self.evictor.push
-        for key in keys:
-            rec = space.get(key)
-            if rec is None or rec.flags & COMPLETE:
+        by_id = self.segments.by_id
+        for i, key in enumerate(keys):
+            rec = self._pending_with_token(space, key, tokens[i])
+            if rec is None:
+                refused.append(i)
                 continue
             rec.flags |= COMPLETE
             rec.last_access_s = now_s
+            checksum = checksums[i]
+            if checksum:
+                rec.checksum = checksum.to_bytes(8, "little")
             ended += 1
             if not rec.num_children and not rec.flags & PINNED:
                 push(rec)
+            parent_key = rec.parent.key if rec.parent is not None else None
+            for replica in rec.replicas:
+                segment = by_id.get(replica.segment_id)
+                if segment is not None:
+                    segment.log.append(DirEntry(replica.offset, replica.size, tenant, key, parent_key, checksum))
         self.num_pending -= ended
         self.num_complete += ended
         self.puts += ended
-        return ended
+        self.refused_put_ends += len(refused)
+        return ended, refused
 
-    def put_revoke(self, tenant: str, keys: list[str]) -> int:
+    def put_revoke(self, tenant: str, keys: list[str], tokens: list[int], in_flight: list[int], now_s: float) -> int:
+        """Free pending allocations named by their tokens; those in `in_flight` are quarantined."""
         space = self.tenants.get(tenant)
-        if space is None:
-            return 0
+        uncertain = set(in_flight)
         revoked = 0
-        for key in keys:
-            rec = space.get(key)
-            if rec is not None and not rec.flags & COMPLETE:
+        for i, key in enumerate(keys):
+            rec = self._pending_with_token(space, key, tokens[i])
+            if rec is None:
+                continue
+            revoked += 1
+            if i in uncertain:
+                self.drop(rec, free_space=False)
+                self._quarantine[rec.token] = (rec, now_s + self.config.quarantine_max_s)
+            else:
                 self.drop(rec)
-                revoked += 1
         return revoked
+
+    def end_quarantine(self, tokens: list[int]) -> int:
+        freed = 0
+        for token in tokens:
+            held = self._quarantine.pop(token, None)
+            if held is not None:
+                self._free_replicas(held[0].replicas)
+                freed += 1
+        return freed
+
+    def expire_quarantine(self, now_s: float) -> int:
+        """Free quarantines past their limit: a writer silent that long is taken to be gone."""
+        done = [token for token, (_, until_s) in self._quarantine.items() if until_s <= now_s]
+        for token in done:
+            self._free_replicas(self._quarantine.pop(token)[0].replicas)
+        self.quarantine_expiries += len(done)
+        return len(done)
+
+    @property
+    def num_quarantined(self) -> int:
+        return len(self._quarantine)
 
     def reclaim_pending(self, now_s: float) -> int:
         """Free pending objects whose put never ended within put_timeout_s (their writer died)."""
@@ -196,9 +272,10 @@ class ObjectIndex:
 
     def lookup_prefix(
         self, tenant: str, keys: list[str], lease: bool, now_s: float
-    ) -> tuple[int, int, bytes, bytes]:
+    ) -> tuple[int, int, bytes, bytes, bytes]:
         """How many leading keys are complete; with `lease`, lease them and return (num_hit,
-        lease_id, packed replica locations, per-hit replica counts or b"" when all are 1).
+        lease_id, packed replica locations, per-hit replica counts or b"" when all are 1, packed
+        checksums).
 
         A draining object (eviction is waiting for its lease to end) takes no new lease, so a
         leased lookup stops there; a counting lookup (lease=False) still sees it.
@@ -208,7 +285,7 @@ class ObjectIndex:
         hits: list[ObjectRecord] = []
         num_hit = 0
         lease_id = 0
-        locations = counts = b""
+        locations = counts = checksums = b""
         if space is not None:
             get = space.get
             if lease:
@@ -237,14 +314,14 @@ class ObjectIndex:
                     append(rec)
                 num_hit = len(hits)
                 if num_hit:
-                    lease_id = self._next_lease_id
-                    self._next_lease_id = lease_id + 1
+                    lease_id = self.ids.next()
                     self._leases[lease_id] = (tenant, hits)
                     self._lease_order.append((until_s, lease_id))
                     parts = [rec.locations for rec in hits]
                     locations = b"".join(parts)
                     if len(locations) != REPLICA_BYTES * num_hit:
                         counts = bytes(map(len, parts)).translate(_COUNT_OF_LENGTH)
+                    checksums = b"".join([rec.checksum for rec in hits])
             else:
                 for key in keys:
                     rec = get(key)
@@ -254,7 +331,7 @@ class ObjectIndex:
                     num_hit += 1
         self.hit_keys += num_hit
         self.miss_keys += len(keys) - num_hit
-        return num_hit, lease_id, locations, counts
+        return num_hit, lease_id, locations, counts, checksums
 
     def release_leases(self, tenant: str, lease_ids: list[int], now_s: float) -> int:
         """End these leased lookups' leases (see the module rules); returns how many were live."""
@@ -335,6 +412,7 @@ class ObjectIndex:
         del rec.space[rec.key]
         if flags & COMPLETE:
             self.num_complete -= 1
+            self._log_removal(rec)
         else:
             self.num_pending -= 1
         parent = rec.parent
@@ -343,6 +421,13 @@ class ObjectIndex:
             self._release_child(parent)
         if free_space:
             self._free_replicas(rec.replicas)
+
+    def _log_removal(self, rec: ObjectRecord) -> None:
+        by_id = self.segments.by_id
+        for replica in rec.replicas:
+            segment = by_id.get(replica.segment_id)
+            if segment is not None:
+                segment.log.append(DirEntry(replica.offset, 0))
 
     def _release_child(self, parent: ObjectRecord) -> None:
         parent.num_children -= 1
@@ -353,9 +438,13 @@ class ObjectIndex:
         by_id = self.segments.by_id
         for replica in replicas:
             segment = by_id.get(replica.segment_id)
-            if segment is not None:  # an unmounted segment's space is gone with it
+            if segment is None:
+                continue  # an unmounted segment's space is gone with it
+            if segment.recovering:
+                segment.recovered.pop(replica.offset, None)  # the allocator is built when recovery ends
+            else:
                 segment.allocator.free(replica.offset, replica.size)
-                segment.num_objects -= 1
+            segment.num_objects -= 1
 
     def drop_segment(self, segment_id: int) -> int:
         """The segment is gone: drop its replicas; objects left without any replica disappear."""
@@ -375,8 +464,112 @@ class ObjectIndex:
                 rec.locations = pack_replicas(rest)
             else:
                 self._zombies.discard(rec)
+        for token, (rec, until_s) in list(self._quarantine.items()):
+            if _on_segment(rec.locations, segment_id):
+                rest = [r for r in rec.replicas if r.segment_id != segment_id]
+                if rest:
+                    rec.locations = pack_replicas(rest)
+                else:
+                    del self._quarantine[token]  # the transfer's target is gone, and so is the risk
         self.dropped += lost
         return lost
+
+    # ---- recovery ------------------------------------------------------------------------------
+
+    def announce(
+        self, segment: Segment, entries: list[DirEntry], ages_s: list[float], now_s: float
+    ) -> tuple[int, list[int]]:
+        """Take objects a remounted segment's node says it holds committed; returns (accepted,
+        rejected offsets). Only while the segment is recovering (its allocator is built at the end)."""
+        accepted = 0
+        rejected: list[int] = []
+        segment_id = segment.segment_id
+        size_limit = segment.capacity_bytes
+        recovered = segment.recovered
+        push = self.evictor.push
+        for i, entry in enumerate(entries):
+            offset, size, tenant, key = entry.offset, entry.size, entry.tenant, entry.key
+            if (size <= 0 or offset < 0 or offset + size > size_limit or not tenant or not key
+                    or offset in recovered):
+                rejected.append(offset)
+                continue
+            space = self.tenants.get(tenant)
+            if space is None:
+                space = self.tenants[tenant] = {}
+            checksum = entry.checksum.to_bytes(8, "little") if 0 < entry.checksum < (1 << 64) else NO_CHECKSUM
+            replica = Replica(segment_id, offset, size)
+            rec = space.get(key)
+            if rec is not None:
+                # another node's replica of it, or a put since the restart: take it only if it is the same object
+                if (not rec.flags & COMPLETE or rec.size_bytes != size or rec.checksum != checksum
+                        or _on_segment(rec.locations, segment_id)
+                        or len(rec.locations) >= REPLICA_BYTES * MAX_REPLICAS):
+                    rejected.append(offset)
+                    continue
+                rec.locations += pack_replicas([replica])
+            else:
+                last_access_s = now_s - (ages_s[i] if i < len(ages_s) and ages_s[i] > 0 else 0.0)
+                rec = ObjectRecord(space, key, pack_replicas([replica]), COMPLETE, last_access_s)
+                rec.checksum = checksum
+                space[key] = rec
+                self.num_complete += 1
+                self._link_recovered(rec, tenant, entry.parent)
+                if not rec.num_children:
+                    push(rec)
+            recovered[offset] = (size, rec)
+            segment.num_objects += 1
+            accepted += 1
+        self.recovered_objects += accepted
+        self.rejected_announcements += len(rejected)
+        return accepted, rejected
+
+    def _link_recovered(self, rec: ObjectRecord, tenant: str, parent_key: str | None) -> None:
+        waiting = self._orphans.pop((tenant, rec.key), None)
+        if waiting:
+            for child in waiting:
+                if not child.flags & DEAD and child.parent is None:
+                    child.parent = rec
+                    rec.num_children += 1
+        if parent_key is None:
+            return
+        parent = rec.space.get(parent_key)
+        if parent is not None and parent.flags & COMPLETE:
+            rec.parent = parent
+            parent.num_children += 1
+        else:
+            self._orphans.setdefault((tenant, parent_key), []).append(rec)
+
+    def finish_recovery(self, segment: Segment) -> int:
+        """Build the segment's allocator from the announced ranges and let it take new objects;
+        objects whose ranges overlap an earlier one lose this replica. Returns how many did."""
+        alignment = segment.allocator.alignment_bytes
+        used: list[tuple[int, int]] = []
+        overlapping: list[tuple[int, ObjectRecord]] = []
+        position = 0
+        for offset in sorted(segment.recovered):
+            size, rec = segment.recovered[offset]
+            if offset < position or offset % alignment:
+                overlapping.append((offset, rec))
+                continue
+            used.append((offset, size))
+            position = offset + segment.allocator.aligned(size)
+        segment_id = segment.segment_id
+        for offset, rec in overlapping:
+            del segment.recovered[offset]
+            segment.num_objects -= 1
+            rest = [r for r in rec.replicas if not (r.segment_id == segment_id and r.offset == offset)]
+            if rest:
+                rec.locations = pack_replicas(rest)
+                segment.log.append(DirEntry(offset, 0))
+            else:
+                self.drop(rec, free_space=False)  # logs the removal
+        segment.allocator.rebuild(used)
+        segment.recovered = {}
+        segment.recovering = False
+        if not any(s.recovering for s in self.segments.by_id.values()):
+            self._orphans.clear()
+        self.rejected_announcements += len(overlapping)
+        return len(overlapping)
 
 
 def _on_segment(locations: bytes, segment_id: int) -> bool:

@@ -30,6 +30,11 @@ class MasterCollector(Collector):
         yield GaugeMetricFamily("kvpool_master_used_bytes", "Bytes allocated to objects", value=s.used_bytes)
         yield GaugeMetricFamily("kvpool_master_objects", "Complete objects", value=s.num_objects)
         yield GaugeMetricFamily("kvpool_master_pending_objects", "Objects being written", value=s.num_pending)
+        yield GaugeMetricFamily("kvpool_master_quarantined", "Allocations held: their write may still land",
+                                value=s.quarantined)
+        info = GaugeMetricFamily("kvpool_master_info", "1, labelled with this incarnation's epoch", labels=["epoch"])
+        info.add_metric([f"{s.epoch:016x}"], 1)
+        yield info
         yield GaugeMetricFamily(
             "kvpool_master_fragmentation", "1 - largest free range / total free", value=s.fragmentation
         )
@@ -44,6 +49,12 @@ class MasterCollector(Collector):
             ("lease_grants", "Read leases granted (new lease periods)", s.lease_grants),
             ("lease_expiries", "Read leases seen expired", s.lease_expiries),
             ("lease_releases", "Leased lookups released by their reader before the TTL", s.lease_releases),
+            ("refused_put_ends", "PutEnd keys refused: their write token no longer named a pending put",
+             s.refused_put_ends),
+            ("quarantine_expiries", "Quarantined writes freed by the time limit, not by their writer",
+             s.quarantine_expiries),
+            ("recovered_objects", "Objects taken back from node directories after a (re)mount", s.recovered_objects),
+            ("rejected_announcements", "Directory entries refused on recovery", s.rejected_announcements),
         ):
             yield CounterMetricFamily(f"kvpool_master_{name}", doc, value=value)
         labels = ["node_id", "segment_id", "state"]

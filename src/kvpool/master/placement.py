@@ -6,6 +6,7 @@ Rules:
   lower segment id, so placement is deterministic and tests can assert it). This spreads load and
   memory pressure across nodes. Rejected: random placement (Mooncake's default) hides imbalance and
   makes tests nondeterministic; local-first needs the caller's host, which the wire does not carry.
+- A segment still recovering (its node is announcing what it holds) takes nothing new.
 - Replicas go to distinct nodes (two segments of one node share its fate). When fewer nodes have
   room than replicas were asked for, the object gets as many as there are (at least one).
 """
@@ -18,7 +19,7 @@ from kvpool.master.segments import Segment
 
 
 def choose_segments(segments: Iterable[Segment], size_bytes: int, num_replicas: int) -> list[Segment]:
-    fitting = [s for s in segments if s.allocator.can_allocate(size_bytes)]
+    fitting = [s for s in segments if not s.recovering and s.allocator.can_allocate(size_bytes)]
     if not fitting:
         return []
     fitting.sort(key=lambda s: (-s.free_ratio(), s.segment_id))

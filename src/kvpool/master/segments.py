@@ -1,13 +1,19 @@
 """Mounted segments, their allocators and their health.
 
 Rules:
-- Segment ids come from a counter and are never reused: a node that remounts gets a new id, so a
-  stale replica can never point into the new memory.
+- Segment ids come from the master's IdSource (ids.py) and are never reused, not even by a
+  restarted master: a node that remounts gets a new id, so a stale replica or a client's cached
+  description can never point into other memory.
+- A segment mounted with `recovering` takes no new objects until its node has announced its
+  directory (AnnounceObjects, last=True) or `recovery_timeout_s` has passed; meanwhile the ranges
+  of announced objects are collected in `recovered` and the allocator is built from them at the
+  end, so no new object can be placed over an announced one.
 - A segment is `alive` while heartbeats arrive, `suspect` once silent for more than two heartbeat
   intervals, and unmounted (gone from this table) once silent for `node_ttl_s`.
-- A node that mounts again under the same node_id with a different NIXL agent is a restarted
-  process: its old segments are unmounted at once rather than after the TTL, so no new object is
-  placed in memory that no longer exists.
+- A node that mounts again under the same node_id replaces its earlier segments at once rather
+  than after the TTL: with another NIXL agent it is a restarted process (that memory is gone), with
+  the same agent it is the same memory mounted again (recovering), which must never be described
+  as two segments whose allocators would hand out the same bytes twice.
 - No I/O and no clock: every time is passed in as `now_s`.
 """
 
@@ -15,19 +21,28 @@ from __future__ import annotations
 
 from kvpool.core.protocol import MountSegment, SegmentInfo
 from kvpool.master.allocator import RangeAllocator
+from kvpool.master.directory import DirectoryLog
+from kvpool.master.ids import IdSource
 
 ALIVE = "alive"
 SUSPECT = "suspect"
+RECOVERING = "recovering"
 
 
 class Segment:
-    __slots__ = ("info", "allocator", "last_heartbeat_s", "num_objects")
+    __slots__ = ("info", "allocator", "last_heartbeat_s", "num_objects", "log", "recovering", "recovered",
+                 "mounted_s")
 
-    def __init__(self, info: SegmentInfo, alignment_bytes: int, now_s: float) -> None:
+    def __init__(self, info: SegmentInfo, alignment_bytes: int, now_s: float, max_log_ops: int,
+                 recovering: bool = False) -> None:
         self.info = info
         self.allocator = RangeAllocator(info.size_bytes, alignment_bytes)
         self.last_heartbeat_s = now_s
+        self.mounted_s = now_s
         self.num_objects = 0
+        self.log = DirectoryLog(max_log_ops)
+        self.recovering = recovering
+        self.recovered: dict[int, tuple[int, object]] = {}  # offset -> (size, record), while recovering
 
     @property
     def segment_id(self) -> int:
@@ -50,25 +65,25 @@ class Segment:
 
 
 class SegmentTable:
-    def __init__(self, alignment_bytes: int, heartbeat_interval_s: float, node_ttl_s: float) -> None:
+    def __init__(self, alignment_bytes: int, heartbeat_interval_s: float, node_ttl_s: float, ids: IdSource,
+                 max_log_ops: int = 2_000_000) -> None:
         self.alignment_bytes = alignment_bytes
         self.heartbeat_interval_s = heartbeat_interval_s
         self.node_ttl_s = node_ttl_s
         self.by_id: dict[int, Segment] = {}
-        self._next_id = 1
+        self._ids = ids
+        self._max_log_ops = max_log_ops
         self.capacity_bytes = 0
 
     def mount(self, msg: MountSegment, now_s: float) -> tuple[Segment, list[Segment]]:
         """Mount a new segment; returns it and the segments it replaced (same node, old process)."""
         if msg.size_bytes < self.alignment_bytes:
             raise ValueError(f"a segment must hold at least {self.alignment_bytes} bytes, got {msg.size_bytes}")
-        replaced = [
-            s for s in self.by_id.values() if s.node_id == msg.node_id and s.info.agent_name != msg.agent_name
-        ]
+        replaced = [s for s in self.by_id.values() if s.node_id == msg.node_id]
         for s in replaced:
             self.unmount(s.segment_id)
         info = SegmentInfo(
-            segment_id=self._next_id,
+            segment_id=self._ids.next(),
             node_id=msg.node_id,
             host_id=msg.host_id,
             size_bytes=msg.size_bytes,
@@ -77,8 +92,7 @@ class SegmentTable:
             agent_metadata=msg.agent_metadata,
             shm_path=msg.shm_path,
         )
-        self._next_id += 1
-        segment = Segment(info, self.alignment_bytes, now_s)
+        segment = Segment(info, self.alignment_bytes, now_s, self._max_log_ops, msg.recovering)
         self.by_id[info.segment_id] = segment
         self.capacity_bytes += segment.capacity_bytes
         return segment, replaced
@@ -106,6 +120,8 @@ class SegmentTable:
         return [s for s in self.by_id.values() if s.last_heartbeat_s < deadline]
 
     def state(self, segment: Segment, now_s: float) -> str:
+        if segment.recovering:
+            return RECOVERING
         return SUSPECT if now_s - segment.last_heartbeat_s > 2 * self.heartbeat_interval_s else ALIVE
 
     @property

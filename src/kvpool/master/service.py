@@ -1,8 +1,9 @@
 """The master's ZMQ shell: a ROUTER socket in front of `MasterCore`, one thread, one loop.
 
 Rules:
-- Wire format (CONTRACTS.md): a DEALER sends [request_id (8 bytes), msgpack Request]; the ROUTER
-  sees [identity, request_id, payload] and answers [identity, request_id, msgpack Reply].
+- Wire format: a DEALER sends [request_id (8 bytes), msgpack Request]; the ROUTER sees
+  [identity, request_id, payload] and answers [identity, request_id, epoch (8 bytes, little
+  endian), msgpack Reply]: every reply names this incarnation, so a peer sees a restart at once.
 - Single-threaded: the loop polls the socket with a timeout that ends at the next tick (health
   checks, pending reclaim, eviction, metric snapshot), so no lock guards the index.
 - Nothing a peer sends stops the loop: wrong frame counts, oversized frames, undecodable or unknown
@@ -29,6 +30,21 @@ from kvpool.master.metrics import serve_metrics
 log = logging.getLogger("kvpool.master")
 
 _BATCH = 256  # messages handled per poll wake-up before timed work gets a look
+_LOGGED = (p.MountSegment, p.UnmountSegment, p.AnnounceObjects)
+
+
+def _log_event(request, reply) -> None:
+    """Membership changes at INFO: an operator must see mounts, remounts and recoveries."""
+    if isinstance(reply, p.ErrorReply):
+        log.warning("%s refused: %s", type(request).__name__, reply.message)
+    elif isinstance(request, p.MountSegment):
+        log.info("node %s mounted segment %x (%d bytes%s)", request.node_id, reply.segment_id, request.size_bytes,
+                 ", recovering its directory" if request.recovering else "")
+    elif isinstance(request, p.UnmountSegment):
+        log.info("segment %x unmounted by its node", request.segment_id)
+    elif request.last or reply.rejected_offsets:
+        log.info("segment %x announced %d objects (%d rejected)%s", request.segment_id, reply.accepted,
+                 len(reply.rejected_offsets), "; recovery done" if request.last else "")
 
 
 class MasterService:
@@ -46,6 +62,7 @@ class MasterService:
         self._snapshot: p.StatsReply | None = None
         self._encode = p.reply_encoder.encode
         self._decode = p.request_decoder.decode
+        self._epoch_frame = self.core.epoch.to_bytes(8, "little")
 
     def bind(self) -> str:
         sock = self._context.socket(zmq.ROUTER)
@@ -57,6 +74,7 @@ class MasterService:
         sock.bind(f"tcp://{self.config.host}:{port}")
         self._socket = sock
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        log.info("master epoch %016x serving on %s", self.core.epoch, self.address)
         self._snapshot = self.core.stats(self.clock())
         if self.config.metrics_port is not None:
             self._metrics_server, self.metrics_port = serve_metrics(
@@ -87,7 +105,8 @@ class MasterService:
                         self._answer(frames)
                 now_s = clock()
                 if now_s >= next_tick_s:
-                    core.tick(now_s)
+                    for event in core.tick(now_s):
+                        log.warning("%s", event)
                     self._snapshot = core.stats(now_s)
                     next_tick_s = now_s + tick_s
         finally:
@@ -122,6 +141,8 @@ class MasterService:
             return
         try:
             reply = self.core.handle(request, self.clock())
+            if type(request) in _LOGGED:
+                _log_event(request, reply)
         except Exception:  # a bug in the master must not take the pool down; it is logged in full
             log.exception("internal error handling %s", type(request).__name__)
             reply = p.ErrorReply(kind="internal", message=f"master failed on {type(request).__name__}; see its log")
@@ -129,7 +150,7 @@ class MasterService:
 
     def _send(self, identity: bytes, request_id: bytes, reply: p.Reply) -> None:
         try:
-            self._socket.send_multipart([identity, request_id, self._encode(reply)], zmq.NOBLOCK)
+            self._socket.send_multipart([identity, request_id, self._epoch_frame, self._encode(reply)], zmq.NOBLOCK)
         except zmq.Again:
             log.warning("reply to a slow peer dropped (send queue full)")
 

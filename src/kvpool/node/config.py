@@ -49,6 +49,8 @@ class NodeConfig:
     node_id: a name for the node in stats; None picks hostname-pid.
     timeout_s: how long one control call to the master may take.
     mount_timeout_s: how long start() keeps trying to mount (the master may still be starting).
+    announce_chunk: directory entries per AnnounceObjects message after a remount.
+    master_address may name standbys too, comma-separated (tried in turn when one does not answer).
     """
 
     master_address: str
@@ -56,10 +58,17 @@ class NodeConfig:
     node_id: str | None = None
     timeout_s: float = 5.0
     mount_timeout_s: float = 30.0
+    announce_chunk: int = 20_000
 
     def __post_init__(self) -> None:
-        if not isinstance(self.master_address, str) or not re.match(r"^(tcp|ipc|inproc)://.+", self.master_address):
-            raise ValueError(f"master_address must look like tcp://HOST:PORT, got {self.master_address!r}")
+        if not isinstance(self.master_address, str) or not all(
+            re.match(r"^(tcp|ipc|inproc)://.+", a.strip()) for a in self.master_address.split(",")
+        ):
+            raise ValueError(
+                f"master_address must look like tcp://HOST:PORT (or several, comma-separated), got {self.master_address!r}"
+            )
+        if not isinstance(self.announce_chunk, int) or self.announce_chunk < 1:
+            raise ValueError(f"announce_chunk must be a positive int, got {self.announce_chunk!r}")
         if not isinstance(self.memory_bytes, int) or self.memory_bytes < MIN_MEMORY_BYTES:
             raise ValueError(f"memory_bytes must be an int >= {MIN_MEMORY_BYTES} (1 MiB), got {self.memory_bytes!r}")
         if self.node_id is not None and (

@@ -4,10 +4,14 @@ Rules:
 - A node only talks to the master (mount, heartbeat, unmount); clients move the bytes
   one-sidedly, so the node needs no data-path thread and can live inside another process
   (the vLLM connector embeds one).
-- Heartbeats go out every `heartbeat_interval_s` from the MountReply. When the master answers that
-  the segment is unknown (it declared the node dead past its TTL, or it restarted), the node mounts
-  again and gets a new segment id: the master has dropped the old objects, so nothing stale is
-  ever served under the new id. A master that does not answer is retried, not fatal.
+- Heartbeats go out every `heartbeat_interval_s` from the MountReply (at once again while the
+  master has directory ops for us). They acknowledge the directory ops applied so far; the reply
+  brings the next ones (directory.py).
+- When the master answers that the segment is unknown (it restarted, a standby took over, or it
+  declared the node dead past its TTL), the node mounts again, gets a new segment id, and announces
+  its directory in chunks (AnnounceObjects) so the master serves those objects again. Until the
+  last chunk the master places nothing new in the segment. A master that does not answer is
+  retried, not fatal; an announcement cut short is started over with the next mount.
 - stop() unmounts (best effort, short timeout) before the memory goes away.
 """
 
@@ -23,8 +27,9 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvpool.core.errors import KVPoolError, UnavailableError, UsageError
-from kvpool.core.protocol import Heartbeat, HeartbeatReply, MountReply, UnmountSegment
+from kvpool.core.protocol import AnnounceObjects, AnnounceReply, Heartbeat, HeartbeatReply, MountReply, UnmountSegment
 from kvpool.node.config import NodeConfig
+from kvpool.node.directory import NodeDirectory
 from kvpool.transfer.control import MasterChannel
 from kvpool.transfer.segment import SegmentMemory
 
@@ -38,6 +43,13 @@ class NodeMetrics:
         self.mounts = Counter("kvpool_node_mounts", "Mounts, first one and remounts", registry=registry)
         self.heartbeats = Counter(
             "kvpool_node_heartbeats", "Heartbeats sent, by outcome (ok, unknown, unavailable, error)",
+            ["outcome"], registry=registry,
+        )
+        self.directory_objects = Gauge(
+            "kvpool_node_directory_objects", "Committed objects in the node's directory", registry=registry
+        )
+        self.announced = Counter(
+            "kvpool_node_announced_objects", "Directory entries announced to a master, by outcome (accepted, rejected)",
             ["outcome"], registry=registry,
         )
 
@@ -65,6 +77,8 @@ class StorageNode:
         self.node_ttl_s: float | None = None
         self.mounted = False
         self._started = False
+        self.directory = NodeDirectory()
+        self._more_ops = False  # the last heartbeat reply carried ops: ask again soon
 
     @property
     def segment(self) -> SegmentMemory | None:
@@ -100,29 +114,64 @@ class StorageNode:
 
     def _mount(self) -> None:
         remaining_s = max(0.1, self.config.timeout_s)
-        reply = self._channel.call(self._segment.mount_request(self.node_id), timeout_s=remaining_s)
+        recovering = len(self.directory) > 0
+        request = self._segment.mount_request(self.node_id, recovering=recovering)
+        reply = self._channel.call(request, timeout_s=remaining_s)
         if not isinstance(reply, MountReply):
             raise KVPoolError(f"master answered a mount with {type(reply).__name__}")
         with self._lock:
             self.segment_id = reply.segment_id
             self.heartbeat_interval_s = reply.heartbeat_interval_s
             self.node_ttl_s = reply.node_ttl_s
+            self.directory.new_mount()
+        if recovering:
+            self._announce(reply.segment_id)
+        with self._lock:
             self.mounted = True
         self.metrics.mounts.inc()
         self.metrics.mounted.set(1)
-        log.info("node %s mounted segment %d (%d bytes)", self.node_id, reply.segment_id, self.config.memory_bytes)
+        log.info("node %s mounted segment %x (%d bytes)", self.node_id, reply.segment_id, self.config.memory_bytes)
         if self._on_mount is not None:
             self._on_mount(reply.segment_id)
 
+    def _announce(self, segment_id: int) -> None:
+        """Tell the new master what the segment holds, oldest first, in chunks."""
+        started = time.monotonic()
+        entries, ages = self.directory.oldest_first(started)
+        chunk = self.config.announce_chunk
+        accepted = rejected = 0
+        for start in range(0, max(len(entries), 1), chunk):
+            end = start + chunk
+            reply = self._channel.call(
+                AnnounceObjects(segment_id, entries[start:end], ages[start:end], last=end >= len(entries)),
+                timeout_s=max(self.config.timeout_s, 1.0),
+            )
+            if not isinstance(reply, AnnounceReply):
+                raise KVPoolError(f"master answered an announcement with {type(reply).__name__}")
+            self.directory.forget(reply.rejected_offsets)
+            accepted += reply.accepted
+            rejected += len(reply.rejected_offsets)
+        self.metrics.announced.labels("accepted").inc(accepted)
+        self.metrics.announced.labels("rejected").inc(rejected)
+        self.metrics.directory_objects.set(len(self.directory))
+        log.info("node %s announced %d objects to the master (%d rejected) in %.2f s", self.node_id, accepted,
+                 rejected, time.monotonic() - started)
+
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_interval_s):
+        while not self._stop.wait(0.01 if self._more_ops else self.heartbeat_interval_s):
+            if not self.mounted:
+                self._remount()
+                continue
             segment_id = self.segment_id
             # a heartbeat that takes longer than the TTL is useless: the master has given up already
             timeout_s = min(self.config.timeout_s, max(0.1, self.node_ttl_s or self.config.timeout_s))
             try:
-                reply = self._channel.call(Heartbeat(self.node_id, [segment_id]), timeout_s=timeout_s)
+                reply = self._channel.call(
+                    Heartbeat(self.node_id, [segment_id], [self.directory.applied_seq]), timeout_s=timeout_s
+                )
             except UnavailableError:
                 self.metrics.heartbeats.labels("unavailable").inc()
+                self._more_ops = False
                 continue
             except KVPoolError as e:
                 self.metrics.heartbeats.labels("error").inc()
@@ -132,13 +181,23 @@ class StorageNode:
                 self.metrics.heartbeats.labels("unknown").inc()
                 self.metrics.mounted.set(0)
                 self.mounted = False
-                log.warning("master forgot segment %d of node %s; mounting again", segment_id, self.node_id)
-                try:
-                    self._mount()
-                except KVPoolError as e:
-                    log.warning("remount of node %s failed (will retry): %s", self.node_id, e)
-            else:
-                self.metrics.heartbeats.labels("ok").inc()
+                self._more_ops = False
+                log.warning("master forgot segment %x of node %s; mounting again with %d objects to announce",
+                            segment_id, self.node_id, len(self.directory))
+                self._remount()
+                continue
+            self.metrics.heartbeats.labels("ok").inc()
+            if isinstance(reply, HeartbeatReply):
+                now_s = time.monotonic()
+                new_ops = sum(self.directory.apply(d, now_s) for d in reply.deltas if d.segment_id == segment_id)
+                self._more_ops = new_ops > 0
+                self.metrics.directory_objects.set(len(self.directory))
+
+    def _remount(self) -> None:
+        try:
+            self._mount()
+        except KVPoolError as e:
+            log.warning("remount of node %s failed (will retry): %s", self.node_id, e)
 
     def request_stop(self) -> None:
         """Ask a start() still retrying its mount, and the heartbeat loop, to end (safe from a
@@ -154,7 +213,7 @@ class StorageNode:
             try:
                 self._channel.call(UnmountSegment(self.segment_id), timeout_s=min(unmount_timeout_s, self.config.timeout_s))
             except KVPoolError as e:
-                log.warning("unmount of segment %d failed (the master will drop it after its TTL): %s",
+                log.warning("unmount of segment %x failed (the master will drop it after its TTL): %s",
                             self.segment_id, e)
         self.mounted = False
         self.metrics.mounted.set(0)

@@ -4,8 +4,16 @@ Rules:
 - One agent per owner, UCX backend, reader-writer thread sync: transfers from several threads run
   concurrently, metadata changes (register, add/remove peer) take the writer side inside NIXL.
 - Every NIXL failure leaves this module as TransferError; nothing here blocks without a deadline.
-  A dead peer shows up as an error on post or poll (measured < 1 ms after SIGKILL), a hung one
-  as a deadline miss; either way the request is released (NIXL cancels what it can).
+  A dead peer shows up as an error on post or poll (measured < 1 ms after SIGKILL, the kernel
+  closes its sockets), a hung one as a deadline miss.
+- A request that missed its deadline is NOT released: releasing is no cancel (measured: after
+  `release_xfer_handle` on a request to a SIGSTOPped peer the bytes still land on SIGCONT, READ
+  into our memory and WRITE into the segment, and `remove_remote_agent` does not stop them
+  either). It goes to the reaper, a thread that polls it until it ends (done, or an error such as
+  the peer's death), releases it then, and finishes its StuckTransfer (fence.py); the caller gets
+  a TransferError carrying that StuckTransfer as `in_flight`. A peer with requests at the reaper
+  is removed only after they end (removing it would take away their only completion signal).
+- One owner per handle: the caller's thread polls it until the deadline, the reaper after.
 - Descriptor lists are Nx3 int64 arrays (addr, len, dev 0). `initialize_xfer` per request was
   measured at 0.05-0.25 ms for 128-4096 descriptors against 20-80 ms of copying, so requests are
   not prepped: a prepped list needs fixed blocks, and the pool's regions are arbitrary.
@@ -23,6 +31,7 @@ import numpy as np
 from nixl_cu12._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
 
 from kvpool.core.errors import TransferError
+from kvpool.transfer.fence import StuckTransfer
 
 # nixl logs every agent creation at INFO to stdout; our CLIs print their own output there.
 logging.getLogger("nixl").setLevel(logging.WARNING)
@@ -41,6 +50,10 @@ _SPIN_S = 0.0002  # busy-poll this long before sleeping between polls
 _PROGRESS_DELAY_US = 1000
 _AGENT_LOCK = threading.Lock()
 _MAX_SLEEP_S = 0.001
+_REAP_INTERVAL_S = 0.005  # how often the reaper polls requests past their deadline
+_REAP_WARN_EVERY_S = 30.0  # a request at the reaper for this long is logged (again)
+
+log = logging.getLogger(__name__)
 
 
 def descriptors(addrs: list[int] | np.ndarray, sizes: list[int] | np.ndarray) -> np.ndarray:
@@ -88,6 +101,11 @@ class NixlEndpoint:
             raise TransferError(f"cannot start NIXL agent {name!r} with the UCX backend: {e}") from e
         if "UCX" not in self._agent.backends:
             raise TransferError("NIXL has no UCX plugin here (is nixl-cu12 installed completely?)")
+        self._reap_lock = threading.Lock()
+        self._reaping: list[tuple[Pending, StuckTransfer, float]] = []  # (request, fence, since)
+        self._remove_when_idle: set[str] = set()  # peers to remove once their reaped requests end
+        self._reaper: threading.Thread | None = None
+        self._closing = threading.Event()
 
     def metadata(self) -> bytes:
         return self._agent.get_agent_metadata()
@@ -112,6 +130,13 @@ class NixlEndpoint:
         return name.decode() if isinstance(name, bytes) else str(name)
 
     def remove_peer(self, name: str) -> None:
+        with self._reap_lock:
+            if any(pending.peer == name for pending, _, _ in self._reaping):
+                self._remove_when_idle.add(name)  # after its stuck requests end (module rules)
+                return
+        self._remove_peer_now(name)
+
+    def _remove_peer_now(self, name: str) -> None:
         try:
             self._agent.remove_remote_agent(name)
         except _NIXL_ERRORS:
@@ -171,10 +196,11 @@ class NixlEndpoint:
             now = time.monotonic()
             if now >= deadline:
                 for i in open_:
-                    self.release(pending[i])
+                    what = f"NIXL transfer with {pending[i].peer}"
                     errors[i] = TransferError(
-                        f"NIXL transfer with {pending[i].peer} did not finish within "
-                        f"{deadline - started:.2f} s (peer hung or overloaded)"
+                        f"{what} did not finish within {deadline - started:.2f} s (peer hung or overloaded); "
+                        "it may still move bytes until it ends, so its memory is fenced",
+                        in_flight=self._reap(pending[i], what),
                     )
                 break
             if now - started > _SPIN_S:
@@ -186,7 +212,60 @@ class NixlEndpoint:
         try:
             self._agent.release_xfer_handle(pending.handle)
         except _NIXL_ERRORS:
-            pass  # could not cancel: nixl keeps it on its leak list and frees it with the agent
+            pass  # nixl keeps it on its leak list and frees it with the agent
+
+    # ---- requests past their deadline (module rules) --------------------------------------------
+
+    def _reap(self, pending: Pending, what: str) -> StuckTransfer:
+        fence = StuckTransfer(what)
+        with self._reap_lock:
+            self._reaping.append((pending, fence, time.monotonic()))
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap_loop, name=f"kvpool-reaper-{self.name}", daemon=True)
+                self._reaper.start()
+        return fence
+
+    @property
+    def num_stuck(self) -> int:
+        with self._reap_lock:
+            return len(self._reaping)
+
+    def _reap_loop(self) -> None:
+        warned: dict[int, float] = {}
+        while not self._closing.wait(_REAP_INTERVAL_S):
+            with self._reap_lock:
+                items = list(self._reaping)
+            for item in items:
+                pending, fence, since = item
+                try:
+                    state = self._agent.check_xfer_state(pending.handle)
+                    outcome = "done" if state == "DONE" else ("failed" if state == "ERR" else None)
+                except _NIXL_ERRORS as e:
+                    outcome = f"failed: {e}"
+                if outcome is None:
+                    age_s = time.monotonic() - since
+                    if age_s - warned.get(id(pending), 0.0) >= _REAP_WARN_EVERY_S:
+                        warned[id(pending)] = age_s
+                        log.warning("%s still in flight after %.0f s; its memory stays fenced", fence.description, age_s)
+                    continue
+                self.release(pending)
+                warned.pop(id(pending), None)
+                with self._reap_lock:
+                    self._reaping.remove(item)
+                    idle = pending.peer in self._remove_when_idle and not any(
+                        p.peer == pending.peer for p, _, _ in self._reaping
+                    )
+                    if idle:
+                        self._remove_when_idle.discard(pending.peer)
+                if idle:
+                    self._remove_peer_now(pending.peer)
+                fence.finish(outcome)
 
     def close(self) -> None:
+        """Tear the agent down. Requests still at the reaper stay unreleased (NIXL frees them with
+        the agent); their fences never finish, which is right: nothing proved them over."""
+        self._closing.set()
+        if self._reaper is not None:
+            self._reaper.join(1.0)
+            self._reaper = None
         self._agent = None  # the agent is torn down by its destructor

@@ -36,7 +36,7 @@ class SegmentMemory:
         self.base_addr = self._file.base_addr
         self.shm_path: str | None = self._file.path
 
-    def mount_request(self, node_id: str) -> MountSegment:
+    def mount_request(self, node_id: str, recovering: bool = False) -> MountSegment:
         return MountSegment(
             node_id=node_id,
             host_id=host_id(),
@@ -45,6 +45,7 @@ class SegmentMemory:
             agent_name=self.agent_name,
             agent_metadata=self.agent_metadata,
             shm_path=self.shm_path,
+            recovering=recovering,
         )
 
     def segment_info(self, segment_id: int, node_id: str) -> SegmentInfo:
