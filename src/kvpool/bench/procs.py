@@ -145,11 +145,12 @@ def start_master(workdir: Path, *extra: str, name: str = "master", timeout_s: fl
 
 
 def start_node(
-    workdir: Path, master_address: str, memory: str = "64MiB", *extra: str, name: str = "node", timeout_s: float = 60.0
+    workdir: Path, master_address: str, memory: str = "64MiB", *extra: str, name: str = "node", timeout_s: float = 60.0,
+    env: dict[str, str] | None = None,
 ) -> ManagedProcess:
     """A `kvpool node` that has mounted its segment on the master when this returns."""
     argv = kvpool_argv("node", "--master", master_address, "--memory", memory, "--node-id", name, *extra)
-    return ManagedProcess(name, argv, workdir).start(timeout_s)
+    return ManagedProcess(name, argv, workdir, env=env or {}).start(timeout_s)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

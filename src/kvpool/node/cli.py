@@ -21,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "host map the segment directly; clients elsewhere reach it with NIXL one-sided transfers."
     )
     parser.add_argument("--master", required=True, metavar="ADDR",
-                        help="the master's ZMQ address, as written in its ready file (tcp://HOST:PORT)")
+                        help="the master's ZMQ address, as written in its ready file (tcp://HOST:PORT); "
+                             "standbys may follow, comma-separated: tried in turn when one does not answer, and "
+                             "after a restart or take-over the node announces what it holds so the cache survives")
     parser.add_argument("--memory", default="1GiB", metavar="SIZE",
                         help="segment size contributed to the pool: 64MiB, 4GiB, 512M, 10GB or bytes; "
                              "allocated and pre-faulted at start (default: %(default)s)")
