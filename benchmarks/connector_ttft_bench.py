@@ -8,7 +8,9 @@ node` on this machine:
 - reader_async (connector, fresh process, empty local cache): each prompt loaded from the pool (pool
   hit), reported to vLLM as an asynchronous load (`load_async: true`);
 - reader_sync: the same with `load_async: false` (the load runs in the step, before the forward; the
-  connector's default on the CPU build).
+  connector's default on the CPU build);
+- reader_sync_nochecksums: reader_sync with `checksums: false` (loads not verified), run in pairs with
+  reader_sync, interleaved (A B A B, --checksum-pairs), to measure what verifying costs a pool hit.
 TTFT = wall time of `generate(max_tokens=1)` for one prompt. Every process first serves a warm-up
 prompt of each length (excluded). Prompts are random token ids, different in every repetition.
 Writes benchmarks/results/connector_ttft.{json,md,png}.
@@ -123,6 +125,8 @@ def main() -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192], help="prompt lengths in tokens")
     parser.add_argument("--reps", type=int, default=7, help="prompts per length and case (default 7)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
+    parser.add_argument("--checksum-pairs", type=int, default=2,
+                        help="interleaved reader_sync runs with and without checksum verification (default 2)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -135,7 +139,9 @@ def main() -> int:
     from kvpool.bench.tiny_model import write_tiny_llama
 
     info = machine()
-    workdir = Path(tempfile.mkdtemp(prefix="connector-ttft-", dir=Path(__file__).parents[1] / "scratch"))
+    scratch = Path(__file__).parents[1] / "scratch"  # ignored by git; a fresh clone has none yet
+    scratch.mkdir(exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="connector-ttft-", dir=scratch))
     model = write_tiny_llama(workdir / "model")
     kv_bytes_per_token = 4 * 2 * 2 * 64 * 2  # layers * (K,V) * kv heads * head dim * bf16
     total_tokens = sum(args.lengths) * (args.reps + 1)
@@ -148,9 +154,14 @@ def main() -> int:
         ("writer", {**base, "master": master.info["address"], "phases": ["recompute", "local_hit"]}),
         ("reader_async", {**base, "master": master.info["address"], "phases": ["pool_hit"],
                           "extra_config": {"load_async": True}}),
-        ("reader_sync", {**base, "master": master.info["address"], "phases": ["pool_hit"],
-                         "extra_config": {"load_async": False}}),
     ]
+    sync = {**base, "master": master.info["address"], "phases": ["pool_hit"]}
+    for k in range(max(1, args.checksum_pairs)):  # interleaved: with, without, with, without
+        suffix = "" if k == 0 else f"_{k}"
+        runs.append((f"reader_sync{suffix}", {**sync, "extra_config": {"load_async": False, "checksums": True}}))
+        if args.checksum_pairs > 0:
+            runs.append((f"reader_sync_nochecksums{suffix}",
+                         {**sync, "extra_config": {"load_async": False, "checksums": False}}))
     raw: dict[str, dict] = {}
     try:
         with Progress() as progress:
@@ -162,10 +173,17 @@ def main() -> int:
         node.stop()
         master.stop()
     info["load_avg_1m_end"] = os.getloadavg()[0]
+    merged = dict(raw)
+    for base_name in ("reader_sync", "reader_sync_nochecksums"):  # pairs pooled per case
+        runs_of = [n for n in raw if n == base_name or (n.startswith(base_name + "_") and n[len(base_name) + 1:].isdigit())]
+        merged[base_name] = {key: [s for n in runs_of for s in raw[n].get(key, [])] for key in raw[runs_of[0]]} if runs_of else {}
+    cases = [("vanilla", "recompute"), ("vanilla", "local_hit"), ("writer", "recompute"), ("writer", "local_hit"),
+             ("reader_async", "pool_hit"), ("reader_sync", "pool_hit")]
+    if merged.get("reader_sync_nochecksums"):
+        cases.append(("reader_sync_nochecksums", "pool_hit"))
     table = {
-        f"{case} ({run})": {str(length): summary(raw[run][f"{case}/{length}"]) for length in args.lengths}
-        for run, case in [("vanilla", "recompute"), ("vanilla", "local_hit"), ("writer", "recompute"),
-                          ("writer", "local_hit"), ("reader_async", "pool_hit"), ("reader_sync", "pool_hit")]
+        f"{case} ({run})": {str(length): summary(merged[run][f"{case}/{length}"]) for length in args.lengths}
+        for run, case in cases
     }  # fmt: skip
     result = {"machine": info, "block_size": BLOCK_SIZE, "model": "tiny Llama (kvpool.bench.tiny_model), bf16",
               "reps": args.reps, "ttft": table, "raw": raw, "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
@@ -196,6 +214,13 @@ def write_markdown(result: dict, lengths: list[int], path: Path) -> None:
         cells = [f"{1000 * by_len[str(n)]['p50_s']:.1f} ms ({1000 * by_len[str(n)]['min_s']:.1f}-"
                  f"{1000 * by_len[str(n)]['max_s']:.1f}), cached {by_len[str(n)]['cached_tokens']}" for n in lengths]
         lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    if "pool_hit (reader_sync_nochecksums)" in t:
+        lines += ["", "Checksum verification (reader_sync with / without, interleaved runs pooled):", ""]
+        for n in lengths:
+            on, off = t["pool_hit (reader_sync)"][str(n)], t["pool_hit (reader_sync_nochecksums)"][str(n)]
+            lines.append(f"- {n} tokens: {1000 * (on['p50_s'] - off['p50_s']):+.1f} ms median "
+                         f"({100 * (on['p50_s'] / off['p50_s'] - 1):+.1f} %), {100 * (on['min_s'] / off['min_s'] - 1):+.1f} % "
+                         "min (goal: <= 5 % of a pool hit's TTFT, else off by default)")
     lines += ["", "Ratios (medians):", ""]
     for n in lengths:
         local, recompute = t["local_hit (vanilla)"][str(n)]["p50_s"], t["recompute (vanilla)"][str(n)]["p50_s"]

@@ -213,3 +213,34 @@ def test_transfer_to_a_stopped_node_times_out_and_nothing_lands_in_reused_space(
     finally:
         for proc in (node, master):
             proc.stop(grace_s=5.0)
+
+
+def test_a_standby_master_takes_over_with_the_cache(tmp_path):
+    primary = procs.start_master(tmp_path, *FAST, name="primary")
+    standby_port = str(procs.free_port())
+    addresses = f"{primary.info['address']},tcp://127.0.0.1:{standby_port}"
+    nodes = [procs.start_node(tmp_path, addresses, "8MiB", "--timeout-s", "0.5", name=f"n{i}") for i in range(2)]
+    standby = None
+    size = 32 * KiB
+    try:
+        with Client(addresses, timeout_s=0.5) as client:
+            keys = chain_keys("ha", 30)
+            assert _put(client, keys, size) == [PUT_ALLOCATED] * 30
+            time.sleep(0.6)
+            primary.kill()
+            standby = procs.start_master(tmp_path, *FAST, "--port", standby_port, name="standby")
+            standby_address = standby.info["address"]
+            _wait(lambda: _mounted(standby_address, {"n0", "n1"}), 15, "both nodes on the standby")
+
+            def hits():
+                try:
+                    return client.lookup_prefix(keys) == 30
+                except Exception:  # the call that finds the primary gone moves the client to the standby
+                    return False
+
+            _wait(hits, 10, "the client served by the standby")
+            assert client._channel.address == standby_address
+        assert _read_back(standby_address, keys, size) == (30, 0)
+    finally:
+        for proc in [*nodes, primary, *([standby] if standby else [])]:
+            proc.stop(grace_s=5.0)

@@ -21,6 +21,8 @@ Keys (all optional except `master_address`):
   save_decode          also save KV produced during decode (default True)
   num_replicas         replicas per saved object (default 1)
   transfer_path        auto | nixl | shm (default auto: shared memory on the same host, else NIXL)
+  checksums            checksum every saved object and verify every load (default True; a mismatch is
+                       a failed load, recomputed; costs in benchmarks/results/connector_ttft.md)
   retry_initial_s      first back-off after the pool became unreachable (default 1.0)
   retry_max_s          longest back-off (default 30.0)
 """
@@ -63,6 +65,7 @@ class ConnectorConfig:
     save_decode: bool = True
     num_replicas: int = 1
     transfer_path: str = "auto"
+    checksums: bool = True
     retry_initial_s: float = 1.0
     retry_max_s: float = 30.0
 
@@ -92,6 +95,8 @@ class ConnectorConfig:
             raise ValueError(f"lookup_cache_ttl_s must be within 0..3600, got {self.lookup_cache_ttl_s!r}")
         if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
             raise ValueError(f"num_replicas must be an int >= 1, got {self.num_replicas!r}")
+        if self.checksums not in (True, False):
+            raise ValueError(f"checksums must be true or false, got {self.checksums!r}")
         if self.transfer_path not in _PATHS:
             raise ValueError(f"transfer_path must be one of {_PATHS}, got {self.transfer_path!r}")
         if not 0 < self.retry_initial_s <= self.retry_max_s:

@@ -133,7 +133,8 @@ class KVPoolConnector(KVConnectorBase_V1):
         from kvpool.client import Client
 
         return Client(self.config.master_address, self.namespace, timeout_s=timeout_s,
-                      path=self.config.transfer_path, num_replicas=self.config.num_replicas)
+                      path=self.config.transfer_path, num_replicas=self.config.num_replicas,
+                      checksums=self.config.checksums)
 
     # ---- worker side ---------------------------------------------------------------------------
 

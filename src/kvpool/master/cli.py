@@ -21,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Run the kvpool metadata master: it tracks mounted segments and objects, allocates space for "
         "puts, answers prefix lookups with read leases, evicts LRU chain tails above the high "
         "watermark and unmounts nodes that stop heartbeating. It holds metadata only; bytes move "
-        "directly between clients and nodes."
+        "directly between clients and nodes. Restarting it keeps the cache: nodes announce what they hold to "
+        "the new incarnation. A standby is another master started with the same options (never two at once): "
+        "nodes and clients given both addresses (comma-separated) move to it when the first stops answering."
     )
     parser.add_argument("--host", default=_D.host, help="interface to bind the ZMQ control socket and metrics endpoint to")
     parser.add_argument("--port", type=int, default=_D.port, help="ZMQ control port; 0 lets the OS choose")
