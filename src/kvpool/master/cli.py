@@ -46,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how often nodes are told to heartbeat (must be below --node-ttl-s)")
     parser.add_argument("--put-timeout-s", type=float, default=_D.put_timeout_s,
                         help="a put started but never ended within this is reclaimed (its writer died)")
+    parser.add_argument("--quarantine-max-s", type=float, default=_D.quarantine_max_s,
+                        help="space of a write that timed out and may still land is held until its writer says it "
+                        "ended, or this long at most")
+    parser.add_argument("--recovery-timeout-s", type=float, default=_D.recovery_timeout_s,
+                        help="a remounted node's segment takes new objects after this long even if its announcement "
+                        "of what it holds did not finish")
     parser.add_argument("--alignment-bytes", type=int, default=_D.alignment_bytes,
                         help="object offsets inside segments are multiples of this (a power of two)")
     parser.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES,
@@ -72,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
             node_ttl_s=args.node_ttl_s,
             heartbeat_interval_s=args.heartbeat_interval_s,
             put_timeout_s=args.put_timeout_s,
+            quarantine_max_s=args.quarantine_max_s,
+            recovery_timeout_s=args.recovery_timeout_s,
             alignment_bytes=args.alignment_bytes,
             max_message_bytes=args.max_message_bytes,
         )

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     try:
         node.start()
-        print(f"kvpool node {node.node_id}: segment {node.segment_id} ({format_size(config.memory_bytes)}) "
+        print(f"kvpool node {node.node_id}: segment {node.segment_id:x} ({format_size(config.memory_bytes)}) "
               f"mounted on {config.master_address}", flush=True)
         stop.wait()
     except KVPoolError as e:
