@@ -66,7 +66,12 @@ def test_health_backs_off_and_recovers():
     now = [0.0]
     health = PoolHealth("pool", initial_s=1.0, max_s=4.0, clock=lambda: now[0])
     assert health.available and health.should_try()
-    health.record_unavailable("down")
+    health.record_unavailable("slow")
+    health.record_success()  # one slow reply is not "no pool", and a success starts the count again
+    health.record_unavailable("slow")
+    health.record_unavailable("slow")
+    assert health.available and health.should_try() and health.degradations == 0
+    health.record_unavailable("down")  # the third in a row
     assert not health.available and not health.should_try()
     now[0] = 1.0
     assert health.should_try()

@@ -4,6 +4,7 @@ The master is replaced by a lookup table here because this file checks planning 
 run the same code against a real master, nodes and vLLM.
 """
 
+import threading
 from types import SimpleNamespace
 
 from vllm.v1.core.block_pool import BlockPool
@@ -39,9 +40,12 @@ class Lookups:
 
 
 def make(lookups: Lookups, blocks_per_object: int = 1, **kwargs) -> tuple[SchedulerSide, BlockPool]:
+    # the lookup thread answers these fakes at once: a long wait makes the plans deterministic here
+    kwargs.setdefault("lookup_answer_wait_s", 5.0)
+    health = kwargs.pop("health", PoolHealth("test", 60.0, 60.0))
     side = SchedulerSide(
         Geometry(BS, blocks_per_object), make_client=lambda: lookups,
-        health=PoolHealth("test", 60.0, 60.0), num_workers=1, save_decode=True, load_async=True, **kwargs,
+        health=health, num_workers=1, save_decode=True, load_async=True, **kwargs,
     )  # fmt: skip
     pool = BlockPool(num_gpu_blocks=32, enable_caching=True, hash_block_size=BS)
     side.bind_block_pool(pool)
@@ -94,6 +98,36 @@ def test_lookup_hint_expires_and_is_dropped_at_admission():
     assert lookups.calls == 3
     side.get_num_new_matched_tokens(request("other", num_tokens=16), 0)  # hints are per request
     assert lookups.calls == 4
+
+
+class StalledLookups(Lookups):
+    """A master that does not answer until released."""
+
+    def __init__(self, stored: set[str]) -> None:
+        super().__init__(stored)
+        self.release = threading.Event()
+
+    def lookup_prefix(self, keys: list[str]) -> int:
+        self.release.wait(10)
+        return super().lookup_prefix(keys)
+
+
+def test_a_stalled_master_never_stalls_the_step_and_its_late_answer_is_a_miss():
+    now = [0.0]
+    lookups = StalledLookups({k for k in object_keys(HASHES, 1, 0, 4)})
+    side, _ = make(lookups, lookup_answer_wait_s=0.01, lookup_give_up_s=0.5, clock=lambda: now[0])
+    req = request("r", num_tokens=16)
+    try:
+        assert side.get_num_new_matched_tokens(req, 0) == (None, False)  # in flight: ask again later
+        now[0] = 0.4
+        assert side.get_num_new_matched_tokens(req, 0) == (None, False)
+        now[0] = 0.6
+        assert side.get_num_new_matched_tokens(req, 0) == (0, False)  # given up: computed without the pool
+        data = side.stats.take().data
+        assert data["lookups_deferred"] == 2 and data["lookups_given_up"] == 1
+    finally:
+        lookups.release.set()
+        side.close()
 
 
 def test_lookup_hint_off_asks_every_time():
@@ -149,11 +183,11 @@ def test_a_failed_load_is_not_planned_again():
 
 def test_unreachable_master_means_no_pool_until_the_back_off_ends():
     lookups = Lookups(down=True)
-    side, pool = make(lookups)
+    side, pool = make(lookups, health=PoolHealth("test", 60.0, 60.0, failures_to_degrade=1))
     req = request("r", num_tokens=14)
     assert side.get_num_new_matched_tokens(req, 0) == (0, False)
-    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
-    assert lookups.calls == 1  # backing off: no second round trip
+    assert side.get_num_new_matched_tokens(request("r2", num_tokens=14), 0) == (0, False)
+    assert lookups.calls == 1  # backing off: no round trip for the next request
     table = [b.block_id for b in pool.get_new_blocks(4)]
     side.update_state_after_alloc(req, blocks(table), 0)
     assert side.build_connector_meta(step("r", 0, 14, table)).saves == []  # nothing saved meanwhile

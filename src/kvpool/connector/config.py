@@ -9,7 +9,10 @@ Keys (all optional except `master_address`):
   pool_memory_bytes    run an embedded storage node contributing this much memory ("4GiB" or int)
   node_id              name of the embedded node (default: vllm-<host>-<pid>-r<rank>)
   timeout_s            one master round trip / transfer round on the worker (default 2.0)
-  lookup_timeout_s     the scheduler's lookup round trip; the engine waits on it (default 1.0)
+  lookup_timeout_s     a lookup unanswered this long is a miss: the request is computed without the pool
+                       (default 0.5). Lookups run off the engine step (connector/lookups.py)
+  lookup_wait_ms       how long one engine step may wait for a lookup in flight before vLLM is told to
+                       ask again next step (default 2)
   lookup_cache_ttl_s   reuse a request's lookup answer while it waits for admission, at most this
                        long (default 1.0; 0 asks the master every scheduler step)
   load_async           report pool hits to vLLM as asynchronous loads (True) or load them in the
@@ -58,7 +61,8 @@ class ConnectorConfig:
     pool_memory_bytes: int | None = None  # None: no embedded node
     node_id: str | None = None
     timeout_s: float = 2.0
-    lookup_timeout_s: float = 1.0
+    lookup_timeout_s: float = 0.5
+    lookup_wait_ms: float = 2.0
     lookup_cache_ttl_s: float = 1.0
     load_async: bool | None = None  # None: by device (see above)
     load_wait_ms: float = 5.0
@@ -87,6 +91,8 @@ class ConnectorConfig:
             raise ValueError(f"pool_memory_bytes must be at least 1 MiB, got {self.pool_memory_bytes}")
         if self.load_async not in (None, True, False):
             raise ValueError(f"load_async must be true, false or absent, got {self.load_async!r}")
+        if not 0 <= self.lookup_wait_ms <= 100:
+            raise ValueError(f"lookup_wait_ms must be within 0..100 (it delays the engine step), got {self.lookup_wait_ms!r}")
         if not 0 <= self.load_wait_ms <= 1000:
             raise ValueError(f"load_wait_ms must be within 0..1000, got {self.load_wait_ms!r}")
         if not self.timeout_s > 0 or not self.lookup_timeout_s > 0:
@@ -115,7 +121,7 @@ class ConnectorConfig:
         values = dict(extra)
         if values.get("pool_memory_bytes") is not None:
             values["pool_memory_bytes"] = _parse_size(values["pool_memory_bytes"])
-        for name in ("timeout_s", "lookup_timeout_s", "retry_initial_s", "retry_max_s", "load_wait_ms",
+        for name in ("timeout_s", "lookup_timeout_s", "retry_initial_s", "retry_max_s", "load_wait_ms", "lookup_wait_ms",
                      "lookup_cache_ttl_s"):
             if isinstance(values.get(name), int) and not isinstance(values.get(name), bool):
                 values[name] = float(values[name])

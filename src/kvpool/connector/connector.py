@@ -119,7 +119,8 @@ class KVPoolConnector(KVConnectorBase_V1):
                 num_workers=vllm_config.parallel_config.world_size,
                 health=PoolHealth("pool master", cfg.retry_initial_s, cfg.retry_max_s),
                 save_decode=cfg.save_decode, load_async=cfg.load_async,
-                lookup_cache_ttl_s=cfg.lookup_cache_ttl_s,
+                lookup_cache_ttl_s=cfg.lookup_cache_ttl_s, lookup_answer_wait_s=cfg.lookup_wait_ms / 1000,
+                lookup_give_up_s=cfg.lookup_timeout_s,
             )
         else:
             self.namespace = None  # known once the worker's ranks are (register_kv_caches)

@@ -22,6 +22,11 @@ Facts this relies on (vLLM 0.32, v1/core/sched/scheduler.py):
   would not protect blocks of a preempted request, and saves happen during the request's life.)
 - vLLM counts `external_prefix_cache_{queries,hits}` from what this class returns: queries are the
   request's tokens beyond the local hit, hits the tokens we report.
+- `get_num_new_matched_tokens` may answer (None, False): vLLM skips the request this step and asks
+  again next step. Lookups therefore run on their own thread (lookups.py) and the engine step waits
+  for one at most `lookup_answer_wait_s` (2 ms by default): a slow or stalled master delays the
+  requests that wait for its answer, up to `lookup_give_up_s`, and then they are computed; it
+  never stalls the step, and so never the requests already running.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from collections.abc import Callable
 
 from kvpool.connector.health import PoolHealth
 from kvpool.connector.keys import object_keys
+from kvpool.connector.lookups import ASK_AGAIN, AsyncLookups
 from kvpool.connector.metadata import KVPoolMetadata, KVPoolWorkerMetadata
 from kvpool.connector.plan import (
     Geometry,
@@ -55,6 +61,7 @@ class SchedulerSide:
     def __init__(
         self, geom: Geometry, *, make_client: Callable[[], object], health: PoolHealth,
         num_workers: int, save_decode: bool, load_async: bool, lookup_cache_ttl_s: float = 1.0,
+        lookup_answer_wait_s: float = 0.002, lookup_give_up_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.geom = geom
@@ -70,13 +77,14 @@ class SchedulerSide:
         self._trackers: dict[str, RequestTracker] = {}
         self._lookups: dict[str, tuple[int, int]] = {}  # req id -> (local tokens, pool hit objects)
         self._local_hits: dict[str, int] = {}  # req id -> vLLM's local hit (tokens) at admission
-        # req id -> (lookup window in objects, pool hit objects, asked at): vLLM asks again every
-        # step while a request waits for blocks; the master's answer is reused until the request
-        # is admitted or for lookup_cache_ttl_s. A stale hit only makes a load fail (reported,
-        # recomputed); a stale miss only skips the pool for this request.
-        self._hints: dict[str, tuple[int, int, float]] = {}
-        self._hint_ttl_s = lookup_cache_ttl_s
+        # vLLM asks again every step while a request waits for blocks; the master's answer is reused
+        # until the request is admitted or for lookup_cache_ttl_s. A stale hit only makes a load fail
+        # (reported, recomputed); a stale miss only skips the pool for this request.
         self._clock = clock
+        self._lookups_async = AsyncLookups(
+            self._lookup_now, self._lookup_done, answer_wait_s=lookup_answer_wait_s,
+            give_up_s=lookup_give_up_s, reuse_s=lookup_cache_ttl_s, clock=clock,
+        )
         self._pending_loads: list[LoadSpec] = []
         # requests whose pool load came back short: vLLM recomputes them, and asking the pool again
         # would plan the same failing load forever (the master may list a dead node's objects
@@ -100,48 +108,45 @@ class SchedulerSide:
         window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
         if window * self.geom.tokens_per_object <= num_computed_tokens or not self._health.should_try():
             return 0, False
-        num_hit = self._cached_hint(rid, window)
-        if num_hit is None:
-            num_hit = self._lookup(request, window)
-            if num_hit is None:
-                return 0, False
-            if self._hint_ttl_s > 0:
-                self._hints[rid] = (window, num_hit, self._clock())
+        reused_before, gave_up_before = self._lookups_async.reused, self._lookups_async.gave_up
+        num_hit = self._lookups_async.ask(
+            rid, window, lambda: object_keys(request.block_hashes, self.geom.blocks_per_object, 0, window)
+        )
+        if num_hit is ASK_AGAIN:
+            self.stats.add(lookups_deferred=1)
+            return None, False
+        if self._lookups_async.reused != reused_before:
+            self.stats.add(lookups_cached=1)
+        if self._lookups_async.gave_up != gave_up_before:
+            self.stats.add(lookups_given_up=1)
         self._lookups[rid] = (num_computed_tokens, num_hit)
         num_external = external_tokens(self.geom, num_hit, num_computed_tokens)
         return num_external, self._load_async and num_external > 0
 
-    def _cached_hint(self, rid: str, window: int) -> int | None:
-        hint = self._hints.get(rid)
-        if hint is None or hint[0] != window or self._clock() - hint[2] > self._hint_ttl_s:
-            return None
-        self.stats.add(lookups_cached=1)
-        return hint[1]
+    def _lookup_now(self, keys: list[str]) -> int:
+        """On the lookup thread: one round trip (the client is made there, on first use)."""
+        if self._client is None:
+            self._client = self._make_client()
+        return self._client.lookup_prefix(keys)
 
-    def _lookup(self, request, window: int) -> int | None:
-        """Leading objects of the request's first `window` the pool holds; None when it failed."""
-        keys = object_keys(request.block_hashes, self.geom.blocks_per_object, 0, window)
-        started = time.perf_counter()
-        try:
-            if self._client is None:
-                self._client = self._make_client()
-            num_hit = self._client.lookup_prefix(keys)
-        except UnavailableError as exc:
-            self._health.record_unavailable(exc)
+    def _lookup_done(self, ok: bool, error: BaseException | None, latency_s: float) -> None:
+        if ok:
+            self._health.record_success()
+            self.stats.add(lookups=1)
+            self.stats.observe("lookup_latency_s", latency_s)
+        elif isinstance(error, UnavailableError):
+            self._health.record_unavailable(error)
             self.stats.add(lookups=1, lookup_failures=1, pool_unavailable=1)
-            return None
-        except KVPoolError as exc:
-            log.warning("kvpool: lookup failed (%s); treating it as a miss", exc)
+        else:
+            if isinstance(error, KVPoolError):
+                log.warning("kvpool: lookup failed (%s); treating it as a miss", error)
+            else:
+                log.error("kvpool: unexpected lookup error (%r); treating it as a miss", error)
             self.stats.add(lookups=1, lookup_failures=1)
-            return None
-        self._health.record_success()
-        self.stats.add(lookups=1)
-        self.stats.observe("lookup_latency_s", time.perf_counter() - started)
-        return num_hit
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         rid = request.request_id
-        self._hints.pop(rid, None)  # admitted: a later admission (after preemption) asks again
+        self._lookups_async.forget(rid)  # admitted: a later admission (after preemption) asks again
         self._requests[rid] = request
         tracker = self._trackers.setdefault(rid, RequestTracker(rid))
         # a local hit was computed (or loaded) by this instance before and saved then: putting it
@@ -238,7 +243,7 @@ class SchedulerSide:
         tracker = self._trackers.pop(rid, None)
         self._requests.pop(rid, None)
         self._lookups.pop(rid, None)
-        self._hints.pop(rid, None)
+        self._lookups_async.forget(rid)
         self._local_hits.pop(rid, None)
         self._load_failed.discard(rid)
         if tracker is not None and self._block_pool is not None and self._health.available:
@@ -256,6 +261,7 @@ class SchedulerSide:
         return bool(self._pinned)
 
     def close(self) -> None:
+        self._lookups_async.close()
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -1,0 +1,111 @@
+"""The scheduler's lookups, off vLLM's engine step: ask in the background, answer when known.
+
+vLLM 0.32 lets `get_num_new_matched_tokens` answer None ("ask again later"): the scheduler skips
+the request this step and asks again the next one (v1/core/sched/scheduler.py). So:
+
+Rules:
+- One LookupState per request (its window, keys, when asked, the answer). `ask` starts a lookup
+  on this module's thread and waits at most `answer_wait_s` (a few ms: the engine step's budget);
+  no answer yet -> None, and the next `ask` for the same window looks again.
+- An answer older than `reuse_s` is asked again (vLLM re-asks every step while a request waits
+  for blocks; the pool's contents change meanwhile). A lookup unanswered after `give_up_s` is a
+  miss (0): the request is computed rather than kept waiting on a slow master; a late answer is
+  then dropped.
+- A failed lookup is a miss too; `on_result(ok, error)` tells the caller (health, stats).
+- `forget(req_id)` at admission or finish. Requests are independent: a slow lookup delays only
+  its own request, never the step.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+ASK_AGAIN = None
+
+
+class LookupState:
+    __slots__ = ("window", "keys", "asked_s", "answered_s", "num_hit", "done")
+
+    def __init__(self, window: int, keys: list[str], now_s: float) -> None:
+        self.window = window
+        self.keys = keys
+        self.asked_s = now_s
+        self.answered_s = 0.0
+        self.num_hit = 0
+        self.done = threading.Event()
+
+
+class AsyncLookups:
+    def __init__(
+        self,
+        lookup: Callable[[list[str]], int],
+        on_result: Callable[[bool, BaseException | None, float], None],
+        *,
+        answer_wait_s: float = 0.002,
+        give_up_s: float = 0.2,
+        reuse_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lookup = lookup
+        self._on_result = on_result
+        self._answer_wait_s = answer_wait_s
+        self._give_up_s = give_up_s
+        self._reuse_s = reuse_s
+        self._clock = clock
+        self._states: dict[str, LookupState] = {}
+        self._queue: queue.SimpleQueue[LookupState | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="kvpool-lookups", daemon=True)
+        self._thread.start()
+        self.gave_up = 0  # lookups answered "miss" because the master was too slow
+        self.reused = 0  # asks answered from an earlier lookup of the same request
+
+    def ask(self, req_id: str, window: int, make_keys: Callable[[], list[str]]) -> int | None:
+        """Pool hit objects for the request's first `window` objects, or ASK_AGAIN."""
+        now = self._clock()
+        state = self._states.get(req_id)
+        if state is not None and state.window == window:
+            if state.done.is_set():
+                if now - state.answered_s <= self._reuse_s:
+                    self.reused += 1
+                    return state.num_hit
+                state = None  # stale: ask the pool again
+            elif now - state.asked_s > self._give_up_s:
+                self.gave_up += 1
+                del self._states[req_id]  # a late answer goes nowhere; the next ask starts afresh
+                return 0
+        else:
+            state = None
+        if state is None:
+            state = self._states[req_id] = LookupState(window, make_keys(), now)
+            self._queue.put(state)
+        if state.done.wait(self._answer_wait_s):
+            return state.num_hit
+        return ASK_AGAIN
+
+    def forget(self, req_id: str) -> None:
+        self._states.pop(req_id, None)
+
+    def _run(self) -> None:
+        while True:
+            state = self._queue.get()
+            if state is None:
+                return
+            if self._clock() - state.asked_s > self._give_up_s:
+                state.done.set()  # nobody waits for it any more (the miss was answered): skip the trip
+                continue
+            started = time.perf_counter()
+            try:
+                state.num_hit = self._lookup(state.keys)
+                error = None
+            except BaseException as exc:  # reported, never raised into the engine
+                state.num_hit, error = 0, exc
+            state.answered_s = self._clock()
+            self._on_result(error is None, error, time.perf_counter() - started)  # health first, then the answer
+            state.done.set()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(1.0)
