@@ -72,6 +72,33 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
+# ---- requests both source trees understand ----------------------------------------------------
+
+
+def put_end_request(p, tenant: str, keys: list[str], started):
+    """PutEnd naming the put's write tokens (this tree); the baseline's PutEnd has no such fields
+    (and a baseline master ignores them: msgspec skips unknown fields)."""
+    if "tokens" not in p.PutEnd.__struct_fields__:
+        return p.PutEnd(tenant, keys)
+    return p.PutEnd(tenant, keys, list(started.tokens) or [0] * len(keys), [0] * len(keys))
+
+
+def acknowledge_directory(p, call, node_id: str, segment_id: int, applied_seq: int) -> int:
+    """Heartbeat as a node does, acknowledging the master's directory ops until none are left
+    (this tree logs one per committed object and keeps it until acknowledged; the baseline sends
+    none). Returns the last op applied."""
+    while True:
+        if "directory_seqs" in p.Heartbeat.__struct_fields__:
+            reply = call(p.Heartbeat(node_id, [segment_id], [applied_seq]))
+        else:
+            reply = call(p.Heartbeat(node_id, [segment_id]))
+        deltas = getattr(reply, "deltas", [])
+        if not deltas:
+            return applied_seq
+        for delta in deltas:
+            applied_seq = delta.first_seq + len(delta.ops) - 1
+
+
 # ---- in-process worker (runs under either source tree) -----------------------------------------
 
 
@@ -84,11 +111,14 @@ def inproc_worker(objects: int, batch: int, seconds: float) -> dict:
     tracemalloc.start()
     before, _ = tracemalloc.get_traced_memory()
     core = MasterCore(MasterConfig(node_ttl_s=1e9, heartbeat_interval_s=1.0, lease_ttl_s=5.0))
-    core.handle(p.MountSegment("n", "h", SEGMENT_BYTES, 0, "a", b""), 0.0)
+    call = lambda request: core.handle(request, 1.0)  # noqa: E731
+    segment_id = core.handle(p.MountSegment("n", "h", SEGMENT_BYTES, 0, "a", b""), 0.0).segment_id
+    applied_seq = 0
     for i in range(0, objects, PUT_BATCH):
         chunk = keys[i : i + PUT_BATCH]
-        core.handle(p.PutStart("b", chunk, [OBJECT_BYTES] * len(chunk), [None] + chunk[:-1]), 1.0)
-        core.handle(p.PutEnd("b", chunk), 1.0)
+        started = call(p.PutStart("b", chunk, [OBJECT_BYTES] * len(chunk), [None] + chunk[:-1]))
+        call(put_end_request(p, "b", chunk, started))
+        applied_seq = acknowledge_directory(p, call, "n", segment_id, applied_seq)
     gc.collect()
     after, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -134,9 +164,10 @@ class Raw:
         while True:
             if not self.sock.poll(30_000):
                 raise RuntimeError("master did not answer")
-            got_id, body = self.sock.recv_multipart()
-            if got_id == rid:
-                return body  # earlier fire-and-forget replies are dropped here, as MasterChannel does
+            # [request id, reply] from the baseline; [request id, epoch, reply] from this tree
+            frames = self.sock.recv_multipart()
+            if frames[0] == rid:
+                return frames[-1]  # earlier fire-and-forget replies are dropped here, as MasterChannel does
 
 
 def run_variant(raw: Raw, variant: str, payloads: list[bytes], batch: int, seconds: float) -> float:
@@ -170,21 +201,33 @@ def run_variant(raw: Raw, variant: str, payloads: list[bytes], batch: int, secon
     return hits / elapsed
 
 
-def load_master(address: str, keys: list[str]) -> None:
+def load_master(raw: Raw, keys: list[str]) -> None:
+    """Mount and fill a master of either tree over a raw socket (this tree's MasterChannel expects
+    an epoch frame the baseline does not send); directory ops acknowledged once a second, as a
+    node's heartbeat would."""
     from kvpool.core import protocol as p
-    from kvpool.transfer.control import MasterChannel
 
-    channel = MasterChannel(address, timeout_s=60.0)
-    try:
-        channel.call(p.MountSegment("bench-node", "h", SEGMENT_BYTES, 0, "agent", b"", None))
-        for i in range(0, len(keys), PUT_BATCH):
-            chunk = keys[i : i + PUT_BATCH]
-            reply = channel.call(p.PutStart("b", chunk, [OBJECT_BYTES] * len(chunk), [None] + chunk[:-1]))
-            if reply.statuses.count(p.PUT_ALLOCATED) != len(chunk):
-                raise RuntimeError(reply.message)
-            channel.call(p.PutEnd("b", chunk))
-    finally:
-        channel.close()
+    def call(request):
+        reply = p.reply_decoder.decode(raw.call(p.request_encoder.encode(request)))
+        if isinstance(reply, p.ErrorReply):
+            raise RuntimeError(f"{type(request).__name__}: {reply.message}")
+        return reply
+
+    segment_id = call(p.MountSegment("bench-node", "h", SEGMENT_BYTES, 0, "agent", b"", None)).segment_id
+    applied_seq = 0
+    last_heartbeat = time.monotonic()
+    for i in range(0, len(keys), PUT_BATCH):
+        chunk = keys[i : i + PUT_BATCH]
+        reply = call(p.PutStart("b", chunk, [OBJECT_BYTES] * len(chunk), [None] + chunk[:-1]))
+        if reply.statuses.count(p.PUT_ALLOCATED) != len(chunk):
+            raise RuntimeError(reply.message)
+        ended = call(put_end_request(p, "b", chunk, reply))
+        if getattr(ended, "refused", None):
+            raise RuntimeError(f"put_end refused {len(ended.refused)} of {len(chunk)} keys")
+        if time.monotonic() - last_heartbeat >= 1.0:
+            applied_seq = acknowledge_directory(p, call, "bench-node", segment_id, applied_seq)
+            last_heartbeat = time.monotonic()
+    acknowledge_directory(p, call, "bench-node", segment_id, applied_seq)
 
 
 def main() -> None:
@@ -227,14 +270,14 @@ def main() -> None:
         keys = make_keys(args.objects)
         memory = {}
         with Progress() as progress:
+            raws = {v: Raw(ctx, m.info["address"]) for v, m in masters.items()}
             for version, master in masters.items():
                 rss0 = rss_bytes(master.pid)
                 task = progress.add_task(f"load {version}", total=1)
-                load_master(master.info["address"], keys)
+                load_master(raws[version], keys)
                 progress.advance(task)
                 time.sleep(0.3)
                 memory[version] = (rss_bytes(master.pid) - rss0) / args.objects
-            raws = {v: Raw(ctx, m.info["address"]) for v, m in masters.items()}
             rows = {(b, v): [] for b in batches for v in variants}
             task = progress.add_task("interleaved lookups", total=args.rounds * len(batches) * len(variants))
             for batch in batches:

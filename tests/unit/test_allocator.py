@@ -65,6 +65,25 @@ def test_full_segment_and_bad_frees_are_refused():
         RangeAllocator(1024, alignment_bytes=48)
 
 
+def test_rebuild_leaves_exactly_the_gaps_between_used_ranges_free():
+    a = RangeAllocator(1024, alignment_bytes=64)
+    a.allocate(512)
+    a.rebuild([(64, 100), (192, 64), (256, 64), (960, 64)])  # 100 takes 128; 192..320 is one run
+    assert a.free_ranges() == [(0, 64), (320, 640)]
+    assert (a.free_bytes, a.largest_free_bytes) == (704, 640)
+    assert a.allocate(64) == 0 and a.allocate(640) == 320 and a.allocate(1) is None
+    a.free(64, 100)
+    assert a.free_ranges() == [(64, 128)]
+    a.rebuild([])
+    assert a.free_ranges() == [(0, 1024)]
+
+
+@pytest.mark.parametrize("used", [[(0, 128), (64, 64)], [(32, 64)], [(960, 65)], [(64, 64), (0, 64)]])
+def test_rebuild_refuses_overlapping_unaligned_outside_or_unsorted_ranges(used):
+    with pytest.raises(ValueError, match="overlaps, is unaligned or outside"):
+        RangeAllocator(1024, alignment_bytes=64).rebuild(used)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(1, 300), st.integers(0, 1000)), max_size=120))
 def test_random_alloc_free_never_overlaps_and_coalesces_back_to_one_range(ops):

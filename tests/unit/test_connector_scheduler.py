@@ -202,3 +202,25 @@ def test_a_local_hit_is_not_saved_again():
     side.update_state_after_alloc(req, blocks(table), 0)
     (save,) = side.build_connector_meta(step("r", 8, 6, table)).saves
     assert save.keys == object_keys(HASHES, 1, 2, 3) and save.block_ids == [[table[2]]]
+
+
+def test_blocks_pinned_for_saves_are_bounded_so_admission_never_starves():
+    side, pool = make(Lookups(), max_pinned_fraction=0.25)  # 32 blocks: at most 8 pinned
+    a_table = [b.block_id for b in pool.get_new_blocks(12)]
+    a = request("a", num_tokens=48)  # 12 full blocks
+    side.get_num_new_matched_tokens(a, 0)
+    side.update_state_after_alloc(a, blocks(a_table), 0)
+    (save,) = side.build_connector_meta(step("a", 0, 48, a_table)).saves
+    assert save.block_ids == [[b] for b in a_table[:8]]  # the first 8; the rest in a later step
+    b_table = [b.block_id for b in pool.get_new_blocks(8)]
+    b = request("b", num_tokens=32)
+    side.get_num_new_matched_tokens(b, 0)
+    side.update_state_after_alloc(b, blocks(b_table), 0)
+    assert side.build_connector_meta(step("b", 0, 32, b_table)).saves == []  # deferred: 8 pinned already
+    b.num_computed_tokens = 32
+    side.request_finished(b, b_table)  # finished while deferred: dropped, its blocks not held
+    side.update_connector_output(SimpleNamespace(kv_connector_worker_meta=KVPoolWorkerMetadata({save.job_id: 1}, set())))
+    (rest,) = side.build_connector_meta(step("a", 48, 1, a_table, new=False)).saves
+    assert rest.block_ids == [[b] for b in a_table[8:]]
+    data = side.stats.take().data
+    assert (data["saves_deferred"], data["saves_dropped"]) == (1, 1)

@@ -19,7 +19,8 @@ def put(core, keys, now_s, parents=None, pinned=False, end=True):
     reply = core.handle(p.PutStart("t", keys, [SLOT] * len(keys), parents, 1, pinned), now_s)
     assert reply.statuses == [p.PUT_ALLOCATED] * len(keys), reply
     if end:
-        core.handle(p.PutEnd("t", keys), now_s)
+        ended = core.handle(p.PutEnd("t", keys, reply.tokens, [0] * len(keys)), now_s)
+        assert ended == p.PutEndReply(ended=len(keys)), ended
 
 
 def present(core, keys):

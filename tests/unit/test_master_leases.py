@@ -27,7 +27,8 @@ def mount(core, node_id, slots=10) -> int:
 def put(core, keys, now_s=0.0, replicas=1, tenant="t"):
     reply = core.handle(p.PutStart(tenant, keys, [SLOT] * len(keys), [None] * len(keys), replicas, False), now_s)
     assert reply.statuses == [p.PUT_ALLOCATED] * len(keys), reply
-    core.handle(p.PutEnd(tenant, keys), now_s)
+    ended = core.handle(p.PutEnd(tenant, keys, reply.tokens, [0] * len(keys)), now_s)
+    assert ended == p.PutEndReply(ended=len(keys)), ended
 
 
 def lease(core, keys, now_s, tenant="t") -> p.LookupReply:

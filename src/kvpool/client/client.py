@@ -52,6 +52,20 @@ PUT_FAILED = 3  # client-side only: space was allocated but the write failed; re
 _PUT_STATUS_NAMES = {PUT_ALLOCATED: "stored", PUT_EXISTS: "exists", PUT_NO_SPACE: "no_space", PUT_FAILED: "failed"}
 
 
+class _Once:
+    """Calls `fn` the first time it is called, never again (None: nothing to call)."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn) -> None:
+        self._fn = fn
+
+    def __call__(self) -> None:
+        fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
+
+
 def _end_margin_s(put_timeout_s: float) -> float:
     """How long before the master's reclaim a writer stops: room for PutEnd to travel and be handled."""
     return min(max(0.2 * put_timeout_s, 0.05), 5.0)
@@ -149,14 +163,24 @@ class Client:
         parents: list[str | None] | None = None,
         *,
         pinned: bool = False,
+        on_written=None,
     ) -> list[int]:
         """Store objects given as scatter-gather regions. Returns PUT_ALLOCATED (stored now),
         PUT_EXISTS, PUT_NO_SPACE or PUT_FAILED (write failed, revoked) per key. `pinned` objects
-        are never evicted (remove them explicitly)."""
-        statuses, _ = self._put_from(keys, addrs, sizes, parents, pinned)
+        are never evicted (remove them explicitly). `on_written()` is called once the source
+        memory is no longer needed (after the copy, before the master is told; also when the call
+        fails early), so a caller can reuse it without waiting for the last round trip."""
+        statuses, _ = self._put_from(keys, addrs, sizes, parents, pinned, on_written)
         return statuses
 
-    def _put_from(self, keys, addrs, sizes, parents, pinned: bool = False) -> tuple[list[int], str]:
+    def _put_from(self, keys, addrs, sizes, parents, pinned: bool = False, on_written=None) -> tuple[list[int], str]:
+        once = _Once(on_written)
+        try:
+            return self._put_from_inner(keys, addrs, sizes, parents, pinned, once)
+        finally:
+            once()
+
+    def _put_from_inner(self, keys, addrs, sizes, parents, pinned, written: "_Once") -> tuple[list[int], str]:
         started = time.perf_counter()
         self._check_keys(keys, unique=True)
         addrs, sizes = self._regions(len(keys), addrs, sizes)
@@ -189,6 +213,9 @@ class Client:
         except BaseException:
             self._revoke_quietly([keys[i] for i in allocated], [tokens[i] for i in allocated])
             raise
+        # The source is free now. A write still in flight may read it later, but only into its
+        # quarantined range, which is never served: reusing the source cannot corrupt an object.
+        written()
         if allocated and time.monotonic() > write_deadline:
             failed = set(allocated)  # too late to end safely: the master may reclaim any moment now
         if failed:

@@ -22,6 +22,8 @@ Keys (all optional except `master_address`):
   load_wait_ms         with async loads, how long one engine step may wait for a load in flight
                        (default 5; see worker.take_finished_loads)
   save_decode          also save KV produced during decode (default True)
+  max_pinned_fraction  at most this fraction of vLLM's KV blocks may be held for saves in flight; past
+                       it saves wait or are dropped rather than starve admission (default 0.25)
   num_replicas         replicas per saved object (default 1)
   transfer_path        auto | nixl | shm (default auto: shared memory on the same host, else NIXL)
   checksums            checksum every saved object and verify every load (default True; a mismatch is
@@ -67,6 +69,7 @@ class ConnectorConfig:
     load_async: bool | None = None  # None: by device (see above)
     load_wait_ms: float = 5.0
     save_decode: bool = True
+    max_pinned_fraction: float = 0.25
     num_replicas: int = 1
     transfer_path: str = "auto"
     checksums: bool = True
@@ -101,6 +104,8 @@ class ConnectorConfig:
             raise ValueError(f"lookup_cache_ttl_s must be within 0..3600, got {self.lookup_cache_ttl_s!r}")
         if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
             raise ValueError(f"num_replicas must be an int >= 1, got {self.num_replicas!r}")
+        if not 0 < self.max_pinned_fraction <= 1:
+            raise ValueError(f"max_pinned_fraction must be in (0, 1], got {self.max_pinned_fraction!r}")
         if self.checksums not in (True, False):
             raise ValueError(f"checksums must be true or false, got {self.checksums!r}")
         if self.transfer_path not in _PATHS:

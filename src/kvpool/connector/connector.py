@@ -120,7 +120,7 @@ class KVPoolConnector(KVConnectorBase_V1):
                 health=PoolHealth("pool master", cfg.retry_initial_s, cfg.retry_max_s),
                 save_decode=cfg.save_decode, load_async=cfg.load_async,
                 lookup_cache_ttl_s=cfg.lookup_cache_ttl_s, lookup_answer_wait_s=cfg.lookup_wait_ms / 1000,
-                lookup_give_up_s=cfg.lookup_timeout_s,
+                lookup_give_up_s=cfg.lookup_timeout_s, max_pinned_fraction=cfg.max_pinned_fraction,
             )
         else:
             self.namespace = None  # known once the worker's ranks are (register_kv_caches)

@@ -27,6 +27,11 @@ Facts this relies on (vLLM 0.32, v1/core/sched/scheduler.py):
   for one at most `lookup_answer_wait_s` (2 ms by default): a slow or stalled master delays the
   requests that wait for its answer, up to `lookup_give_up_s`, and then they are computed; it
   never stalls the step, and so never the requests already running.
+- Saves never starve admission: blocks pinned for saves (planned, not yet reported copied) are
+  bounded by `max_pinned_fraction` of vLLM's blocks. Past it, a running request's save waits for
+  a later step (`saves_deferred`; its blocks stay the request's anyway) and a finished request's is
+  dropped (`saves_dropped`), so its blocks go back to vLLM at once. The worker reports a save as
+  soon as its copy is done, before the master's acknowledgement (worker.py), so pins are short.
 """
 
 from __future__ import annotations
@@ -61,9 +66,11 @@ class SchedulerSide:
     def __init__(
         self, geom: Geometry, *, make_client: Callable[[], object], health: PoolHealth,
         num_workers: int, save_decode: bool, load_async: bool, lookup_cache_ttl_s: float = 1.0,
-        lookup_answer_wait_s: float = 0.002, lookup_give_up_s: float = 0.5,
+        lookup_answer_wait_s: float = 0.002, lookup_give_up_s: float = 0.5, max_pinned_fraction: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._max_pinned_fraction = max_pinned_fraction
+        self._num_pinned_blocks = 0
         self.geom = geom
         self.stats = StatsRecorder()
         self._make_client = make_client
@@ -191,12 +198,22 @@ class SchedulerSide:
             limit = None if self._save_decode else request.num_prompt_tokens
             ready = savable_objects(self.geom, computed_after, len(request.block_hashes), limit)
             if ready > tracker.next_save:
+                room = self._save_room()
+                if room <= 0:
+                    self.stats.add(saves_deferred=1)
+                    continue
+                ready = min(ready, tracker.next_save + room)  # the rest in a later step
                 block_table = block_state.get_block_ids(rid)
                 if block_table:
                     spec = self._plan_save(request, tracker, ready, list(block_table[0]))
                     if spec is not None:
                         meta.saves.append(spec)
         return meta
+
+    def _save_room(self) -> int:
+        """How many more objects' blocks may be pinned for saves now."""
+        limit = int(self._max_pinned_fraction * self._block_pool.num_gpu_blocks)
+        return (limit - self._num_pinned_blocks) // self.geom.blocks_per_object
 
     def _plan_save(self, request, tracker: RequestTracker, stop: int, block_table: list[int]) -> SaveSpec | None:
         k, start = self.geom.blocks_per_object, tracker.next_save
@@ -216,6 +233,7 @@ class SchedulerSide:
         flat = [b for blocks in per_object for b in blocks]
         self._block_pool.touch([self._block_pool.blocks[b] for b in flat])
         self._pinned[job_id] = (flat, self._num_workers)
+        self._num_pinned_blocks += len(flat)
         tracker.next_save = stop
         tracker.pending_jobs.add(job_id)
         return SaveSpec(job_id, request.request_id, list(keys), parents, per_object)
@@ -235,6 +253,7 @@ class SchedulerSide:
                 self._pinned[job_id] = (block_ids, remaining)
                 continue
             del self._pinned[job_id]
+            self._num_pinned_blocks -= len(block_ids)
             # tail first, so vLLM evicts a prefix's end before its start
             self._block_pool.free_blocks(self._block_pool.blocks[b] for b in reversed(block_ids))
 
@@ -251,7 +270,9 @@ class SchedulerSide:
             # them now, while the blocks are still the request's; the references keep them alive.
             limit = None if self._save_decode else request.num_prompt_tokens
             ready = savable_objects(self.geom, request.num_computed_tokens, len(request.block_hashes), limit)
-            if ready > tracker.next_save:
+            if ready > tracker.next_save and self._save_room() < ready - tracker.next_save:
+                self.stats.add(saves_dropped=1)  # its blocks go back to vLLM now rather than wait
+            elif ready > tracker.next_save:
                 spec = self._plan_save(request, tracker, ready, list(block_ids))
                 if spec is not None:
                     self._late_saves.append(spec)

@@ -31,6 +31,8 @@ COUNTERS = {
     "saved_blocks": "vLLM blocks written to the pool",
     "saved_bytes": "Bytes written to the pool",
     "save_existing_blocks": "vLLM blocks already in the pool (not written again)",
+    "saves_deferred": "Saves of running requests put off a step: too many blocks pinned for saves",
+    "saves_dropped": "Saves of finished requests dropped: too many blocks pinned for saves",
     "save_failed_blocks": "vLLM blocks a save could not store (no space, transfer error, no pool)",
     "pool_unavailable": "Times the connector lost the pool and fell back to no pool",
 }

@@ -180,11 +180,20 @@ class WorkerSide:
         started = time.perf_counter()
         k = self.geom.blocks_per_object
         stored = existing = 0
+        released = False
+
+        def release_blocks() -> None:  # the copy is done: vLLM may reuse the blocks before PutEnd
+            nonlocal released
+            if not released:
+                released = True
+                with self._lock:
+                    self._done_saves[spec.job_id] = 1
+
         try:
             if self._client is None or not self._health.should_try():
                 raise _NoPool
             addrs, sizes = self._regions(spec.block_ids)
-            statuses = self._client.put_from(spec.keys, addrs, sizes, spec.parents)
+            statuses = self._client.put_from(spec.keys, addrs, sizes, spec.parents, on_written=release_blocks)
             self._health.record_success()
             stored = sum(1 for s in statuses if s == PUT_ALLOCATED)
             existing = sum(1 for s in statuses if s == PUT_EXISTS)
@@ -198,8 +207,7 @@ class WorkerSide:
         except Exception:
             log.exception("kvpool: unexpected error saving %s; not cached", spec.req_id)
         finally:
-            with self._lock:  # released even on failure: the blocks must go back to vLLM
-                self._done_saves[spec.job_id] = 1
+            release_blocks()  # even on failure: the blocks must go back to vLLM
         num_objects = len(spec.keys)
         self.stats.add(
             saves=1, saved_blocks=stored * k, save_existing_blocks=existing * k,
