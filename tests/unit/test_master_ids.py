@@ -43,7 +43,6 @@ def test_ids_are_the_epochs_high_bits_and_a_counter_from_one():
     assert ids.epoch == EPOCH_A
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: the 32-bit counter wraps to 1 and reissues this incarnation's ids")
 def test_ids_are_not_reissued_when_the_counter_runs_out():
     ids = IdSource(EPOCH_A)
     first = ids.next()

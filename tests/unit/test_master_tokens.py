@@ -177,7 +177,6 @@ def test_ending_a_quarantine_after_one_of_its_segments_went_frees_the_rest():
     assert [(n.num_objects, n.used_bytes) for n in core.stats(2.0).nodes] == [(0, 0)]
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: EndQuarantine ignores its tenant (ReleaseLeases checks it)")
 def test_another_tenant_cannot_end_a_quarantine():
     core = make_core(slots=2)
     started = start(core, ["a"])

@@ -107,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout_s <= 0:
         print(f"--timeout-s must be > 0, got {args.timeout_s}", file=sys.stderr)
         return 2
-    channel = MasterChannel(args.master, timeout_s=args.timeout_s)
+    try:
+        channel = MasterChannel(args.master, timeout_s=args.timeout_s)
+    except ValueError as e:
+        print(f"kvpool status: {e}", file=sys.stderr)
+        return 2
     try:
         reply = channel.call(protocol.Stats())
     except KVPoolError as e:

@@ -98,26 +98,29 @@ class RangeAllocator:
         """Start over with exactly these (offset, size) ranges in use: sorted by offset, aligned,
         inside the segment and not overlapping (the caller checks; ValueError otherwise). Used once
         per recovered segment, so one pass beats `len(used)` single reservations."""
-        self._start_to_size.clear()
-        self._end_to_start.clear()
-        self._by_size.clear()
-        self.free_bytes = self.size_bytes
+        start_to_size: dict[int, int] = {}
+        end_to_start: dict[int, int] = {}
+        by_size: list[tuple[int, int]] = []
+        free_bytes = self.size_bytes
         position = 0
         for offset, size in used:
             length = self.aligned(size)
             if offset < position or offset % self.alignment_bytes or offset + length > self.size_bytes:
                 raise ValueError(f"range [{offset}, {offset + length}) overlaps, is unaligned or outside the segment")
             if offset > position:
-                self._start_to_size[position] = offset - position
-                self._end_to_start[offset] = position
-                self._by_size.append((offset - position, position))
-            self.free_bytes -= length
+                start_to_size[position] = offset - position
+                end_to_start[offset] = position
+                by_size.append((offset - position, position))
+            free_bytes -= length
             position = offset + length
         if position < self.size_bytes:
-            self._start_to_size[position] = self.size_bytes - position
-            self._end_to_start[self.size_bytes] = position
-            self._by_size.append((self.size_bytes - position, position))
-        self._by_size.sort()
+            start_to_size[position] = self.size_bytes - position
+            end_to_start[self.size_bytes] = position
+            by_size.append((self.size_bytes - position, position))
+        by_size.sort()
+        # only now, so a bad list leaves the allocator as it was
+        self._start_to_size, self._end_to_start, self._by_size, self.free_bytes = (
+            start_to_size, end_to_start, by_size, free_bytes)
 
     def free_ranges(self) -> list[tuple[int, int]]:
         """(offset, size) of every free range, by offset (for tests and debugging)."""

@@ -168,7 +168,7 @@ class MasterCore:
 
     def _end_quarantine(self, req: p.EndQuarantine, now_s: float) -> p.OkReply:
         _check_tenant(req.tenant)
-        return p.OkReply(count=self.index.end_quarantine(req.tokens))
+        return p.OkReply(count=self.index.end_quarantine(req.tenant, req.tokens))
 
     def _lookup_prefix(self, req: p.LookupPrefix, now_s: float) -> p.LookupReply:
         _check_tenant(req.tenant)

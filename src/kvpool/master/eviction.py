@@ -9,6 +9,8 @@ Rules:
   path); a popped record whose access time moved on is pushed back with the new time. This is exact
   LRU: a record popped fresh has an access time no later than any stale entry's true time.
 - Each record is in the heap at most once (IN_HEAP), so the heap costs one pointer per object.
+- Objects held only by segments still recovering are skipped: their space joins the allocator when
+  the recovery ends, so evicting them would free nothing a put could use.
 - Leased objects are skipped. One leased for longer than `max_lease_hold_s` without a break is
   marked DRAINING when eviction wants it: it takes no new lease, so it becomes evictable within one
   lease TTL. Rejected: capping every object's continuous lease (hot objects would turn into misses
@@ -110,7 +112,7 @@ class Evictor:
         capacity = segments.capacity_bytes
         freed = self.evict(now_s, max(0, segments.used_bytes - int(capacity * self.index.config.low_watermark)))
         step = max(size_bytes, capacity // 100)
-        while not any(s.allocator.can_allocate(size_bytes) for s in segments.by_id.values()):
+        while not any(not s.recovering and s.allocator.can_allocate(size_bytes) for s in segments.by_id.values()):
             more = self.evict(now_s, step)
             if more == 0:
                 break
@@ -142,10 +144,19 @@ class Evictor:
                     continue
                 rec.lease_until_s = rec.lease_since_s = None
                 index.lease_expiries += 1
+            frees = 0
+            on_recovering = False
             for replica in unpack_replicas(rec.locations):
                 segment = index.segments.by_id.get(replica.segment_id)
                 if segment is not None:
-                    freed += segment.allocator.aligned(replica.size)
+                    if segment.recovering:
+                        on_recovering = True
+                    else:
+                        frees += segment.allocator.aligned(replica.size)
+            if on_recovering and not frees:
+                set_aside.append(rec)  # its space is not the allocator's yet: evicting it frees nothing now
+                continue
+            freed += frees
             self.evicted_bytes += rec.size_bytes
             self.evictions += 1
             index.drop(rec)

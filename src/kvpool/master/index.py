@@ -154,6 +154,11 @@ class ObjectIndex:
             largest = segments.largest_segment_bytes
             if largest == 0:
                 return _NO_REPLICAS, "no segment is mounted: start a `kvpool node` (or embed one)"
+            if all(s.recovering for s in segments.by_id.values()):
+                return _NO_REPLICAS, (
+                    "no segment can take it yet: every segment is recovering (its node is announcing what it "
+                    "holds to this master); retry in a moment"
+                )
             if segments.by_id[next(iter(segments.by_id))].allocator.aligned(size) > largest:
                 return _NO_REPLICAS, (
                     f"an object of {size} bytes is larger than the largest segment ({largest} bytes): "
@@ -231,11 +236,14 @@ class ObjectIndex:
                 self.drop(rec)
         return revoked
 
-    def end_quarantine(self, tokens: list[int]) -> int:
+    def end_quarantine(self, tenant: str, tokens: list[int]) -> int:
+        """Free quarantined space of these tokens (only the tenant's own: tokens of another are ignored)."""
+        space = self.tenants.get(tenant)
         freed = 0
         for token in tokens:
-            held = self._quarantine.pop(token, None)
-            if held is not None:
+            held = self._quarantine.get(token)
+            if held is not None and held[0].space is space:
+                del self._quarantine[token]
                 self._free_replicas(held[0].replicas)
                 freed += 1
         return freed
@@ -471,6 +479,7 @@ class ObjectIndex:
                     rec.locations = pack_replicas(rest)
                 else:
                     del self._quarantine[token]  # the transfer's target is gone, and so is the risk
+        self._forget_orphans_unless_recovering()
         self.dropped += lost
         return lost
 
@@ -489,14 +498,16 @@ class ObjectIndex:
         push = self.evictor.push
         for i, entry in enumerate(entries):
             offset, size, tenant, key = entry.offset, entry.size, entry.tenant, entry.key
+            # no checksum: its bytes cannot be told from what overwrote them since (the directory lags
+            # the master by a heartbeat), so it is not served again
             if (size <= 0 or offset < 0 or offset + size > size_limit or not tenant or not key
-                    or offset in recovered):
+                    or offset in recovered or not 0 < entry.checksum < (1 << 64)):
                 rejected.append(offset)
                 continue
             space = self.tenants.get(tenant)
             if space is None:
                 space = self.tenants[tenant] = {}
-            checksum = entry.checksum.to_bytes(8, "little") if 0 < entry.checksum < (1 << 64) else NO_CHECKSUM
+            checksum = entry.checksum.to_bytes(8, "little")
             replica = Replica(segment_id, offset, size)
             rec = space.get(key)
             if rec is not None:
@@ -566,10 +577,14 @@ class ObjectIndex:
         segment.allocator.rebuild(used)
         segment.recovered = {}
         segment.recovering = False
+        self._forget_orphans_unless_recovering()
+        self.rejected_announcements += len(overlapping)
+        self.recovered_objects -= len(overlapping)
+        return len(overlapping)
+
+    def _forget_orphans_unless_recovering(self) -> None:
         if not any(s.recovering for s in self.segments.by_id.values()):
             self._orphans.clear()
-        self.rejected_announcements += len(overlapping)
-        return len(overlapping)
 
 
 def _on_segment(locations: bytes, segment_id: int) -> bool:
