@@ -1,33 +1,52 @@
 """An embedded storage node: the vLLM worker contributes memory to the pool itself, so one vLLM
 instance plus `kvpool master` is a complete pool (standalone `kvpool node`s add more).
 
-The node mounts in a background thread: vLLM's start-up never waits on the master, and a master
-that is down at start-up is retried with back-off until it answers (the node itself remounts when
-the master restarts later).
+Rules:
+- The node is a `kvpool node` child process, not a thread of the worker: a busy engine (its GIL,
+  its cores) can never delay the node's heartbeats, so the master does not drop the memory of an
+  engine that is merely busy (it did, with a thread, past a 5 s TTL on 2 cores). The memory is the
+  child's memfd; the worker's client maps it like any same-host segment.
+- vLLM's start-up never waits for it: the child mounts in the background and keeps retrying a
+  master that is down (mount timeout: an hour per try, then it exits and is started again).
+- The child exits with the worker: it watches its parent (`--exit-with-parent`), so even a
+  SIGKILLed worker leaves no node behind; `stop()` sends SIGTERM (the node unmounts and exits 0).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
-
-from kvpool.core.errors import KVPoolError
+import time
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-# One StorageNode.start() keeps trying to mount this long (it allocates the segment first, so a
-# failed attempt is not cheap: do not make attempts short).
-_MOUNT_ATTEMPT_S = 30.0
+_MOUNT_ATTEMPT_S = 3600.0
+_STOP_GRACE_S = 5.0
 
 
 class EmbeddedNode:
     def __init__(self, master_address: str, memory_bytes: int, node_id: str, *,
                  timeout_s: float, retry_initial_s: float, retry_max_s: float) -> None:
-        self._args = (master_address, memory_bytes, node_id, timeout_s)
+        self._argv = [
+            sys.executable, "-m", "kvpool", "node", "--master", master_address, "--memory", str(memory_bytes),
+            "--node-id", node_id, "--timeout-s", str(timeout_s), "--mount-timeout-s", str(_MOUNT_ATTEMPT_S),
+            "--exit-with-parent",
+        ]
+        self._node_id = node_id
+        self._memory_bytes = memory_bytes
         self._retry = (retry_initial_s, retry_max_s)
+        self._dir = Path(tempfile.mkdtemp(prefix="kvpool-embedded-"))
+        self._ready_file = self._dir / "node.ready.json"
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._node = None
+        self._proc: subprocess.Popen | None = None
         self._thread = threading.Thread(target=self._run, name="kvpool-embedded-node", daemon=True)
 
     def start(self) -> "EmbeddedNode":
@@ -36,40 +55,65 @@ class EmbeddedNode:
 
     @property
     def mounted(self) -> bool:
-        return self._node is not None
+        proc = self._proc
+        return proc is not None and proc.poll() is None and self._ready_file.exists()
 
     def wait_mounted(self, timeout_s: float) -> bool:
-        self._thread.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.mounted:
+                return True
+            time.sleep(0.02)
         return self.mounted
 
-    def _run(self) -> None:
-        from kvpool.node import NodeConfig, StorageNode
+    @property
+    def info(self) -> dict | None:
+        """The node's ready file ({node_id, segment_id, pid, ...}) once it has mounted."""
+        try:
+            return json.loads(self._ready_file.read_text())
+        except (OSError, ValueError):
+            return None
 
-        master_address, memory_bytes, node_id, timeout_s = self._args
+    def _run(self) -> None:
         delay_s, max_s = self._retry
-        config = NodeConfig(master_address=master_address, memory_bytes=memory_bytes, node_id=node_id,
-                            timeout_s=timeout_s, mount_timeout_s=_MOUNT_ATTEMPT_S)
+        log_path = self._dir / "node.log"
         while not self._stop.is_set():
-            node = StorageNode(config)
-            try:
-                node.start()
-            except KVPoolError as exc:
-                log.warning("kvpool: embedded node %s could not mount (%s); retrying in %.1f s", node_id, exc, delay_s)
-                node.stop()
-                self._stop.wait(delay_s)
-                delay_s = min(delay_s * 2, max_s)
-                continue
             with self._lock:
                 if self._stop.is_set():
-                    node.stop()
                     return
-                self._node = node
-            log.info("kvpool: embedded node %s contributes %d bytes to the pool", node_id, memory_bytes)
-            return
+                with open(log_path, "ab") as out:
+                    self._proc = subprocess.Popen(
+                        [*self._argv, "--ready-file", str(self._ready_file)], stdout=out, stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                    )
+            log.info("kvpool: embedded node %s (%d bytes) started as pid %d; its log: %s",
+                     self._node_id, self._memory_bytes, self._proc.pid, log_path)
+            code = self._proc.wait()
+            if self._stop.is_set():
+                return
+            self._ready_file.unlink(missing_ok=True)
+            log.warning("kvpool: embedded node %s exited with %s; starting it again in %.1f s (log: %s)",
+                        self._node_id, code, delay_s, log_path)
+            self._stop.wait(delay_s)
+            delay_s = min(delay_s * 2, max_s)
 
     def stop(self) -> None:
         self._stop.set()
         with self._lock:
-            node, self._node = self._node, None
-        if node is not None:
-            node.stop()
+            proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                log.warning("kvpool: embedded node %s did not stop within %.0f s; killing it",
+                            self._node_id, _STOP_GRACE_S)
+                proc.kill()
+                proc.wait()
+        self._thread.join(1.0)
+        for path in (self._ready_file, self._dir / "node.log"):
+            path.unlink(missing_ok=True)
+        try:
+            os.rmdir(self._dir)
+        except OSError:
+            pass

@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-file", type=Path, default=None, metavar="PATH",
                         help="write {node_id, segment_id, pid, metrics_port} as JSON here once mounted "
                              "(rewritten after a remount)")
+    parser.add_argument("--exit-with-parent", action="store_true",
+                        help="unmount and exit when the process that started this one is gone (used by the vLLM "
+                             "connector's embedded node, so a killed engine leaves no node behind)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="logging verbosity (default: %(default)s)")
 
@@ -89,6 +92,17 @@ def run(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     print(f"kvpool node {node.node_id}: mounting {format_size(config.memory_bytes)} on {config.master_address}",
           flush=True)
+    if args.exit_with_parent:
+        parent = os.getppid()
+
+        def watch_parent() -> None:
+            while not stop.wait(0.5):
+                if os.getppid() != parent:
+                    print(f"kvpool node {node.node_id}: parent {parent} is gone; stopping", flush=True)
+                    on_signal()
+                    return
+
+        threading.Thread(target=watch_parent, name="kvpool-parent-watch", daemon=True).start()
     try:
         node.start()
         print(f"kvpool node {node.node_id}: segment {node.segment_id:x} ({format_size(config.memory_bytes)}) "
