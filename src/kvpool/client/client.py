@@ -283,16 +283,18 @@ class Client:
             except KVPoolError:
                 pass
 
-    def get_into(self, keys: list[str], addrs: list, sizes: list) -> int:
+    def get_into(self, keys: list[str], addrs: list, sizes: list, *, lookup_timeout_s: float | None = None) -> int:
         """Read the leading hits of `keys` into the given regions (object i = its regions
-        concatenated). Returns how many leading keys were read completely within their lease."""
+        concatenated). Returns how many leading keys were read completely within their lease.
+        `lookup_timeout_s` bounds the master round trip alone (default: timeout_s), for callers
+        that must not wait long on a slow master but may on a long copy (a vLLM step's load)."""
         started = time.perf_counter()
         self._check_keys(keys, unique=False)
         addrs, sizes = self._regions(len(keys), addrs, sizes)
         if not keys:
             return 0
         self._check_registered(addrs, sizes)
-        t0, reply, replicas = self._lookup_leased(keys)
+        t0, reply, replicas = self._lookup_leased(keys, lookup_timeout_s)
         try:
             for i, rs in enumerate(replicas):
                 if rs[0].size != sum(sizes[i]):
@@ -305,10 +307,13 @@ class Client:
         self._metrics.latency_s.labels(self.config.tenant, "get").observe(time.perf_counter() - started)
         return count
 
-    def _lookup_leased(self, keys: list[str]) -> tuple[float, protocol.LookupReply, list[list[Replica]]]:
+    def _lookup_leased(
+        self, keys: list[str], timeout_s: float | None = None
+    ) -> tuple[float, protocol.LookupReply, list[list[Replica]]]:
         """(t0, the reply, per hit its replicas). The caller must `_release(reply.lease_id)`."""
         t0 = time.monotonic()  # before sending: our deadline is never later than the master's
-        reply = self._call(protocol.LookupPrefix(self.config.tenant, list(keys), lease=True), protocol.LookupReply)
+        reply = self._call(protocol.LookupPrefix(self.config.tenant, list(keys), lease=True), protocol.LookupReply,
+                           timeout_s)
         try:
             replicas = plan.split_replicas(reply.replica_locations, reply.replica_counts, reply.num_hit)
             if reply.checksums and len(reply.checksums) != protocol.CHECKSUM_BYTES * reply.num_hit:
@@ -527,10 +532,10 @@ class Client:
         """The master incarnation that answered last (None before the first answer)."""
         return self._channel.epoch
 
-    def _call(self, request, reply_type):
+    def _call(self, request, reply_type, timeout_s: float | None = None):
         if self._closed:
             raise UsageError("the client is closed")
-        reply = self._channel.call(request)
+        reply = self._channel.call(request, timeout_s)
         if not isinstance(reply, reply_type):
             raise ProtocolError(f"master answered {type(request).__name__} with {type(reply).__name__}")
         return reply

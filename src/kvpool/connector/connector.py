@@ -128,6 +128,7 @@ class KVPoolConnector(KVConnectorBase_V1):
             self._worker = WorkerSide(
                 self.geom, health=PoolHealth("pool", cfg.retry_initial_s, cfg.retry_max_s),
                 load_async=cfg.load_async, load_wait_s=cfg.load_wait_ms / 1000,
+                sync_lookup_timeout_s=cfg.lookup_timeout_s,
             )
 
     def _make_client(self, timeout_s: float):

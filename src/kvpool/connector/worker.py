@@ -43,8 +43,11 @@ class _NoPool(Exception):
 class WorkerSide:
     def __init__(
         self, geom: Geometry, *, health: PoolHealth, load_async: bool, load_wait_s: float = 0.005,
-        shutdown_timeout_s: float = 10.0,
+        shutdown_timeout_s: float = 10.0, sync_lookup_timeout_s: float = 0.5,
     ):
+        # a synchronous load runs inside vLLM's step: its master round trip is bounded like the
+        # scheduler's lookups (a slow master makes it a failed load, recomputed), its copy is not
+        self._sync_lookup_timeout_s = sync_lookup_timeout_s
         self.geom = geom
         self.stats = StatsRecorder()
         self._health = health
@@ -119,7 +122,9 @@ class WorkerSide:
             if self._client is None or not self._health.should_try():
                 raise _NoPool
             addrs, sizes = self._regions(spec.block_ids)
-            num_loaded = self._client.get_into(spec.keys, addrs, sizes)
+            num_loaded = self._client.get_into(
+                spec.keys, addrs, sizes, lookup_timeout_s=None if self._load_async else self._sync_lookup_timeout_s
+            )
             self._health.record_success()
         except _NoPool:
             pass  # degraded, waiting for the back-off to end: vLLM recomputes

@@ -16,7 +16,7 @@ class MasterConfig:
     low_watermark: float = 0.85  # eviction frees down to this
     lease_ttl_s: float = 5.0  # a read lease granted by lookup_prefix(lease=True)
     max_lease_hold_s: float = 15.0  # past this much continuous leasing, eviction may drain an object
-    node_ttl_s: float = 5.0  # a segment not heartbeated for this long is unmounted
+    node_ttl_s: float = 10.0  # a segment not heartbeated for this long is unmounted (tolerates seconds of stall)
     heartbeat_interval_s: float = 1.0  # told to nodes at mount
     put_timeout_s: float = 30.0  # a pending put never ended within this is reclaimed (writer died)
     alignment_bytes: int = 64  # object offsets and sizes are rounded to this
