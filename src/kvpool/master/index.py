@@ -37,6 +37,7 @@ Rules:
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 
 from kvpool.core.protocol import (
@@ -56,6 +57,7 @@ from kvpool.master.placement import choose_segments
 from kvpool.master.segments import Segment, SegmentTable
 
 _NO_REPLICAS: tuple = ()
+_pack_replica = struct.Struct("<qqq").pack  # one replica, as protocol.pack_replicas lays it out
 # byte length of a hit's packed replicas -> its replica count (protocol.MAX_REPLICAS fit in a byte)
 _COUNT_OF_LENGTH = bytes(n // REPLICA_BYTES if n % REPLICA_BYTES == 0 else 0 for n in range(256))
 
@@ -508,7 +510,7 @@ class ObjectIndex:
             if space is None:
                 space = self.tenants[tenant] = {}
             checksum = entry.checksum.to_bytes(8, "little")
-            replica = Replica(segment_id, offset, size)
+            packed = _pack_replica(segment_id, offset, size)
             rec = space.get(key)
             if rec is not None:
                 # another node's replica of it, or a put since the restart: take it only if it is the same object
@@ -517,10 +519,10 @@ class ObjectIndex:
                         or len(rec.locations) >= REPLICA_BYTES * MAX_REPLICAS):
                     rejected.append(offset)
                     continue
-                rec.locations += pack_replicas([replica])
+                rec.locations += packed
             else:
                 last_access_s = now_s - (ages_s[i] if i < len(ages_s) and ages_s[i] > 0 else 0.0)
-                rec = ObjectRecord(space, key, pack_replicas([replica]), COMPLETE, last_access_s)
+                rec = ObjectRecord(space, key, packed, COMPLETE, last_access_s)
                 rec.checksum = checksum
                 space[key] = rec
                 self.num_complete += 1

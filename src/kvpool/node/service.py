@@ -163,8 +163,9 @@ class StorageNode:
                 self._remount()
                 continue
             segment_id = self.segment_id
-            # a heartbeat that takes longer than the TTL is useless: the master has given up already
-            timeout_s = min(self.config.timeout_s, max(0.1, self.node_ttl_s or self.config.timeout_s))
+            # a heartbeat unanswered for two intervals is lost (its master may have died with it): the
+            # next one goes out then, so a restarted master hears from us within ~2 intervals
+            timeout_s = min(self.config.timeout_s, max(0.1, 2 * (self.heartbeat_interval_s or 1.0)))
             try:
                 reply = self._channel.call(
                     Heartbeat(self.node_id, [segment_id], [self.directory.applied_seq]), timeout_s=timeout_s
