@@ -6,6 +6,8 @@ SPEC: {"model_dir", "master" (or null: no connector), "extra_config", "multi_exa
 MultiConnector after ExampleConnector writing there), "block_size", "max_num_batched_tokens",
 "dtype", "logprobs", "phases": [{"prompts": [[ids]], "max_tokens", "reset_prefix_cache",
 "corrupt_prompt": [ids] (overwrite that prompt's pooled objects with random bytes first),
+"flip_prompt": [ids] (flip one bit inside each of that prompt's objects in the node's memory, under
+the checksum the writer stored),
 "wait_file" (wait for it before the phase), "signal_file" (create it after the phase)}]}
 OUT: per phase, per prompt {"token_ids", "logprobs"}; plus metric counters after each phase.
 Prefix-cache resets between phases make a phase see only the pool, like a fresh process would.
@@ -64,13 +66,9 @@ def _drain_saves(spec: dict) -> None:
         raise RuntimeError("pool saves did not finish within 30 s")
 
 
-def _corrupt(spec: dict, prompt: list[int]) -> int:
-    """Overwrite the pool objects of `prompt`'s full blocks with random bytes of the same size."""
-    import numpy as np
+def _object_keys(spec: dict, prompt: list[int]) -> list[str]:
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
-
-    from kvpool.client import Client
 
     ours = _our_connector(spec)
     init_none_hash(sha256)
@@ -78,9 +76,43 @@ def _corrupt(spec: dict, prompt: list[int]) -> int:
     for start in range(0, len(prompt) - bs + 1, bs):
         parent = hash_block_tokens(sha256, parent, prompt[start : start + bs], None)
         keys.append(parent.hex())
-    size = ours._worker._layout.block_bytes * ours.geom.blocks_per_object
     k = ours.geom.blocks_per_object
-    keys = keys[k - 1 :: k]
+    return keys[k - 1 :: k]
+
+
+def _flip(spec: dict, prompt: list[int]) -> int:
+    """Flip one bit in the middle of each of `prompt`'s objects, in the segment itself."""
+    import ctypes
+
+    from kvpool.client import Client
+    from kvpool.transfer.shm import PeerMapping
+
+    ours = _our_connector(spec)
+    keys = _object_keys(spec, prompt)
+    with Client(spec["master"], ours.namespace) as client:
+        _, reply, replicas = client._lookup_leased(keys)
+        client._release(reply.lease_id)
+        for rs in replicas:
+            (replica,) = rs
+            info = client._segments.get({replica.segment_id})[replica.segment_id]
+            mapping = PeerMapping(info.shm_path, info.size_bytes, info.agent_name)
+            try:
+                byte = ctypes.c_uint8.from_address(mapping.base_addr + replica.offset + replica.size // 2)
+                byte.value ^= 0x04
+            finally:
+                mapping.close()
+    return len(replicas)
+
+
+def _corrupt(spec: dict, prompt: list[int]) -> int:
+    """Overwrite the pool objects of `prompt`'s full blocks with random bytes of the same size."""
+    import numpy as np
+
+    from kvpool.client import Client
+
+    ours = _our_connector(spec)
+    keys = _object_keys(spec, prompt)
+    size = ours._worker._layout.block_bytes * ours.geom.blocks_per_object
     rng = np.random.default_rng(0)
     with Client(spec["master"], ours.namespace) as client:
         client.remove(keys)
@@ -117,6 +149,8 @@ def main(spec_path: str, out_path: str) -> int:
         if phase.get("reset_prefix_cache"):
             llm.reset_prefix_cache()
         corrupted = _corrupt(spec, phase["corrupt_prompt"]) if phase.get("corrupt_prompt") else 0
+        if phase.get("flip_prompt"):
+            corrupted = _flip(spec, phase["flip_prompt"])
         params = SamplingParams(max_tokens=phase.get("max_tokens", 8), temperature=0.0, ignore_eos=True,
                                 logprobs=spec.get("logprobs", 1))
         outputs = []

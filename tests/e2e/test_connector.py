@@ -157,3 +157,18 @@ def test_embedded_node_makes_one_vllm_and_a_master_a_pool(make_pool, run_vllm):
     assert counters(result, 0)["vllm:kvpool_saved_blocks"] == 3
     assert only(result, 1)["num_cached_tokens"] == 3 * BLOCK_SIZE
     assert_same_answer(only(result, 1), only(result, 0))
+
+
+def test_flipped_bits_in_the_pool_are_recomputed_never_served(make_pool, run_vllm):
+    pool = make_pool(num_nodes=1)
+    p = prompt(100, seed=12)
+    a = run_vllm("writer", pool.address, [{"prompts": [p], "max_tokens": 6}])
+    b = run_vllm("reader", pool.address, [
+        {"prompts": [p], "max_tokens": 6, "flip_prompt": p},
+    ], extra_config={"load_async": False})  # fmt: skip
+    assert b["phases"][0]["corrupted_objects"] == 3
+    reread = only(b, 0)
+    # the pool said "hit", every read failed its checksum: vLLM was told and recomputed all of it
+    assert counters(b, 0)["vllm:kvpool_load_failed_blocks"] == 3
+    assert counters(b, 0).get("vllm:kvpool_loaded_blocks", 0) == 0
+    assert_same_answer(reread, only(a, 0))
