@@ -171,3 +171,15 @@ def test_jsonl_round_trip_keeps_every_field(tmp_path: Path):
     again = read_sessions(out)
     assert again == sessions
     assert load_trace(out) == sessions and detect_format(out) == "kvpool"
+
+
+def test_scale_session_keeps_the_sharing_and_shrinks_tokens():
+    from kvpool.workload.model import Session, Turn, scale_session
+
+    s = Session("s", 64, [Turn([1, 2], 40, 300), Turn([1, 2, 3], 10, 1)])
+    small = scale_session(s, 1 / 32)
+    assert small.block_size == 2 and [t.block_ids for t in small.turns] == [[1, 2], [1, 2, 3]]
+    assert [(t.tail_tokens, t.output_tokens) for t in small.turns] == [(1, 9), (0, 1)]
+    assert [small.input_tokens(t) for t in small.turns] == [5, 6]
+    with pytest.raises(ValueError):
+        scale_session(s, 0)

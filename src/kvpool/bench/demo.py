@@ -27,7 +27,7 @@ from kvpool.bench import procs
 from kvpool.bench.replay import ReplayConfig, ReplayResult
 from kvpool.bench.reports import summarize
 from kvpool.bench.tiny_model import TinyLlamaConfig, write_tiny_llama
-from kvpool.workload.model import Session, read_sessions
+from kvpool.workload.model import Session, read_sessions, scale_session
 from kvpool.workload.synth import SynthConfig, synth_sessions
 
 RUNS = ("baseline", "pool")
@@ -45,6 +45,7 @@ class DemoConfig:
     time_scale: float = 0.05  # of the trace's tool/think times
     seed: int = 0
     sessions_file: Path | None = None  # replay this instead of synthesizing
+    sessions_scale: float = 1.0  # token counts of the sessions file times this (workload.model.scale_session)
     num_servers: int = 2
     kv_cache_bytes: int = 48 * 2**20  # per server: smaller than the sessions' contexts together
     pool_bytes_per_server: int = 256 * 2**20  # embedded pool segment of each server
@@ -124,7 +125,8 @@ class Demo:
     def sessions(self) -> list[Session]:
         c = self.config
         if c.sessions_file is not None:
-            return [msgspec.structs.replace(s, turns=s.turns[: c.max_turns])
+            return [scale_session(msgspec.structs.replace(s, turns=s.turns[: c.max_turns]), c.sessions_scale)
+                    if c.sessions_scale != 1.0 else msgspec.structs.replace(s, turns=s.turns[: c.max_turns])
                     for s in read_sessions(c.sessions_file)[: c.num_sessions]]  # fmt: skip
         return synth_sessions(SynthConfig(profile="codex", num_sessions=c.num_sessions, scale=c.scale,
                                           seed=c.seed, max_turns=c.max_turns))  # fmt: skip

@@ -45,7 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=float, default=None,
                         help=f"tool/think times as a fraction of the trace's (default {d.time_scale}; 0 = none)")
     parser.add_argument("--sessions-file", type=Path, default=None,
-                        help="replay this kvpool sessions JSONL instead of a synthesized Codex-like trace")
+                        help="replay this kvpool sessions JSONL instead of a synthesized Codex-like trace "
+                             "(`kvpool trace convert` makes one from Claude Code, Mooncake or vLLM traces)")
+    parser.add_argument("--sessions-scale", type=float, default=1.0,
+                        help="token counts of --sessions-file times this, sharing kept (e.g. 0.03 fits "
+                             "Claude Code's 100K-450K-token contexts into the tiny model's 16K; default 1)")
     parser.add_argument("--seed", type=int, default=d.seed, help="trace and prompt seed")
     parser.add_argument("--kv-cache-mib", type=_mib, default=d.kv_cache_bytes, metavar="MIB",
                         help=f"vLLM KV cache per server (default {d.kv_cache_bytes >> 20}; small on purpose)")
@@ -65,7 +69,8 @@ def _config(args: argparse.Namespace) -> DemoConfig:
         if getattr(args, arg) is not None:
             base[key] = getattr(args, arg)
     return DemoConfig(
-        **base, seed=args.seed, sessions_file=args.sessions_file, kv_cache_bytes=args.kv_cache_mib,
+        **base, seed=args.seed, sessions_file=args.sessions_file, sessions_scale=args.sessions_scale,
+        kv_cache_bytes=args.kv_cache_mib,
         pool_bytes_per_server=args.pool_mib, max_model_len=args.max_model_len,
         runs=(args.only,) if args.only else ("baseline", "pool"), workdir=args.workdir,
     )  # fmt: skip
@@ -104,8 +109,9 @@ def comparison_rows(outcomes: dict[str, RunOutcome]) -> list[tuple[str, str, str
     for key, name, ref in (("ttft_s", "P50 TTFT", REFERENCE["ttft"]), ("e2e_s", "P50 end-to-end", REFERENCE["e2e"])):
         vb, vp = get(b, key, "p50"), get(p, key, "p50")
         rows.append((name, _s(vb), _s(vp), _x(ratio(vb, vp), " lower"), ref))
-    vb, vp = get(b, "ttft_s", "p90"), get(p, "ttft_s", "p90")
-    rows.append(("P90 TTFT", _s(vb), _s(vp), _x(ratio(vb, vp), " lower"), ""))
+    for key, name in (("ttft_s", "P90 TTFT"), ("ttft_s", "P99 TTFT"), ("e2e_s", "P99 end-to-end")):
+        vb, vp = get(b, key, "p" + name[1:3]), get(p, key, "p" + name[1:3])
+        rows.append((name, _s(vb), _s(vp), _x(ratio(vb, vp), " lower"), ""))
     rows.append(("hit rate (local + pool)", _pct(get(b, "hit_rate", "combined")), _pct(get(p, "hit_rate", "combined")),
                  "", REFERENCE["hit"]))  # fmt: skip
     rows.append(("  of which pool", _pct(get(b, "hit_rate", "external")) if get(b, "hit_rate", "external") is not None else "-",
@@ -114,6 +120,12 @@ def comparison_rows(outcomes: dict[str, RunOutcome]) -> list[tuple[str, str, str
     rows.append(("  less failed pool loads", _pct(get(b, "hit_rate", "combined_loaded")),
                  _pct(get(p, "hit_rate", "combined_loaded")) + (f" ({fp:.0f} blocks failed)" if fp else ""), "", ""))  # fmt: skip
     rows.append(("potential hit rate", _pct(get(b, "hit_rate", "potential")), _pct(get(p, "hit_rate", "potential")), "", "94.2 %"))
+    for key, name in (("pool_saves_dropped", "saves dropped (blocks pinned past the bound)"),
+                      ("pool_saves_deferred", "saves put off a step"),
+                      ("pool_lookups_deferred", "lookups answered 'ask again' (step not blocked)"),
+                      ("pool_lookups_given_up", "lookups given up (computed without the pool)")):
+        value = get(p, "server_counters", key)
+        rows.append((name, "-", f"{value:.0f}" if value is not None else "n/a", "", ""))
     rb, rp = get(b, "requests"), get(p, "requests")
     rows.append(("requests ok / planned", f"{rb['ok']} / {rb['planned']}" if rb else "n/a",
                  f"{rp['ok']} / {rp['planned']}" if rp else "n/a", "", ""))  # fmt: skip

@@ -26,6 +26,11 @@ COUNTERS = {
     # but vLLM has already counted it in external_prefix_cache_hits
     "pool_loaded_blocks": "vllm:kvpool_loaded_blocks_total",
     "pool_load_failed_blocks": "vllm:kvpool_load_failed_blocks_total",
+    "pool_saves_deferred": "vllm:kvpool_saves_deferred_total",
+    "pool_saves_dropped": "vllm:kvpool_saves_dropped_total",
+    "pool_lookups_deferred": "vllm:kvpool_lookups_deferred_total",
+    "pool_lookups_given_up": "vllm:kvpool_lookups_given_up_total",
+    "pool_unavailable": "vllm:kvpool_pool_unavailable_total",
 }
 
 
@@ -40,6 +45,11 @@ class CacheCounters:
     preemptions: float = 0.0
     pool_loaded_blocks: float = 0.0
     pool_load_failed_blocks: float = 0.0
+    pool_saves_deferred: float = 0.0
+    pool_saves_dropped: float = 0.0
+    pool_lookups_deferred: float = 0.0
+    pool_lookups_given_up: float = 0.0
+    pool_unavailable: float = 0.0
 
     def __add__(self, other: "CacheCounters") -> "CacheCounters":
         return CacheCounters(**{k: getattr(self, k) + getattr(other, k) for k in COUNTERS})

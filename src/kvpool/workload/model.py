@@ -62,6 +62,23 @@ class Session(Struct, frozen=True):
         return sum(t.output_tokens for t in self.turns)
 
 
+def scale_session(session: Session, scale: float) -> Session:
+    """The same session with token counts times `scale` (0 < scale <= 1), its sharing intact: the
+    block ids stay, each block holds round(block_size * scale) tokens (at least 1), tails and outputs
+    shrink alike. For replaying traces with 100K+ contexts on a model with a short context."""
+    if not 0 < scale <= 1:
+        raise ValueError(f"scale must be in (0, 1], got {scale}")
+    block_size = max(1, round(session.block_size * scale))
+    turns = [
+        msgspec.structs.replace(
+            t, tail_tokens=min(block_size - 1, round(t.tail_tokens * scale)),
+            output_tokens=max(1, round(t.output_tokens * scale)),
+        )
+        for t in session.turns
+    ]
+    return msgspec.structs.replace(session, block_size=block_size, turns=turns)
+
+
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Session)
 
