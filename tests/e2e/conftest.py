@@ -31,6 +31,8 @@ def vllm_env(workdir: Path) -> dict[str, str]:
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
         "TMPDIR": str(scratch), "VLLM_RPC_BASE_PATH": str(scratch),
         "VLLM_CACHE_ROOT": str(workdir.parent / "vllm-cache"), "HF_HOME": str(scratch / "hf"),
+        # one inductor cache for the session: each fresh vLLM would compile the same CPU kernels again
+        "TORCHINDUCTOR_CACHE_DIR": str(workdir.parent / "inductor-cache"),
     }  # fmt: skip
 
 

@@ -48,8 +48,8 @@ def test_a_stopped_master_never_stalls_the_engine(make_pool, run_vllm, tmp_path)
     assert all(len(o["token_ids"]) == 4 and o["num_cached_tokens"] == 0 for o in under_stall)  # served, computed
     # each request waits at most for its own lookup's give-up, never for a whole master timeout,
     # and once the pool is off (3 failures in a row) not at all
-    assert max(o["latency_s"] for o in under_stall) < baseline_s + LOOKUP_TIMEOUT_S + 0.5
-    assert under_stall[-1]["latency_s"] < baseline_s + 0.2
+    assert max(o["latency_s"] for o in under_stall) < baseline_s + LOOKUP_TIMEOUT_S + 1.0
+    assert under_stall[-1]["latency_s"] < baseline_s + 0.5  # far below a master timeout (1 s)
     stalled = counters(result, 1)
     assert stalled["vllm:kvpool_lookups_deferred"] >= 1  # the step went on; vLLM asked again later
     assert stalled["vllm:kvpool_pool_unavailable"] >= 1  # and then the pool went off, said so, came back

@@ -53,6 +53,13 @@ def _mounted(address: str, node_ids: set[str]) -> bool:
     return stats is not None and {n.node_id for n in stats.nodes if n.state == "alive"} >= node_ids
 
 
+def _directory_objects(node: procs.ManagedProcess) -> int:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{node.info['metrics_port']}/metrics", timeout=2).read().decode()
+    return int(float(next(ln.split()[1] for ln in text.splitlines() if ln.startswith("kvpool_node_directory_objects "))))
+
+
 def _put(client: Client, keys: list[str], size: int) -> list[int]:
     buf = np.concatenate([pattern(k, size) for k in keys])
     client.register(buf)
@@ -75,7 +82,8 @@ def _read_back(address: str, keys: list[str], size: int) -> tuple[int, int]:
 def test_master_restarts_serve_no_wrong_bytes_and_keep_the_cache(tmp_path, first):
     master = procs.start_master(tmp_path, *FAST)
     address = master.info["address"]
-    nodes = {name: procs.start_node(tmp_path, address, "16MiB", name=name) for name in ("node-a", "node-b")}
+    nodes = {name: procs.start_node(tmp_path, address, "16MiB", "--metrics-port", "0", name=name)
+             for name in ("node-a", "node-b")}
     later = "node-b" if first == "node-a" else "node-a"
     size = 64 * KiB
     written: list[str] = []
@@ -86,7 +94,8 @@ def test_master_restarts_serve_no_wrong_bytes_and_keep_the_cache(tmp_path, first
             written += keys
             epochs = {client.epoch}
             for restart in range(3):
-                time.sleep(0.6)  # a few heartbeats: the nodes' directories hold every commit
+                _wait(lambda: sum(map(_directory_objects, nodes.values())) == len(written), 10,
+                      "every commit in the nodes' directories")
                 master.kill()
                 os.kill(nodes[later].pid, signal.SIGSTOP)  # `first` remounts first, `later` after it
                 try:
@@ -116,7 +125,8 @@ def test_late_or_duplicate_put_end_is_refused_and_never_completes_another_put(ma
     channel = MasterChannel(pool.address, timeout_s=2.0)
     try:
         slow = channel.call(p.PutStart("default", ["k"], [4096], [None]))
-        time.sleep(1.0)  # past put_timeout_s: the master reclaims the slow writer's allocation
+        # past put_timeout_s the master reclaims the slow writer's allocation
+        _wait(lambda: _stats(pool.address).num_pending == 0, 5, "the slow put reclaimed")
         with Client(pool.address) as other:
             assert other.put("k", pattern("k", 4096)) is True  # another writer's re-put of the key
             late = channel.call(p.PutEnd("default", ["k"], slow.tokens, [1]))

@@ -39,9 +39,11 @@ def test_a_delta_carries_at_most_ops_per_reply_from_the_oldest_unacked():
     log = DirectoryLog(max_ops=10)
     for i in range(5):
         log.append(add(i * SLOT, f"k{i}"))
-    assert log.delta(7, 2) == p.DirectoryDelta(7, 1, [add(0, "k0"), add(64, "k1")])
+    assert log.delta(7, 2) == p.DirectoryDelta(7, 1, [add(0, "k0"), add(64, "k1")], more=True)
     log.ack(2)
-    assert log.delta(7, 2) == p.DirectoryDelta(7, 3, [add(128, "k2"), add(192, "k3")])
+    assert log.delta(7, 2) == p.DirectoryDelta(7, 3, [add(128, "k2"), add(192, "k3")], more=True)
+    log.ack(4)
+    assert log.delta(7, 2) == p.DirectoryDelta(7, 5, [add(256, "k4")])  # all of it: nothing more
 
 
 def test_past_max_ops_the_log_restarts_with_reset_until_an_ack_at_the_reset_point():

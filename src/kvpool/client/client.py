@@ -269,10 +269,10 @@ class Client:
                 if remaining[0]:
                     return
             if not self._closed:
-                try:
-                    self._channel.send(protocol.EndQuarantine(tenant, tokens))
-                except KVPoolError:
-                    pass  # the master's quarantine limit ends it instead
+                # off the reaper's thread: the channel's lock may be held by a call waiting on a slow
+                # master, and the reaper must go on ending other transfers meanwhile
+                threading.Thread(target=self._send_quietly, args=(protocol.EndQuarantine(tenant, tokens),),
+                                 name="kvpool-end-quarantine", daemon=True).start()
 
         for transfer in waits.values():
             transfer.add_done_callback(settled)
@@ -325,6 +325,12 @@ class Client:
             self._release(reply.lease_id)
             raise ProtocolError(f"malformed lookup reply from the master: {e}") from None
         return t0, reply, replicas
+
+    def _send_quietly(self, request) -> None:
+        try:
+            self._channel.send(request)
+        except KVPoolError:
+            pass  # the master's quarantine limit ends it instead
 
     def _release(self, lease_id: int) -> None:
         """Hand a leased lookup back (fire-and-forget; the lease TTL covers a lost message)."""

@@ -88,9 +88,12 @@ class EmbeddedNode:
                     )
             log.info("kvpool: embedded node %s (%d bytes) started as pid %d; its log: %s",
                      self._node_id, self._memory_bytes, self._proc.pid, log_path)
+            started = time.monotonic()
             code = self._proc.wait()
             if self._stop.is_set():
                 return
+            if time.monotonic() - started > 60.0:
+                delay_s = self._retry[0]  # it ran fine for long: a new failure starts the back-off over
             self._ready_file.unlink(missing_ok=True)
             log.warning("kvpool: embedded node %s exited with %s; starting it again in %.1f s (log: %s)",
                         self._node_id, code, delay_s, log_path)

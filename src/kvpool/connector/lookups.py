@@ -18,10 +18,13 @@ Rules:
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 ASK_AGAIN = None
 
@@ -103,7 +106,10 @@ class AsyncLookups:
             except BaseException as exc:  # reported, never raised into the engine
                 state.num_hit, error = 0, exc
             state.answered_s = self._clock()
-            self._on_result(error is None, error, time.perf_counter() - started)  # health first, then the answer
+            try:
+                self._on_result(error is None, error, time.perf_counter() - started)  # health first, then the answer
+            except Exception:  # a bug there must not end the thread every later lookup needs
+                log.exception("kvpool: recording a lookup's outcome failed")
             state.done.set()
 
     def close(self) -> None:

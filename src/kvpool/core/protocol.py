@@ -82,6 +82,7 @@ class DirectoryDelta(Struct, frozen=True):
     first_seq: int
     ops: list[DirEntry]
     reset: bool = False
+    more: bool = False  # the master holds more ops than fit: the node should ask again at once
 
 
 class SegmentInfo(Struct, frozen=True):

@@ -119,8 +119,11 @@ class MasterCore:
         if segment is None:
             raise UsageError(f"segment {req.segment_id} is not mounted on this master: mount again")
         if not segment.recovering:
-            raise UsageError(f"segment {req.segment_id} is not recovering: announce right after a recovering mount")
+            # its recovery was ended (timeout): what was not announced by then is not taken, and the
+            # node, told so, forgets it rather than mounting again (which would drop what was taken)
+            return p.AnnounceReply(accepted=0, rejected_offsets=[e.offset for e in req.entries])
         segment.last_heartbeat_s = now_s  # a long announcement must not look like a dead node
+        segment.mounted_s = now_s  # the recovery timeout counts silence, not the announcement's length
         accepted, rejected = self.index.announce(segment, req.entries, req.ages_s, now_s)
         if req.last:
             self.index.finish_recovery(segment)
@@ -208,7 +211,7 @@ class MasterCore:
             events.append(f"{expired} quarantined writes freed after {self.config.quarantine_max_s:g} s "
                           "without word from their writer")
         for segment in list(self.segments.by_id.values()):
-            if segment.recovering and now_s - segment.mounted_s > self.config.recovery_timeout_s:
+            if segment.recovering and now_s - segment.mounted_s > self.config.recovery_timeout_s:  # since its last chunk
                 self.index.finish_recovery(segment)  # its node went quiet mid-announcement: keep what came
                 events.append(f"segment {segment.segment_id:x} of node {segment.node_id}: announcement "
                               f"unfinished after {self.config.recovery_timeout_s:g} s; taking new objects")

@@ -60,4 +60,4 @@ class DirectoryLog:
             return None
         n = min(len(self.ops), max_ops_per_reply)
         ops = [self.ops[i] for i in range(n)] if n < len(self.ops) else list(self.ops)
-        return DirectoryDelta(segment_id, self.first_seq, ops, self.reset)
+        return DirectoryDelta(segment_id, self.first_seq, ops, self.reset, more=n < len(self.ops))

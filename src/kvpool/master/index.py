@@ -495,14 +495,14 @@ class ObjectIndex:
         accepted = 0
         rejected: list[int] = []
         segment_id = segment.segment_id
-        size_limit = segment.capacity_bytes
+        allocator = segment.allocator
         recovered = segment.recovered
-        push = self.evictor.push
         for i, entry in enumerate(entries):
             offset, size, tenant, key = entry.offset, entry.size, entry.tenant, entry.key
             # no checksum: its bytes cannot be told from what overwrote them since (the directory lags
             # the master by a heartbeat), so it is not served again
-            if (size <= 0 or offset < 0 or offset + size > size_limit or not tenant or not key
+            if (size <= 0 or offset < 0 or offset % allocator.alignment_bytes
+                    or offset + allocator.aligned(size) > allocator.size_bytes or not tenant or not key
                     or offset in recovered or not 0 < entry.checksum < (1 << 64)):
                 rejected.append(offset)
                 continue
@@ -526,9 +526,7 @@ class ObjectIndex:
                 rec.checksum = checksum
                 space[key] = rec
                 self.num_complete += 1
-                self._link_recovered(rec, tenant, entry.parent)
-                if not rec.num_children:
-                    push(rec)
+                self._link_recovered(rec, tenant, entry.parent)  # it joins the eviction heap in finish_recovery
             recovered[offset] = (size, rec)
             segment.num_objects += 1
             accepted += 1
@@ -577,6 +575,11 @@ class ObjectIndex:
             else:
                 self.drop(rec, free_space=False)  # logs the removal
         segment.allocator.rebuild(used)
+        push = self.evictor.push
+        for _, rec in segment.recovered.values():
+            # not before: evicting it while its segment recovered would have freed nothing
+            if not rec.num_children and not rec.flags & (IN_HEAP | DEAD | PINNED):
+                push(rec)
         segment.recovered = {}
         segment.recovering = False
         self._forget_orphans_unless_recovering()

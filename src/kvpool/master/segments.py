@@ -38,7 +38,7 @@ class Segment:
         self.info = info
         self.allocator = RangeAllocator(info.size_bytes, alignment_bytes)
         self.last_heartbeat_s = now_s
-        self.mounted_s = now_s
+        self.mounted_s = now_s  # and, while recovering, the time of its last announcement
         self.num_objects = 0
         self.log = DirectoryLog(max_log_ops)
         self.recovering = recovering

@@ -106,8 +106,11 @@ class MasterService:
                         self._answer(frames)
                 now_s = clock()
                 if now_s >= next_tick_s:
-                    for event in core.tick(now_s):
-                        log.warning("%s", event)
+                    try:
+                        for event in core.tick(now_s):
+                            log.warning("%s", event)
+                    except Exception:  # a bug in timed work must not end the loop that serves everyone
+                        log.exception("internal error in the master's timed work")
                     self._snapshot = core.stats(now_s)
                     next_tick_s = now_s + tick_s
         finally:

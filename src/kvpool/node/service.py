@@ -5,7 +5,7 @@ Rules:
   one-sidedly, so the node needs no data-path thread and can live inside another process
   (the vLLM connector embeds one).
 - Heartbeats go out every `heartbeat_interval_s` from the MountReply (at once again while the
-  master has directory ops for us). They acknowledge the directory ops applied so far; the reply
+  master says it holds more directory ops than one reply carries). They acknowledge the directory ops applied so far; the reply
   brings the next ones (directory.py).
 - When the master answers that the segment is unknown (it restarted, a standby took over, or it
   declared the node dead past its TTL), the node mounts again, gets a new segment id, and announces
@@ -141,6 +141,8 @@ class StorageNode:
         chunk = self.config.announce_chunk
         accepted = rejected = 0
         for start in range(0, max(len(entries), 1), chunk):
+            if self._stop.is_set():
+                raise UnavailableError("node stopping: announcement cut short")
             end = start + chunk
             reply = self._channel.call(
                 AnnounceObjects(segment_id, entries[start:end], ages[start:end], last=end >= len(entries)),
@@ -190,8 +192,10 @@ class StorageNode:
             self.metrics.heartbeats.labels("ok").inc()
             if isinstance(reply, HeartbeatReply):
                 now_s = time.monotonic()
-                new_ops = sum(self.directory.apply(d, now_s) for d in reply.deltas if d.segment_id == segment_id)
-                self._more_ops = new_ops > 0
+                mine = [d for d in reply.deltas if d.segment_id == segment_id]
+                for delta in mine:
+                    self.directory.apply(delta, now_s)
+                self._more_ops = any(d.more for d in mine)  # a backlog: acknowledge it at once
                 self.metrics.directory_objects.set(len(self.directory))
 
     def _remount(self) -> None:

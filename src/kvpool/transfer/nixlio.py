@@ -127,7 +127,10 @@ class NixlEndpoint:
             name = self._agent.add_remote_agent(metadata)
         except _NIXL_ERRORS as e:
             raise TransferError(f"NIXL rejected a peer's agent metadata: {e}") from e
-        return name.decode() if isinstance(name, bytes) else str(name)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        with self._reap_lock:
+            self._remove_when_idle.discard(name)  # wanted again: a deferred removal must not tear it out
+        return name
 
     def remove_peer(self, name: str) -> None:
         with self._reap_lock:
@@ -263,9 +266,15 @@ class NixlEndpoint:
 
     def close(self) -> None:
         """Tear the agent down. Requests still at the reaper stay unreleased (NIXL frees them with
-        the agent); their fences never finish, which is right: nothing proved them over."""
+        the agent). Their fences finish as "agent closed": with our agent gone nothing can write
+        into this process's memory any more, and the owner of a quarantined remote range is
+        closing too (its quarantine ends by the master's time limit)."""
         self._closing.set()
         if self._reaper is not None:
-            self._reaper.join(1.0)
+            self._reaper.join(5.0)  # it polls without blocking: it sees _closing within one interval
             self._reaper = None
         self._agent = None  # the agent is torn down by its destructor
+        with self._reap_lock:
+            left, self._reaping = self._reaping, []
+        for _, fence, _ in left:
+            fence.finish("agent closed")

@@ -144,7 +144,8 @@ class DataPlane:
         if self.path == "shm":
             raise TransferError(f"segment {segment.segment_id} of node {segment.node_id}: {why_not_shm}")
         endpoint = self._nixl()
-        return _Route(segment.agent_name, peer=endpoint.add_peer(segment.agent_metadata))
+        shared = next((r.peer for r in self._routes.values() if r.peer and r.agent_name == segment.agent_name), None)
+        return _Route(segment.agent_name, peer=shared or endpoint.add_peer(segment.agent_metadata))
 
     def _nixl(self):
         if self._endpoint is None:
@@ -159,7 +160,11 @@ class DataPlane:
     def _drop_route(self, route: _Route) -> None:
         if route.mapping is not None:
             route.mapping.close()
-        if route.peer is not None and self._endpoint is not None:
+        # one agent can back two routes (a node remounted with the same memory under a new segment
+        # id): its peer goes only with the last of them
+        if route.peer is not None and self._endpoint is not None and not any(
+            r is not route and r.peer == route.peer for r in self._routes.values()
+        ):
             self._endpoint.remove_peer(route.peer)
 
     def forget_segment(self, segment_id: int) -> None:
