@@ -48,9 +48,12 @@ def run_vllm(tmp_path, tiny_model_f32):
         spec_path.write_text(json.dumps(
             {"model_dir": str(tiny_model_f32), "master": master, "block_size": BLOCK_SIZE, "phases": phases, **spec}
         ))  # fmt: skip
+        env = vllm_env(tmp_path)
+        for name in spec.pop("unset_env", ()):
+            env.pop(name, None)
         with open(log_path, "w") as log:
             proc = subprocess.Popen([sys.executable, str(RUNNER), str(spec_path), str(out_path)],
-                                    env=vllm_env(tmp_path), stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                                    env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
         started.append(proc)
 
         def wait(timeout_s: float = 300.0) -> dict:

@@ -132,6 +132,7 @@ def main(spec_path: str, out_path: str) -> int:
         max_model_len=spec.get("max_model_len", 4096),
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 2048),
         enable_prefix_caching=True, disable_log_stats=False, seed=0,
+        prefix_caching_hash_algo=spec.get("prefix_caching_hash_algo", "sha256"),
         kv_transfer_config=_kv_transfer_config(spec),
     )
     result = {"phases": []}

@@ -172,3 +172,11 @@ def test_flipped_bits_in_the_pool_are_recomputed_never_served(make_pool, run_vll
     assert counters(b, 0)["vllm:kvpool_load_failed_blocks"] == 3
     assert counters(b, 0).get("vllm:kvpool_loaded_blocks", 0) == 0
     assert_same_answer(reread, only(a, 0))
+
+
+def test_a_per_process_block_hash_seed_is_refused_at_start(make_pool, run_vllm):
+    pool = make_pool(num_nodes=1)
+    with pytest.raises(AssertionError) as failed:  # the run exits non-zero; its log says what to set
+        run_vllm("xxhash", pool.address, [{"prompts": [prompt(40, seed=13)], "max_tokens": 1}],
+                 prefix_caching_hash_algo="xxhash", unset_env=["PYTHONHASHSEED"])
+    assert "PYTHONHASHSEED is not set" in str(failed.value) and "0 % cross-instance hits" in str(failed.value)

@@ -8,6 +8,7 @@ from kvpool.connector.config import ConnectorConfig
 def test_defaults_and_sizes():
     cfg = ConnectorConfig.from_extra_config({"master_address": "tcp://127.0.0.1:5555", "pool_memory_bytes": "64MiB"})
     assert cfg.pool_memory_bytes == 64 << 20 and cfg.load_async is None and cfg.save_decode
+    assert (cfg.checksums, cfg.lookup_wait_ms, cfg.lookup_timeout_s, cfg.max_pinned_fraction) == (True, 2.0, 0.5, 0.25)
     assert cfg.blocks_per_object(32) == 1
     assert ConnectorConfig("tcp://h:1", tokens_per_object=128).blocks_per_object(32) == 4
 
@@ -21,6 +22,9 @@ def test_defaults_and_sizes():
         ({"master_address": "tcp://h:1", "pool_memory_bytes": "lots"}, "cannot read"),
         ({"master_address": "tcp://h:1", "tenant": "a b"}, "tenant must be"),
         ({"master_address": "tcp://h:1", "timeout_s": 0}, "timeouts must be > 0"),
+        ({"master_address": "tcp://h:1", "lookup_wait_ms": 500}, "delays the engine step"),
+        ({"master_address": "tcp://h:1", "max_pinned_fraction": 0}, "max_pinned_fraction"),
+        ({"master_address": "tcp://h:1", "checksums": "yes"}, "checksums must be true or false"),
     ],
 )
 def test_bad_values_are_rejected_with_a_clear_error(extra, message):

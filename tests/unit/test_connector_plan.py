@@ -82,3 +82,14 @@ def test_health_backs_off_and_recovers():
     assert health.should_try()
     health.record_success()
     assert health.available and health.degradations == 1
+
+
+def test_a_per_process_hash_seed_is_refused_with_what_to_set():
+    from kvpool.connector.keys import unshareable_hash_reason
+
+    assert unshareable_hash_reason("sha256", None) is None
+    assert unshareable_hash_reason("sha256_cbor", None) is None
+    assert unshareable_hash_reason("xxhash", "0") is None  # a shared seed: keys agree across instances
+    for algo in ("xxhash", "xxhash_cbor"):
+        reason = unshareable_hash_reason(algo, None)
+        assert "PYTHONHASHSEED" in reason and "sha256" in reason

@@ -27,7 +27,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvpool.connector.config import ConnectorConfig
 from kvpool.connector.health import PoolHealth
-from kvpool.connector.keys import derive_namespace, readable_model_name
+from kvpool.connector.keys import derive_namespace, readable_model_name, unshareable_hash_reason
 from kvpool.connector.plan import Geometry
 from kvpool.connector.scheduler import SchedulerSide
 from kvpool.connector.stats import KVPoolConnectorStats, KVPoolPromMetrics
@@ -93,6 +93,11 @@ class KVPoolConnector(KVConnectorBase_V1):
             raise ValueError(
                 f"KVPoolConnector needs vLLM's hash block size ({hash_block_size}) == block size ({block_size})"
             )
+        # the edge where the connector may read the environment (config.py): vLLM's seed lives there
+        unshareable = unshareable_hash_reason(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "sha256"),
+                                              os.environ.get("PYTHONHASHSEED"))
+        if unshareable is not None:
+            raise ValueError(f"KVPoolConnector: {unshareable}")
         if self._kv_transfer_config.kv_load_failure_policy != "recompute":
             log.warning(
                 "kvpool: kv_load_failure_policy is %r: a failed pool load then fails the request. "

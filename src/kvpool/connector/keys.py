@@ -22,7 +22,22 @@ from collections.abc import Mapping, Sequence
 from kvpool.core.types import MAX_TENANT_LENGTH, ObjectKey, Tenant
 
 _DIGEST_CHARS = 32  # 128 bits of sha256
+# vLLM 0.32 (v1/core/kv_cache_utils.init_none_hash): with a non-cryptographic block hash the chain's
+# seed is random per process unless PYTHONHASHSEED is set, so two instances never share a key
+_PER_PROCESS_SEED_ALGOS = ("xxhash", "xxhash_cbor")
 _UNSAFE = re.compile(r"[^a-z0-9._-]+")
+
+
+def unshareable_hash_reason(hash_algo: str, pythonhashseed: str | None) -> str | None:
+    """Why instances configured so could never hit each other's KV in the pool, or None."""
+    if hash_algo in _PER_PROCESS_SEED_ALGOS and pythonhashseed is None:
+        return (
+            f"vLLM's prefix_caching_hash_algo is {hash_algo!r} and PYTHONHASHSEED is not set: vLLM then seeds "
+            "block hashes randomly in every process, so no two instances would ever share a pool object "
+            "(0 % cross-instance hits). Set PYTHONHASHSEED to the same value on every instance, or use "
+            "--prefix-caching-hash-algo sha256 (the default)"
+        )
+    return None
 
 
 def derive_namespace(readable: str, identity: Mapping[str, object]) -> Tenant:
