@@ -100,8 +100,9 @@ def test_node_remounts_when_the_master_forgot_it(make_pool):
         os.kill(node.pid, signal.SIGCONT)
     stats = _wait_for(lambda: _nodes(pool.address).get("node0"), 10, "the node mounted again")
     assert stats.segment_id != old_segment_id
-    ready = json.loads(node.ready_file.read_text())
-    assert ready["segment_id"] == stats.segment_id
+    # the node rewrites its ready file once the mount reply is in: a moment after the master knows
+    _wait_for(lambda: json.loads(node.ready_file.read_text())["segment_id"] == stats.segment_id, 5,
+              "the ready file names the new segment")
 
 
 def test_embedded_node_and_its_segment_carry_bytes(make_pool):
