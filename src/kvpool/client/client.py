@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 PUT_FAILED = 3  # client-side only: space was allocated but the write failed; revoked, safe to retry
 _PUT_STATUS_NAMES = {PUT_ALLOCATED: "stored", PUT_EXISTS: "exists", PUT_NO_SPACE: "no_space", PUT_FAILED: "failed"}
+_PATHS = ("auto", "nixl", "shm")
 
 
 class _Once:
@@ -69,7 +70,6 @@ class _Once:
 def _end_margin_s(put_timeout_s: float) -> float:
     """How long before the master's reclaim a writer stops: room for PutEnd to travel and be handled."""
     return min(max(0.2 * put_timeout_s, 0.05), 5.0)
-_PATHS = ("auto", "nixl", "shm")
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,6 @@ class Client:
                 statuses[written[n]] = PUT_FAILED
             if ended.refused:
                 self._metrics.put_keys.labels(tenant, "refused").inc(len(ended.refused))
-            if ended.refused:
                 log.warning("kvpool: the master refused %d of %d put ends (their allocation was reclaimed or "
                             "is no longer ours); those keys were not stored", len(ended.refused), len(written))
         # counted per batch, not per key: two labels().inc() per key were a quarter of a small put

@@ -14,7 +14,6 @@ Rules:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -65,14 +64,6 @@ class EmbeddedNode:
                 return True
             time.sleep(0.02)
         return self.mounted
-
-    @property
-    def info(self) -> dict | None:
-        """The node's ready file ({node_id, segment_id, pid, ...}) once it has mounted."""
-        try:
-            return json.loads(self._ready_file.read_text())
-        except (OSError, ValueError):
-            return None
 
     def _run(self) -> None:
         delay_s, max_s = self._retry

@@ -27,6 +27,7 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 ASK_AGAIN = None
+ANSWERED, REUSED, GIVEN_UP, DEFERRED = "answered", "reused", "given_up", "deferred"
 
 
 class LookupState:
@@ -62,31 +63,28 @@ class AsyncLookups:
         self._queue: queue.SimpleQueue[LookupState | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="kvpool-lookups", daemon=True)
         self._thread.start()
-        self.gave_up = 0  # lookups answered "miss" because the master was too slow
-        self.reused = 0  # asks answered from an earlier lookup of the same request
 
-    def ask(self, req_id: str, window: int, make_keys: Callable[[], list[str]]) -> int | None:
-        """Pool hit objects for the request's first `window` objects, or ASK_AGAIN."""
+    def ask(self, req_id: str, window: int, make_keys: Callable[[], list[str]]) -> tuple[int | None, str]:
+        """(pool hit objects for the request's first `window` objects, or ASK_AGAIN; how it was
+        answered: ANSWERED, REUSED an earlier answer, GIVEN_UP on a slow master, or DEFERRED)."""
         now = self._clock()
         state = self._states.get(req_id)
         if state is not None and state.window == window:
             if state.done.is_set():
                 if now - state.answered_s <= self._reuse_s:
-                    self.reused += 1
-                    return state.num_hit
+                    return state.num_hit, REUSED
                 state = None  # stale: ask the pool again
             elif now - state.asked_s > self._give_up_s:
-                self.gave_up += 1
                 del self._states[req_id]  # a late answer goes nowhere; the next ask starts afresh
-                return 0
+                return 0, GIVEN_UP
         else:
             state = None
         if state is None:
             state = self._states[req_id] = LookupState(window, make_keys(), now)
             self._queue.put(state)
         if state.done.wait(self._answer_wait_s):
-            return state.num_hit
-        return ASK_AGAIN
+            return state.num_hit, ANSWERED
+        return ASK_AGAIN, DEFERRED
 
     def forget(self, req_id: str) -> None:
         self._states.pop(req_id, None)

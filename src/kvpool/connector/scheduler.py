@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 from kvpool.connector.health import PoolHealth
 from kvpool.connector.keys import object_keys
-from kvpool.connector.lookups import ASK_AGAIN, AsyncLookups
+from kvpool.connector.lookups import ASK_AGAIN, DEFERRED, GIVEN_UP, REUSED, AsyncLookups
 from kvpool.connector.metadata import KVPoolMetadata, KVPoolWorkerMetadata
 from kvpool.connector.plan import (
     Geometry,
@@ -59,6 +59,7 @@ from kvpool.core.errors import KVPoolError, UnavailableError
 
 log = logging.getLogger(__name__)
 
+_COUNTED = {DEFERRED: "lookups_deferred", REUSED: "lookups_cached", GIVEN_UP: "lookups_given_up"}
 NULL_BLOCK_ID = 0  # vLLM's placeholder block (v1/attention/backends/utils.py); never holds KV
 
 
@@ -115,17 +116,13 @@ class SchedulerSide:
         window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
         if window * self.geom.tokens_per_object <= num_computed_tokens or not self._health.should_try():
             return 0, False
-        reused_before, gave_up_before = self._lookups_async.reused, self._lookups_async.gave_up
-        num_hit = self._lookups_async.ask(
+        num_hit, how = self._lookups_async.ask(
             rid, window, lambda: object_keys(request.block_hashes, self.geom.blocks_per_object, 0, window)
         )
+        if how in _COUNTED:
+            self.stats.add(**{_COUNTED[how]: 1})
         if num_hit is ASK_AGAIN:
-            self.stats.add(lookups_deferred=1)
             return None, False
-        if self._lookups_async.reused != reused_before:
-            self.stats.add(lookups_cached=1)
-        if self._lookups_async.gave_up != gave_up_before:
-            self.stats.add(lookups_given_up=1)
         self._lookups[rid] = (num_computed_tokens, num_hit)
         num_external = external_tokens(self.geom, num_hit, num_computed_tokens)
         return num_external, self._load_async and num_external > 0

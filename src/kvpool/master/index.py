@@ -462,25 +462,15 @@ class ObjectIndex:
         for space in list(self.tenants.values()):
             hit = [rec for rec in space.values() if _on_segment(rec.locations, segment_id)]
             for rec in hit:
-                rest = [r for r in rec.replicas if r.segment_id != segment_id]
-                if rest:
-                    rec.locations = pack_replicas(rest)
-                else:
+                if not _keep_other_replicas(rec, segment_id):
                     self.drop(rec)
                     lost += 1
         for rec in [z for z in self._zombies if _on_segment(z.locations, segment_id)]:
-            rest = [r for r in rec.replicas if r.segment_id != segment_id]
-            if rest:
-                rec.locations = pack_replicas(rest)
-            else:
+            if not _keep_other_replicas(rec, segment_id):
                 self._zombies.discard(rec)
-        for token, (rec, until_s) in list(self._quarantine.items()):
-            if _on_segment(rec.locations, segment_id):
-                rest = [r for r in rec.replicas if r.segment_id != segment_id]
-                if rest:
-                    rec.locations = pack_replicas(rest)
-                else:
-                    del self._quarantine[token]  # the transfer's target is gone, and so is the risk
+        for token, (rec, _) in list(self._quarantine.items()):
+            if _on_segment(rec.locations, segment_id) and not _keep_other_replicas(rec, segment_id):
+                del self._quarantine[token]  # the transfer's target is gone, and so is the risk
         self._forget_orphans_unless_recovering()
         self.dropped += lost
         return lost
@@ -590,6 +580,14 @@ class ObjectIndex:
     def _forget_orphans_unless_recovering(self) -> None:
         if not any(s.recovering for s in self.segments.by_id.values()):
             self._orphans.clear()
+
+
+def _keep_other_replicas(rec: ObjectRecord, segment_id: int) -> bool:
+    """Forget the record's replica on `segment_id`; False when it had no other (the caller drops it)."""
+    rest = [r for r in rec.replicas if r.segment_id != segment_id]
+    if rest:
+        rec.locations = pack_replicas(rest)
+    return bool(rest)
 
 
 def _on_segment(locations: bytes, segment_id: int) -> bool:

@@ -31,10 +31,6 @@ class StuckTransfer:
         self._callbacks: list[Callable[[StuckTransfer], None]] = []
         self.outcome: str | None = None  # "done" or the error that ended it
 
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the transfer is over (True) or `timeout_s` passed (False)."""
         return self._done.wait(timeout_s)

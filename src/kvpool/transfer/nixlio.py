@@ -228,11 +228,6 @@ class NixlEndpoint:
                 self._reaper.start()
         return fence
 
-    @property
-    def num_stuck(self) -> int:
-        with self._reap_lock:
-            return len(self._reaping)
-
     def _reap_loop(self) -> None:
         warned: dict[int, float] = {}
         while not self._closing.wait(_REAP_INTERVAL_S):
