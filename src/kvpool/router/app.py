@@ -1,51 +1,98 @@
-"""A minimal OpenAI-compatible round-robin proxy in front of several vLLM servers.
-
-The baseline "load balancer" of the reference result: every request goes to the next backend in
-turn, whatever its prefix. A cache-aware router replaces the policy later; the HTTP shell stays.
+"""The router's HTTP shell: an OpenAI-compatible proxy in front of several vLLM servers.
 
 Rules:
+- Which backend serves a request is the policy's choice (`policy.py`, pure); this module only
+  gathers the views it needs (health, load, prefix held) and carries the request there.
 - Requests are forwarded as they are (method, path, query, body) and responses streamed back
   chunk by chunk, so SSE streams keep their timing.
-- `/health` and `/metrics` are the proxy's own; vLLM's counters are read from each backend.
-- A backend that cannot be reached gives the client a 502 with the reason; the proxy keeps serving.
+- Nothing is sent to the client before the backend's first body chunk: until then a failure
+  (refused, reset, a stale keep-alive connection, a 502/503/504) is retried, on another backend
+  where there is one, up to `max_attempts`. After it, a failure ends an SSE stream with an
+  OpenAI-style `{"error": ...}` event and `[DONE]`; other responses are cut.
+- `/health` (200 while a backend is in rotation), `/metrics` are the router's own; `/v1/models`
+  goes to any healthy backend.
+- One access log line per request (logger `kvpool.router.access`).
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import generate_latest
+
+from kvpool.router.backends import Backend, Load
+from kvpool.router.config import RouterConfig
+from kvpool.router.health import HealthChecker
+from kvpool.router.kv_events import EventStream, EventSubscriber
+from kvpool.router.metrics import RouterMetrics
+from kvpool.router.policy import CacheAwarePolicy, NoHealthyBackend, RouteRequest, estimate_ttft, make_policy
+from kvpool.router.prefix_index import PoolLedger, RouterHash, prompt_chain
+from kvpool.router.rates import RateConfig, RateEstimator
+from kvpool.router.sessions import RequestInfo, parse_body, request_info
 
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade"}
+_RETRY_STATUSES = {502, 503, 504}
+_SEND_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+access_log = logging.getLogger("kvpool.router.access")
 
 
-@dataclass(frozen=True)
-class ProxyConfig:
-    backends: tuple[str, ...]
-    request_timeout_s: float = 3600.0
+@dataclass
+class Attempt:
+    """One try of a request on one backend."""
 
-    def __post_init__(self) -> None:
-        if not self.backends:
-            raise ValueError("at least one --backend URL is required")
-        for url in self.backends:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"backend {url!r} must start with http:// or https://")
-        if self.request_timeout_s <= 0:
-            raise ValueError("request_timeout_s must be > 0")
+    backend: Backend
+    reason: str
+    load: Load
+    local_tokens: int
+    pool_tokens: int
+    compute_tokens: int  # what the backend must compute before this request's first token
+    sent_s: float
+    first_byte_s: float | None = None
 
 
-class RoundRobinProxy:
-    def __init__(self, config: ProxyConfig) -> None:
+@dataclass
+class RoutedRequest:
+    """Everything the router knows about one client request, start to end."""
+
+    info: RequestInfo
+    chain: list[RouterHash]
+    block_size: int
+    pool_tokens: int
+    started_s: float = field(default_factory=time.perf_counter)
+    attempts: list[Attempt] = field(default_factory=list)
+    status: int = 0
+    bytes_out: int = 0
+    error: str | None = None
+
+    def tried(self) -> set[str]:
+        return {a.backend.name for a in self.attempts}
+
+
+class Router:
+    def __init__(self, config: RouterConfig) -> None:
         self.config = config
-        self._next = itertools.cycle([b.rstrip("/") for b in config.backends])
-        self.registry = CollectorRegistry()
-        self.requests = Counter("kvpool_router_requests", "requests forwarded", ["backend"], registry=self.registry)
-        self.failures = Counter("kvpool_router_failures", "requests a backend did not answer", ["backend"],
-                                registry=self.registry)  # fmt: skip
+        self.backends = [Backend(url.rstrip("/"), url.rstrip("/"), fail_threshold=config.fail_threshold)
+                         for url in config.backends]  # fmt: skip
+        self.policy = make_policy(config.policy, [b.name for b in self.backends], config.prior_costs)
+        self.rates = RateEstimator(RateConfig(config.prior_costs))
+        self.ledger = PoolLedger(config.pool_ledger_blocks)
+        self.metrics = RouterMetrics()
+        streams = [EventStream(ep, b.cache) for ep, b in zip(config.kv_events, self.backends)]
+        self.events = EventSubscriber(streams, self.ledger.add if config.pooled else lambda _h: None)
+        self.health = HealthChecker(self.backends, config, self.metrics)
         self._http: aiohttp.ClientSession | None = None
+        self._next_any = 0
+        for b in self.backends:
+            self.metrics.healthy.labels(b.name).set(1)
+        self._publish_costs()
+
+    # ---- lifecycle ----------------------------------------------------------------------------
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1 << 30)
@@ -58,43 +105,234 @@ class RoundRobinProxy:
 
     async def _open(self, _app: web.Application) -> None:
         self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_s),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=self.config.keepalive_timeout_s),
+            timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_s, sock_connect=self.config.connect_timeout_s),
             auto_decompress=False,
         )
+        self.health.start()
+        self.events.start()
 
     async def _close(self, _app: web.Application) -> None:
+        await self.health.stop()
+        await self.events.stop()
         if self._http is not None:
             await self._http.close()
 
+    # ---- the router's own endpoints -----------------------------------------------------------
+
     async def _health(self, _request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+        healthy = [b.name for b in self.backends if b.healthy]
+        body = {"status": "ok" if healthy else "no healthy backend", "healthy": healthy,
+                "unhealthy": {b.name: b.last_error for b in self.backends if not b.healthy}}  # fmt: skip
+        return web.json_response(body, status=200 if healthy else 503)
 
     async def _metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.registry), content_type="text/plain")
+        for b in self.backends:
+            self.metrics.inflight.labels(b.name).set(b.inflight_requests)
+            self.metrics.inflight_tokens.labels(b.name, "prompt").set(b.inflight_prompt_tokens)
+            self.metrics.inflight_tokens.labels(b.name, "decode").set(b.inflight_decode_tokens)
+            self.metrics.cached_blocks.labels(b.name).set(len(b.cache.present))
+        return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
+
+    # ---- routing ------------------------------------------------------------------------------
+
+    def _block_size(self) -> int:
+        return next((b.cache.block_size for b in self.backends if b.cache.block_size), 0)
+
+    def _plan(self, request: web.Request, body: bytes) -> RoutedRequest:
+        parsed = parse_body(body) if request.method == "POST" else None
+        info = request_info(request.headers, parsed)
+        block_size = self._block_size()
+        chain = prompt_chain(info.prompt_token_ids, block_size) if info.prompt_token_ids and block_size else []
+        # vLLM never takes a prompt's last token from the cache
+        usable = max(0, (info.prompt_tokens - 1) // block_size) if block_size else 0
+        pool_blocks = min(self.ledger.prefix_blocks(chain), usable) if self.config.pooled else 0
+        return RoutedRequest(info, chain, block_size, pool_blocks * block_size)
+
+    def _choose(self, routed: RoutedRequest, path: str) -> Attempt:
+        """The next attempt's backend; raises NoHealthyBackend."""
+        tried = routed.tried()
+        bs = routed.block_size
+        usable = max(0, (routed.info.prompt_tokens - 1) // bs) if bs else 0
+        local = [min(b.cache.prefix_blocks(routed.chain), usable) * bs for b in self.backends]
+        if not path.startswith("/v1/") or path == "/v1/models":
+            index = self._any_healthy(tried)
+            reason = "any"
+        else:
+            untried_healthy = any(b.healthy and b.name not in tried for b in self.backends)
+            views = [b.view(local[i], excluded=untried_healthy and b.name in tried) for i, b in enumerate(self.backends)]
+            route = RouteRequest(routed.info.session_id, routed.info.prompt_tokens, routed.pool_tokens)
+            decision = self.policy.choose(route, views)
+            index, reason = decision.index, decision.reason
+        backend = self.backends[index]
+        costs = self.policy.costs if isinstance(self.policy, CacheAwarePolicy) else self.rates.costs()
+        est = estimate_ttft(RouteRequest(routed.info.session_id, routed.info.prompt_tokens, routed.pool_tokens),
+                            backend.view(local[index]), costs)  # fmt: skip
+        queued = backend.inflight_prompt_tokens
+        load = Load(backend, est.recompute_tokens, routed.info.max_tokens)
+        return Attempt(backend, reason, load, est.local_tokens, est.pool_tokens, est.recompute_tokens + queued,
+                       time.perf_counter())  # fmt: skip
+
+    def _any_healthy(self, tried: set[str]) -> int:
+        order = [(self._next_any + k) % len(self.backends) for k in range(len(self.backends))]
+        for pick in ([i for i in order if self.backends[i].healthy and self.backends[i].name not in tried],
+                     [i for i in order if self.backends[i].healthy]):  # fmt: skip
+            if pick:
+                self._next_any = pick[0] + 1
+                return pick[0]
+        raise NoHealthyBackend("no backend is healthy")
+
+    # ---- forwarding ---------------------------------------------------------------------------
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         if self._http is None:
-            raise web.HTTPServiceUnavailable(text="proxy is starting")
-        backend = next(self._next)
-        self.requests.labels(backend).inc()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+            raise web.HTTPServiceUnavailable(text="router is starting")
         body = await request.read()
+        routed = self._plan(request, body)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        response: web.StreamResponse | None = None
         try:
-            async with self._http.request(request.method, backend + request.rel_url.path_qs, headers=headers,
-                                          data=body or None) as upstream:  # fmt: skip
-                response = web.StreamResponse(status=upstream.status)
-                for k, v in upstream.headers.items():
-                    if k.lower() not in _HOP_HEADERS:
-                        response.headers[k] = v
-                await response.prepare(request)
-                async for chunk in upstream.content.iter_any():
+            while True:
+                try:
+                    attempt = self._choose(routed, request.path)
+                except NoHealthyBackend as e:
+                    self.metrics.no_backend.inc()
+                    routed.status = 503 if not routed.attempts else 502
+                    message = str(e) if not routed.attempts else f"every attempt failed; last: {routed.error}"
+                    return _error_response(routed.status, message, "no_backend" if routed.status == 503 else "bad_gateway")
+                routed.attempts.append(attempt)
+                if routed.attempts and len(routed.attempts) == 1:
+                    self._count_decision(routed, attempt)
+                result = await self._try(request, body, headers, routed, attempt)
+                if isinstance(result, web.StreamResponse):
+                    response = result
+                    return response
+                routed.error = result
+                if len(routed.attempts) >= self.config.max_attempts:
+                    routed.status = 502
+                    return _error_response(502, f"{len(routed.attempts)} attempts failed; last: {result}", "bad_gateway")
+                self.metrics.retries.labels(result.split(":", 1)[0]).inc()
+        finally:
+            for a in routed.attempts:
+                a.load.end()
+            self._log(request, routed)
+
+    def _count_decision(self, routed: RoutedRequest, attempt: Attempt) -> None:
+        self.metrics.decisions.labels(self.config.policy, attempt.reason).inc()
+        self.metrics.prompt_tokens.inc(routed.info.prompt_tokens)
+        self.metrics.local_prefix_tokens.labels(attempt.backend.name).inc(attempt.local_tokens)
+        self.metrics.pool_prefix_tokens.inc(routed.pool_tokens)
+
+    async def _try(self, request: web.Request, body: bytes, headers: dict[str, str], routed: RoutedRequest,
+                   attempt: Attempt) -> web.StreamResponse | str:  # fmt: skip
+        """Serve the request from `attempt.backend`: the response, or why it failed before any byte
+        reached the client (then the caller may retry)."""
+        assert self._http is not None
+        backend = attempt.backend
+        try:
+            upstream = await self._http.request(request.method, backend.url + request.rel_url.path_qs,
+                                                headers=headers, data=body or None)  # fmt: skip
+        except _SEND_ERRORS as e:
+            return self._failed(backend, "connect", e)
+        try:
+            if upstream.status in _RETRY_STATUSES:
+                text = (await upstream.text(errors="replace"))[:200]
+                backend.request_answered()
+                return f"status: {backend.name} answered {upstream.status}: {text}"
+            try:
+                first = await upstream.content.readany()
+            except _SEND_ERRORS as e:
+                return self._failed(backend, "first_byte", e)
+            backend.request_answered()
+            self._first_byte(routed, attempt)
+            response = web.StreamResponse(status=upstream.status)
+            for k, v in upstream.headers.items():
+                if k.lower() not in _HOP_HEADERS:
+                    response.headers[k] = v
+            routed.status = upstream.status
+            await response.prepare(request)
+            is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
+            chunks = 0
+            chunk = first
+            while chunk:
+                chunks += chunk.count(b"data:")
+                try:
                     await response.write(chunk)
-                await response.write_eof()
-                return response
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            self.failures.labels(backend).inc()
-            if "response" in locals() and response.prepared:
-                raise  # mid-stream: the client sees a cut stream, as it would from the backend itself
-            return web.json_response({"error": {"message": f"backend {backend}: {type(e).__name__}: {e}",
-                                                "type": "bad_gateway"}}, status=502)  # fmt: skip
+                except (ConnectionResetError, aiohttp.ClientConnectionResetError) as e:
+                    routed.error = f"client went away: {e}"
+                    return response  # nothing to tell it; the backend's request ends with ours
+                routed.bytes_out += len(chunk)
+                try:
+                    chunk = await upstream.content.readany()
+                except _SEND_ERRORS as e:
+                    self._stream_cut(routed, backend, e)
+                    if is_sse:
+                        await _write_stream_error(response, backend.name, e)
+                    return response
+            if is_sse and routed.info.stream and attempt.first_byte_s is not None:
+                self.rates.observe_decode(max(0, chunks - 3), time.perf_counter() - attempt.first_byte_s)
+                self._publish_costs()
+            self.metrics.requests.labels(backend.name, f"{upstream.status // 100}xx").inc()
+            await response.write_eof()
+            return response
+        finally:
+            upstream.release()
+
+    def _failed(self, backend: Backend, stage: str, e: BaseException) -> str:
+        self.metrics.failures.labels(backend.name).inc()
+        if backend.request_failed(f"{type(e).__name__}: {e}"):
+            self.metrics.healthy.labels(backend.name).set(0)
+        return f"{stage}: {backend.name}: {type(e).__name__}: {e}"
+
+    def _stream_cut(self, routed: RoutedRequest, backend: Backend, e: BaseException) -> None:
+        routed.error = f"stream cut by {backend.name}: {type(e).__name__}: {e}"
+        self.metrics.stream_errors.labels(backend.name).inc()
+        self.metrics.requests.labels(backend.name, "cut").inc()
+        if backend.request_failed(routed.error):
+            self.metrics.healthy.labels(backend.name).set(0)
+
+    def _first_byte(self, routed: RoutedRequest, attempt: Attempt) -> None:
+        now = time.perf_counter()
+        attempt.first_byte_s = now
+        attempt.load.first_byte()
+        if routed.info.stream and routed.info.prompt_tokens > 0:
+            ttft = now - attempt.sent_s
+            self.metrics.ttft_s.observe(ttft)
+            self.rates.observe_ttft(attempt.compute_tokens, attempt.pool_tokens, ttft)
+            self._publish_costs()
+
+    def _publish_costs(self) -> None:
+        costs = self.rates.costs()
+        if isinstance(self.policy, CacheAwarePolicy):
+            self.policy.set_costs(costs)
+        self.metrics.cost.labels("prefill").set(costs.prefill_s_per_token)
+        self.metrics.cost.labels("pool_load").set(costs.pool_load_s_per_token)
+        self.metrics.cost.labels("decode").set(costs.decode_s_per_token)
+
+    def _log(self, request: web.Request, routed: RoutedRequest) -> None:
+        last = routed.attempts[-1] if routed.attempts else None
+        ttft = f"{last.first_byte_s - routed.started_s:.3f}" if last and last.first_byte_s else "-"
+        access_log.info(
+            '%s "%s %s" %s session=%s(%s) backend=%s reason=%s attempts=%d prompt=%d local=%d pool=%d '
+            "ttft_s=%s total_s=%.3f bytes=%d%s",
+            request.remote, request.method, request.path_qs, routed.status, routed.info.session_id,
+            routed.info.session_source, last.backend.name if last else "-", last.reason if last else "-",
+            len(routed.attempts), routed.info.prompt_tokens, last.local_tokens if last else 0,
+            routed.pool_tokens, ttft, time.perf_counter() - routed.started_s, routed.bytes_out,
+            f' error="{routed.error}"' if routed.error else "",
+        )  # fmt: skip
+
+
+def _error_response(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+
+async def _write_stream_error(response: web.StreamResponse, backend: str, e: BaseException) -> None:
+    """End a cut SSE stream the way OpenAI clients understand: an error event, then [DONE]."""
+    event = {"error": {"message": f"backend {backend} failed mid-stream: {type(e).__name__}: {e}",
+                       "type": "backend_error", "code": 502}}  # fmt: skip
+    try:
+        await response.write(b"\n\ndata: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n")  # ends a cut event first
+        await response.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError, RuntimeError):
+        pass  # the client is gone too

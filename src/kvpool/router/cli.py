@@ -1,10 +1,11 @@
-"""`kvpool router`: serve the round-robin proxy until SIGTERM / Ctrl-C."""
+"""`kvpool router`: serve the router until SIGTERM / Ctrl-C."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -12,21 +13,57 @@ from pathlib import Path
 
 from aiohttp import web
 
-from kvpool.router.app import ProxyConfig, RoundRobinProxy
+from kvpool.router.app import Router
+from kvpool.router.config import RouterConfig
+from kvpool.router.policy import POLICY_NAMES, CostModel
+
+POLICY_HELP = {
+    "round_robin": "each request to the next healthy backend (the reference baseline)",
+    "least_loaded": "fewest in-flight prompt + decode tokens",
+    "session": "consistent hashing of the session id with bounded load: a session stays on one backend "
+               "(its KV cache) unless that one carries 1.5x the mean load; adding a backend moves ~1/n sessions",
+    "cache_aware": "lowest estimated time to first token: queue + pool tokens x load cost + the rest x prefill "
+                   "cost (tokens in the backend's own cache are free); needs --kv-events, rates are measured",
+}  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "An OpenAI-compatible router in front of vLLM servers: proxies /v1/completions, /v1/chat/completions "
+        "(streams passed through), /v1/models; /health and /metrics are its own. Backends are health-checked "
+        "(GET /health); a dead one leaves the rotation and returns when it answers again. A request that "
+        "failed before any byte reached the client is retried on another backend; a stream cut later ends "
+        "with an OpenAI error event. Sessions are identified by the x-session-id header (or the headers "
+        "coding agents send), the `user` field, or a hash of the first prompt block. Policies: "
+        + "; ".join(f"{k}: {v}" for k, v in POLICY_HELP.items())
+    )
     parser.add_argument("--backend", action="append", required=True, metavar="URL",
-                        help="base URL of a vLLM OpenAI server (repeat; requests go round-robin)")  # fmt: skip
+                        help="base URL of a vLLM OpenAI server (repeat for each)")  # fmt: skip
+    parser.add_argument("--policy", choices=POLICY_NAMES, default="round_robin", help="routing policy (default round_robin)")
+    parser.add_argument("--kv-events", action="append", default=[], metavar="ZMQ_ENDPOINT",
+                        help="where backend i publishes its KV events (vLLM --kv-events-config with "
+                             '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:PORT"}); '
+                             "repeat once per --backend, same order, e.g. tcp://127.0.0.1:PORT")  # fmt: skip
+    parser.add_argument("--pooled", action="store_true",
+                        help="the backends share a kvpool pool (KVPoolConnector): a prefix one computed, any can load")
+    parser.add_argument("--prefill-s-per-token", type=float, default=None,
+                        help="prior for the recompute cost until measured (default 1e-3)")
+    parser.add_argument("--pool-load-s-per-token", type=float, default=None,
+                        help="prior for the pool load cost until measured (default 1e-4)")
+    parser.add_argument("--max-attempts", type=int, default=3, help="tries per request, on different backends (default 3)")
+    parser.add_argument("--health-interval-s", type=float, default=1.0, help="seconds between health checks (default 1)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 = any free port (default 8000)")
     parser.add_argument("--request-timeout-s", type=float, default=3600.0, help="give up on a backend after this")
+    parser.add_argument("--access-log", type=Path, default=None,
+                        help="append one line per request here (default: standard error)")
+    parser.add_argument("--quiet", action="store_true", help="no access log")
     parser.add_argument("--ready-file", type=Path, default=None,
                         help='write {"url", "port", "pid"} as JSON here once serving')  # fmt: skip
 
 
-async def _serve(config: ProxyConfig, host: str, port: int, ready_file: Path | None) -> None:
-    runner = web.AppRunner(RoundRobinProxy(config).app(), access_log=None)
+async def _serve(router: Router, host: str, port: int, ready_file: Path | None) -> None:
+    runner = web.AppRunner(router.app(), access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -35,7 +72,8 @@ async def _serve(config: ProxyConfig, host: str, port: int, ready_file: Path | N
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print(f"kvpool router on http://{host}:{bound} -> {', '.join(config.backends)}", flush=True)
+    config = router.config
+    print(f"kvpool router ({config.policy}) on http://{host}:{bound} -> {', '.join(config.backends)}", flush=True)
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"url": f"http://{host}:{bound}", "port": bound, "pid": os.getpid()}))
@@ -46,14 +84,36 @@ async def _serve(config: ProxyConfig, host: str, port: int, ready_file: Path | N
         await runner.cleanup()
 
 
+def _setup_logging(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    access = logging.getLogger("kvpool.router.access")
+    access.propagate = False
+    if args.quiet:
+        access.disabled = True
+        return
+    handler = logging.FileHandler(args.access_log) if args.access_log else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        config = ProxyConfig(backends=tuple(args.backend), request_timeout_s=args.request_timeout_s)
+        prior = CostModel(
+            prefill_s_per_token=args.prefill_s_per_token if args.prefill_s_per_token is not None else 1e-3,
+            pool_load_s_per_token=args.pool_load_s_per_token if args.pool_load_s_per_token is not None else 1e-4,
+            decode_s_per_token=1e-4,
+        )
+        config = RouterConfig(backends=tuple(args.backend), policy=args.policy, kv_events=tuple(args.kv_events),
+                              pooled=args.pooled, request_timeout_s=args.request_timeout_s,
+                              health_interval_s=args.health_interval_s, max_attempts=args.max_attempts,
+                              prior_costs=prior)  # fmt: skip
     except ValueError as e:
         print(f"kvpool router: {e}", file=sys.stderr)
         return 2
+    _setup_logging(args)
     try:
-        asyncio.run(_serve(config, args.host, args.port, args.ready_file))
+        asyncio.run(_serve(Router(config), args.host, args.port, args.ready_file))
     except OSError as e:
         print(f"kvpool router: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,49 @@
+"""The router's one config object, validated at construction (errors say what to change)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpool.router.policy import DEFAULT_COSTS, POLICY_NAMES, CostModel
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    backends: tuple[str, ...]
+    policy: str = "round_robin"
+    kv_events: tuple[str, ...] = ()  # one zmq endpoint per backend, same order; () = none
+    pooled: bool = False  # the backends share a kvpool pool: blocks one computed, all can load
+    request_timeout_s: float = 3600.0
+    connect_timeout_s: float = 5.0
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 2.0
+    fail_threshold: int = 2  # failed requests in a row that take a backend out before a check does
+    max_attempts: int = 3  # per request, on different backends where there are
+    # below the idle timeout of uvicorn (vLLM's server, 5 s): a pooled connection is never reused
+    # just as the backend closes it
+    keepalive_timeout_s: float = 3.0
+    prior_costs: CostModel = DEFAULT_COSTS
+    pool_ledger_blocks: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if not self.backends:
+            raise ValueError("at least one --backend URL is required")
+        for url in self.backends:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"backend {url!r} must start with http:// or https://")
+        if len(set(self.backends)) != len(self.backends):
+            raise ValueError("a --backend is given twice")
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"unknown --policy {self.policy!r}; choose one of {', '.join(POLICY_NAMES)}")
+        if self.kv_events and len(self.kv_events) != len(self.backends):
+            raise ValueError(f"give one --kv-events endpoint per --backend ({len(self.backends)}), "
+                             f"in the same order; got {len(self.kv_events)}")  # fmt: skip
+        for ep in self.kv_events:
+            if not ep.startswith(("tcp://", "ipc://", "inproc://")):
+                raise ValueError(f"--kv-events {ep!r} must be a zmq endpoint (tcp://HOST:PORT)")
+        for name in ("request_timeout_s", "connect_timeout_s", "health_interval_s", "health_timeout_s",
+                     "keepalive_timeout_s"):  # fmt: skip
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.fail_threshold < 1 or self.max_attempts < 1 or self.pool_ledger_blocks < 1:
+            raise ValueError("fail_threshold, max_attempts and pool_ledger_blocks must be >= 1")

@@ -1,0 +1,34 @@
+"""The router's Prometheus metrics, in their own registry (several routers can live in one test)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("kvpool_router_requests", "requests answered, by backend and status class",
+                                ["backend", "status"], registry=r)  # fmt: skip
+        self.decisions = Counter("kvpool_router_decisions", "routing decisions by policy and reason",
+                                 ["policy", "reason"], registry=r)  # fmt: skip
+        self.retries = Counter("kvpool_router_retries", "attempts sent again elsewhere, by why", ["reason"], registry=r)
+        self.failures = Counter("kvpool_router_backend_failures", "attempts a backend did not answer",
+                                ["backend"], registry=r)  # fmt: skip
+        self.stream_errors = Counter("kvpool_router_stream_errors", "streams cut after the first byte",
+                                     ["backend"], registry=r)  # fmt: skip
+        self.no_backend = Counter("kvpool_router_no_backend", "requests refused: no healthy backend", registry=r)
+        self.healthy = Gauge("kvpool_router_backend_healthy", "1 while in rotation", ["backend"], registry=r)
+        self.inflight = Gauge("kvpool_router_backend_inflight_requests", "requests in flight", ["backend"], registry=r)
+        self.inflight_tokens = Gauge("kvpool_router_backend_inflight_tokens", "prompt tokens to compute / tokens to decode",
+                                     ["backend", "phase"], registry=r)  # fmt: skip
+        self.cached_blocks = Gauge("kvpool_router_backend_cached_blocks", "blocks in the backend's KV cache (events)",
+                                   ["backend"], registry=r)  # fmt: skip
+        self.local_prefix_tokens = Counter("kvpool_router_local_prefix_tokens", "prompt tokens the chosen backend held",
+                                           ["backend"], registry=r)  # fmt: skip
+        self.pool_prefix_tokens = Counter("kvpool_router_pool_prefix_tokens", "prompt tokens the pool was believed to hold",
+                                          registry=r)  # fmt: skip
+        self.prompt_tokens = Counter("kvpool_router_prompt_tokens", "prompt tokens routed", registry=r)
+        self.ttft_s = Histogram("kvpool_router_ttft_seconds", "time to the backend's first byte",
+                                buckets=(0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100), registry=r)  # fmt: skip
+        self.cost = Gauge("kvpool_router_cost_s_per_token", "the cost model in use", ["kind"], registry=r)
