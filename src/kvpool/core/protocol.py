@@ -71,6 +71,34 @@ class DirEntry(Struct, array_like=True, frozen=True, gc=False):
     key: str = ""
     parent: str | None = None
     checksum: int = 0
+    op: int = 0  # DIR_* below: what the op asks of the node beyond recording it (0: nothing more)
+
+
+DIR_COMMIT = 0  # an object committed in DRAM at `offset` (or, with size 0, a removal there)
+DIR_PROMOTE = 1  # read the node's disk copy of (tenant, key) into `offset`, then report it (TierReport)
+DIR_DISK_DROP = 2  # forget the disk copy of (tenant, key); `offset` means nothing
+
+
+class DiskEntry(Struct, array_like=True, frozen=True, gc=False):
+    """One object in a node's disk tier: enough for a master to rebuild its record."""
+
+    tenant: str
+    key: str
+    size: int
+    checksum: int
+    parent: str | None = None
+    age_s: float = 0.0  # since its last use, as the node saw it (a new master's LRU order)
+
+
+class TierReport(Struct, array_like=True, frozen=True):
+    """What a node's disk tier did since its last acknowledged heartbeat, for one segment. Resent
+    until a heartbeat reply comes back: the master applies each item idempotently."""
+
+    segment_id: int
+    written: list[DiskEntry] = []  # now on disk (write-back done, checksum verified)
+    lost: list[DiskEntry] = []  # no longer on disk (corrupt, unreadable): forget the disk copy
+    promoted: list[int] = []  # offsets whose DIR_PROMOTE finished: the bytes are there, verified
+    failed: list[int] = []  # offsets whose DIR_PROMOTE failed: the range holds nothing useful
 
 
 class DirectoryDelta(Struct, frozen=True):
@@ -111,6 +139,7 @@ class MountSegment(Struct, tag="mount", frozen=True):
     agent_metadata: bytes
     shm_path: str | None = None
     recovering: bool = False  # the node will announce objects (AnnounceObjects) before new puts land here
+    disk_bytes: int = 0  # the node's disk tier (0: none): DRAM evictions go there, lookups promote back
 
 
 class AnnounceObjects(Struct, tag="announce", frozen=True):
@@ -122,6 +151,7 @@ class AnnounceObjects(Struct, tag="announce", frozen=True):
     entries: list[DirEntry]
     ages_s: list[float]
     last: bool = False
+    disk_entries: list[DiskEntry] = []  # what the node's disk tier holds (sent after the DRAM entries)
 
 
 class UnmountSegment(Struct, tag="unmount", frozen=True):
@@ -134,6 +164,8 @@ class Heartbeat(Struct, tag="heartbeat", frozen=True):
     node_id: str
     segment_ids: list[int]
     directory_seqs: list[int] = []
+    tier_reports: list[TierReport] = []  # nodes with a disk tier: write-backs and promotions done
+
 
 
 class GetSegments(Struct, tag="get_segments", frozen=True):
@@ -299,6 +331,9 @@ class LookupReply(Struct, tag="lookup", frozen=True):
     replica_locations: bytes = b""
     replica_counts: bytes = b""
     checksums: bytes = b""  # with a lease: one little-endian uint64 per hit (0: none)
+    # keys after the hits that sit in a node's disk tier and are being copied back to DRAM: a lookup
+    # again in a moment (~ one node poll + the read) hits them; a client that ignores this sees a miss
+    num_promoting: int = 0
 
     def replica_lists(self) -> list[list[Replica]]:
         """Per hit, its replicas (slow path for tests and tools; the client decodes with numpy).
@@ -321,6 +356,23 @@ class LookupReply(Struct, tag="lookup", frozen=True):
 
 class ExistsReply(Struct, tag="exists_ok", frozen=True):
     exists: list[bool]
+
+
+class TierStats(Struct, frozen=True):
+    """A segment's disk tier as the master sees it."""
+
+    segment_id: int
+    node_id: str
+    capacity_bytes: int
+    used_bytes: int
+    num_objects: int  # objects with a copy on this disk (in DRAM too or not)
+    num_disk_only: int  # objects only on this disk
+    demotions: int  # DRAM evictions that kept the object on disk
+    promotions: int  # disk-only objects copied back to DRAM, done
+    promotions_failed: int
+    promoting: int  # in progress now
+    disk_hits: int  # lookup keys found on disk only (a promotion started or under way)
+    disk_evictions: int  # disk copies dropped to make room
 
 
 class NodeStats(Struct, frozen=True):
@@ -357,6 +409,8 @@ class StatsReply(Struct, tag="stats_ok", frozen=True):
     quarantine_expiries: int = 0  # quarantines ended by their time limit, not by the writer
     recovered_objects: int = 0  # objects taken from nodes' directories after a (re)mount
     rejected_announcements: int = 0  # directory entries refused on recovery (conflicts, overlaps)
+    tiers: list[TierStats] = []  # one per segment with a disk tier
+
 
 
 Reply = (

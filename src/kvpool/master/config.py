@@ -26,6 +26,7 @@ class MasterConfig:
     recovery_timeout_s: float = 30.0  # a remounted segment takes new objects after this even if unannounced
     directory_max_ops: int = 2_000_000  # unacknowledged directory ops kept per segment (directory.py)
     directory_ops_per_reply: int = 50_000  # directory ops in one heartbeat reply
+    max_promotions_per_lookup: int = 256  # disk-only keys one lookup may start copying back to DRAM
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -38,7 +39,8 @@ class MasterConfig:
                 f"low={self.low_watermark} high={self.high_watermark}"
             )
         for name in ("lease_ttl_s", "node_ttl_s", "heartbeat_interval_s", "put_timeout_s", "tick_interval_s",
-                     "quarantine_max_s", "recovery_timeout_s", "directory_max_ops", "directory_ops_per_reply"):
+                     "quarantine_max_s", "recovery_timeout_s", "directory_max_ops", "directory_ops_per_reply",
+                     "max_promotions_per_lookup"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_lease_hold_s < self.lease_ttl_s:

@@ -10,6 +10,8 @@ Rules:
 - `tick` runs the timed work: unmount silent segments, reclaim pending puts whose writer died,
   drop expired lease entries, free removed-but-leased space once the lease ends, end quarantines
   past their limit, end recoveries whose node went quiet, and evict if above the high watermark.
+- Disk tiers (tiers.py): a mount with disk_bytes gets one; heartbeats carry the node's tier
+  reports (applied before the reply's directory delta is cut, so the ops they cause go out at once).
 - `epoch` names this incarnation (ids.py); the service sends it with every reply.
 """
 
@@ -87,6 +89,10 @@ class MasterCore:
             raise UsageError(str(e)) from None
         for old in replaced:
             self.index.drop_segment(old.segment_id)
+        if req.disk_bytes < 0:
+            raise UsageError(f"disk_bytes must be >= 0, got {req.disk_bytes}")
+        if req.disk_bytes:
+            self.index.tiers.mount(segment, req.disk_bytes)
         return p.MountReply(
             segment_id=segment.segment_id,
             heartbeat_interval_s=self.config.heartbeat_interval_s,
@@ -103,6 +109,10 @@ class MasterCore:
         unknown = self.segments.heartbeat(req.node_id, req.segment_ids, now_s)
         deltas = []
         by_id = self.segments.by_id
+        for report in req.tier_reports:
+            segment = by_id.get(report.segment_id)
+            if segment is not None and segment.node_id == req.node_id:
+                self.index.tiers.apply_report(segment, report, now_s)
         for i, segment_id in enumerate(req.segment_ids):
             segment = by_id.get(segment_id)
             if segment is None or segment.node_id != req.node_id:
@@ -125,6 +135,8 @@ class MasterCore:
         segment.last_heartbeat_s = now_s  # a long announcement must not look like a dead node
         segment.mounted_s = now_s  # the recovery timeout counts silence, not the announcement's length
         accepted, rejected = self.index.announce(segment, req.entries, req.ages_s, now_s)
+        if req.disk_entries:
+            accepted += len(req.disk_entries) - self.index.tiers.announce(segment, req.disk_entries, now_s)
         if req.last:
             self.index.finish_recovery(segment)
         return p.AnnounceReply(accepted=accepted, rejected_offsets=rejected)
@@ -178,7 +190,8 @@ class MasterCore:
         num_hit, lease_id, locations, counts, checksums = self.index.lookup_prefix(
             req.tenant, req.keys, req.lease, now_s
         )
-        return p.LookupReply(num_hit, self.config.lease_ttl_s, lease_id, locations, counts, checksums)
+        return p.LookupReply(num_hit, self.config.lease_ttl_s, lease_id, locations, counts, checksums,
+                             self.index.last_num_promoting)
 
     def _release_leases(self, req: p.ReleaseLeases, now_s: float) -> p.OkReply:
         _check_tenant(req.tenant)
@@ -216,6 +229,8 @@ class MasterCore:
                 events.append(f"segment {segment.segment_id:x} of node {segment.node_id}: announcement "
                               f"unfinished after {self.config.recovery_timeout_s:g} s; taking new objects")
         self.index.evictor.maybe_evict(now_s)
+        for tier in self.index.tiers.by_segment.values():
+            self.index.tiers.maybe_evict(tier, now_s)
         evictor = self.index.evictor
         if len(evictor.heap) > 2 * self.index.num_complete + 1024:
             evictor.compact()
@@ -260,4 +275,5 @@ class MasterCore:
             quarantine_expiries=index.quarantine_expiries,
             recovered_objects=index.recovered_objects,
             rejected_announcements=index.rejected_announcements,
+            tiers=index.tiers.stats(),
         )

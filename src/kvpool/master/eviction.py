@@ -159,7 +159,7 @@ class Evictor:
             freed += frees
             self.evicted_bytes += rec.size_bytes
             self.evictions += 1
-            index.drop(rec)
+            index.evict(rec)  # to its disk tier when it has a copy there (tiers.py), else dropped
         for rec in set_aside:
             self.push(rec)
         return freed

@@ -33,6 +33,11 @@ Rules:
   and announce it to a new master (`announce`), which rebuilds records, chains, tails and an LRU
   order (by commit age) from it. Announced entries that conflict with what the index already holds
   (another checksum or size under the key, a pending put of it, overlapping ranges) are rejected.
+- Disk tiers (tiers.py): an object may also have a copy on its node's disk. DRAM eviction of such
+  an object keeps it as disk-only (no replicas); lookups stop at a disk-only key and start its
+  promotion. `num_children` counts a record's children that hold DRAM (or are pending),
+  `disk_children` those on disk only, so DRAM eviction can take a parent whose children all went to
+  disk, and nothing is dropped from the pool before its suffixes.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from kvpool.master.eviction import COMPLETE, DEAD, DRAINING, IN_HEAP, NO_CHECKSU
 from kvpool.master.ids import IdSource
 from kvpool.master.placement import choose_segments
 from kvpool.master.segments import Segment, SegmentTable
+from kvpool.master.tiers import IN_DISK_HEAP, Tiers, TieredRecord
 
 _NO_REPLICAS: tuple = ()
 _pack_replica = struct.Struct("<qqq").pack  # one replica, as protocol.pack_replicas lays it out
@@ -69,6 +75,8 @@ class ObjectIndex:
         self.ids = ids
         self.tenants: dict[str, dict[str, ObjectRecord]] = {}
         self.evictor = Evictor(self)
+        self.tiers = Tiers(self)
+        self.last_num_promoting = 0  # of the last lookup: disk-only keys after its hits, being promoted
         # pending records in put order; a pending record's last_access_s is its put_start time
         self._pending: deque[ObjectRecord] = deque()
         self._zombies: set[ObjectRecord] = set()  # removed while leased: space freed when the lease ends
@@ -138,7 +146,7 @@ class ObjectIndex:
                 message = message or why
                 continue
             token = self.ids.next()
-            rec = ObjectRecord(space, key, pack_replicas(placed), base_flags, now_s, token)
+            rec = TieredRecord(space, key, pack_replicas(placed), base_flags, now_s, token)
             rec.parent = parent
             space[key] = rec
             self.num_pending += 1
@@ -291,6 +299,7 @@ class ObjectIndex:
         leased lookup stops there; a counting lookup (lease=False) still sees it.
         """
         self.lookups += 1
+        self.last_num_promoting = 0
         space = self.tenants.get(tenant)
         hits: list[ObjectRecord] = []
         num_hit = 0
@@ -306,6 +315,9 @@ class ObjectIndex:
                 for key in keys:
                     rec = get(key)
                     if rec is None:
+                        break
+                    if not rec.locations:  # disk-only
+                        self.last_num_promoting = self._promote(space, keys, len(hits), now_s)
                         break
                     flags = rec.flags
                     if flags & (COMPLETE | DRAINING) != COMPLETE:
@@ -337,11 +349,24 @@ class ObjectIndex:
                     rec = get(key)
                     if rec is None or not rec.flags & COMPLETE:
                         break
+                    if not rec.locations:  # disk-only
+                        self.last_num_promoting = self._promote(space, keys, num_hit, now_s)
+                        break
                     rec.last_access_s = now_s
                     num_hit += 1
         self.hit_keys += num_hit
         self.miss_keys += len(keys) - num_hit
         return num_hit, lease_id, locations, counts, checksums
+
+    def _promote(self, space: dict, keys: list[str], start: int, now_s: float) -> int:
+        """Promote the disk-only keys from keys[start] on (tiers.py); returns how many are promoting."""
+        chain = []
+        for key in keys[start : start + self.config.max_promotions_per_lookup]:
+            rec = space.get(key)
+            if rec is None or rec.locations or not rec.flags & COMPLETE:
+                break
+            chain.append(rec)
+        return self.tiers.promote_chain(chain, now_s)
 
     def release_leases(self, tenant: str, lease_ids: list[int], now_s: float) -> int:
         """End these leased lookups' leases (see the module rules); returns how many were live."""
@@ -425,12 +450,25 @@ class ObjectIndex:
             self._log_removal(rec)
         else:
             self.num_pending -= 1
+        disk_only = not rec.locations
+        if rec.disk_segment is not None:
+            self.tiers.forget(rec)
         parent = rec.parent
         if parent is not None:
             rec.parent = None
-            self._release_child(parent)
+            if disk_only:
+                parent.disk_children -= 1
+                if not parent.disk_children and not parent.num_children:
+                    self._became_tail(parent)
+            else:
+                self._release_child(parent)
         if free_space:
             self._free_replicas(rec.replicas)
+
+    def evict(self, rec: ObjectRecord) -> None:
+        """DRAM eviction chose `rec` (eviction.py): to its disk tier if it has a copy there, else gone."""
+        if not self.tiers.demote(rec):
+            self.drop(rec)
 
     def _log_removal(self, rec: ObjectRecord) -> None:
         by_id = self.segments.by_id
@@ -441,8 +479,21 @@ class ObjectIndex:
 
     def _release_child(self, parent: ObjectRecord) -> None:
         parent.num_children -= 1
-        if not parent.num_children and parent.flags & (COMPLETE | PINNED | DEAD | IN_HEAP) == COMPLETE:
-            self.evictor.push(parent)  # a tail again: an eviction candidate at its own access time
+        if not parent.num_children:
+            self._became_tail(parent)
+
+    def _became_tail(self, rec: ObjectRecord) -> None:
+        """No child holds DRAM any more (and, for a disk-only record, none is left on disk): an
+        eviction candidate again, at its own access time, in the tier that holds it."""
+        if rec.flags & (COMPLETE | PINNED | DEAD) != COMPLETE:
+            return
+        if rec.locations:
+            if not rec.flags & IN_HEAP:
+                self.evictor.push(rec)
+        elif not rec.disk_children and not rec.flags & IN_DISK_HEAP:
+            tier = self.tiers.by_segment.get(rec.disk_segment)
+            if tier is not None:
+                self.tiers.push(rec, tier)
 
     def _free_replicas(self, replicas: list[Replica]) -> None:
         by_id = self.segments.by_id
@@ -471,6 +522,7 @@ class ObjectIndex:
         for token, (rec, _) in list(self._quarantine.items()):
             if _on_segment(rec.locations, segment_id) and not _keep_other_replicas(rec, segment_id):
                 del self._quarantine[token]  # the transfer's target is gone, and so is the risk
+        lost += self.tiers.drop_segment(segment_id)
         self._forget_orphans_unless_recovering()
         self.dropped += lost
         return lost
@@ -512,7 +564,7 @@ class ObjectIndex:
                 rec.locations += packed
             else:
                 last_access_s = now_s - (ages_s[i] if i < len(ages_s) and ages_s[i] > 0 else 0.0)
-                rec = ObjectRecord(space, key, packed, COMPLETE, last_access_s)
+                rec = TieredRecord(space, key, packed, COMPLETE, last_access_s)
                 rec.checksum = checksum
                 space[key] = rec
                 self.num_complete += 1
@@ -530,13 +582,19 @@ class ObjectIndex:
             for child in waiting:
                 if not child.flags & DEAD and child.parent is None:
                     child.parent = rec
-                    rec.num_children += 1
+                    if child.locations:
+                        rec.num_children += 1
+                    else:
+                        rec.disk_children += 1
         if parent_key is None:
             return
         parent = rec.space.get(parent_key)
         if parent is not None and parent.flags & COMPLETE:
             rec.parent = parent
-            parent.num_children += 1
+            if rec.locations:
+                parent.num_children += 1
+            else:
+                parent.disk_children += 1
         else:
             self._orphans.setdefault((tenant, parent_key), []).append(rec)
 

@@ -69,6 +69,29 @@ class MasterCollector(Collector):
             objects.add_metric(values, n.num_objects)
             age.add_metric(values, n.last_heartbeat_age_s)
         yield from (capacity, used, objects, age)
+        tier_labels = ["node_id", "segment_id"]
+        gauges = {name: GaugeMetricFamily(f"kvpool_master_disk_tier_{name}", doc, labels=tier_labels) for name, doc in (
+            ("capacity_bytes", "Disk tier capacity"), ("used_bytes", "Disk tier bytes held"),
+            ("objects", "Objects with a disk copy"), ("disk_only_objects", "Objects on disk only"),
+            ("promoting", "Promotions in progress"))}
+        counters = {name: CounterMetricFamily(f"kvpool_master_disk_tier_{name}", doc, labels=tier_labels)
+                    for name, doc in (("demotions", "DRAM evictions kept on disk"),
+                                      ("promotions", "Disk-only objects copied back to DRAM"),
+                                      ("promotions_failed", "Promotions the node could not do"),
+                                      ("hits", "Lookup keys found on disk only (promoted for the reader)"),
+                                      ("evictions", "Disk copies dropped for room"))}
+        for t in s.tiers:
+            values = [t.node_id, str(t.segment_id)]
+            for name, value in (("capacity_bytes", t.capacity_bytes), ("used_bytes", t.used_bytes),
+                                ("objects", t.num_objects), ("disk_only_objects", t.num_disk_only),
+                                ("promoting", t.promoting)):
+                gauges[name].add_metric(values, value)
+            for name, value in (("demotions", t.demotions), ("promotions", t.promotions),
+                                ("promotions_failed", t.promotions_failed), ("hits", t.disk_hits),
+                                ("evictions", t.disk_evictions)):
+                counters[name].add_metric(values, value)
+        yield from gauges.values()
+        yield from counters.values()
 
 
 def serve_metrics(host: str, port: int, snapshot: Callable[[], StatsReply | None]) -> tuple[object, int]:

@@ -27,6 +27,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory", default="1GiB", metavar="SIZE",
                         help="segment size contributed to the pool: 64MiB, 4GiB, 512M, 10GB or bytes; "
                              "allocated and pre-faulted at start (default: %(default)s)")
+    parser.add_argument("--disk", default=None, metavar="DIR",
+                        help="give the node a disk tier in this directory (an NVMe SSD's file system): objects "
+                             "evicted from DRAM stay on disk and are copied back when read; it survives a node "
+                             "restart (the node announces what it holds). Off when not given")
+    parser.add_argument("--disk-size", default=None, metavar="SIZE",
+                        help="bound on the disk tier's files, e.g. 100GiB (default: 90%% of the file system's free "
+                             "space at start)")
+    parser.add_argument("--writeback-queue", type=int, default=4096, metavar="N",
+                        help="objects waiting to be written to disk, at most; past it new ones are not cached on "
+                             "disk (default: %(default)s)")
     parser.add_argument("--node-id", default=None, metavar="NAME",
                         help="name shown in `kvpool status` and metrics (default: HOSTNAME-PID)")
     parser.add_argument("--timeout-s", type=float, default=5.0,
@@ -60,14 +70,28 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if args.disk_size is not None and args.disk is None:
+            raise ValueError("--disk-size needs --disk DIR (where the disk tier lives)")
+        disk_bytes = 0
+        if args.disk is not None:
+            if args.disk_size is not None:
+                disk_bytes = parse_size(args.disk_size)
+            else:
+                import shutil
+
+                Path(args.disk).mkdir(parents=True, exist_ok=True)
+                disk_bytes = int(shutil.disk_usage(args.disk).free * 0.9)
         config = NodeConfig(
             master_address=args.master,
             memory_bytes=parse_size(args.memory),
             node_id=args.node_id,
             timeout_s=args.timeout_s,
             mount_timeout_s=args.mount_timeout_s,
+            disk_path=args.disk,
+            disk_bytes=disk_bytes,
+            writeback_queue=args.writeback_queue,
         )
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         print(f"kvpool node: {e}", file=sys.stderr)
         return 2
 
@@ -90,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
         node.request_stop()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    print(f"kvpool node {node.node_id}: mounting {format_size(config.memory_bytes)} on {config.master_address}",
+    disk = f" + disk tier {format_size(config.disk_bytes)} in {config.disk_path}" if config.disk_path else ""
+    print(f"kvpool node {node.node_id}: mounting {format_size(config.memory_bytes)}{disk} on {config.master_address}",
           flush=True)
     if args.exit_with_parent:
         parent = os.getppid()

@@ -51,6 +51,9 @@ class NodeConfig:
     mount_timeout_s: how long start() keeps trying to mount (the master may still be starting).
     announce_chunk: directory entries per AnnounceObjects message after a remount.
     master_address may name standbys too, comma-separated (tried in turn when one does not answer).
+    disk_path: a directory for the disk tier (None: DRAM only); disk_bytes bounds its files' size.
+    writeback_queue: committed objects waiting to be written to disk, at most (more are not cached on disk).
+    tier_poll_interval_s: with a disk tier, how often the node asks the master for work (promotions wait on it).
     """
 
     master_address: str
@@ -59,6 +62,10 @@ class NodeConfig:
     timeout_s: float = 5.0
     mount_timeout_s: float = 30.0
     announce_chunk: int = 5_000  # the master handles one chunk in ~30 ms: other requests wait no longer
+    disk_path: str | None = None
+    disk_bytes: int = 0
+    writeback_queue: int = 4096
+    tier_poll_interval_s: float = 0.05
 
     def __post_init__(self) -> None:
         if not isinstance(self.master_address, str) or not all(
@@ -79,5 +86,13 @@ class NodeConfig:
             )
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        if self.disk_path is not None and (not isinstance(self.disk_bytes, int) or self.disk_bytes < 1 << 20):
+            raise ValueError(f"disk_bytes must be an int >= 1 MiB with a disk tier, got {self.disk_bytes!r}")
+        if self.disk_path is None and self.disk_bytes:
+            raise ValueError("disk_bytes needs disk_path (the directory of the disk tier)")
+        if not isinstance(self.writeback_queue, int) or self.writeback_queue < 1:
+            raise ValueError(f"writeback_queue must be a positive int, got {self.writeback_queue!r}")
+        if not self.tier_poll_interval_s > 0:
+            raise ValueError(f"tier_poll_interval_s must be > 0, got {self.tier_poll_interval_s!r}")
         if not self.mount_timeout_s > 0:
             raise ValueError(f"mount_timeout_s must be > 0, got {self.mount_timeout_s!r}")

@@ -11,12 +11,16 @@ Rules:
   data.
 - It lives in the node process, beside the segment it describes: both outlive any master and end
   together (a restarted node has new, empty memory and nothing to announce).
+- Ops that ask for disk-tier work (DIR_PROMOTE, DIR_DISK_DROP; protocol.py) are handed to
+  `on_ops` too; a DIR_DISK_DROP names no DRAM range and leaves the directory as it is. A
+  DIR_PROMOTE is recorded at its offset like a commit (readers verify the checksum, so an entry
+  whose promotion has not landed yet is a miss, never wrong data).
 - Pure: no I/O, times passed in.
 """
 
 from __future__ import annotations
 
-from kvpool.core.protocol import DirEntry, DirectoryDelta
+from kvpool.core.protocol import DIR_DISK_DROP, DirEntry, DirectoryDelta
 
 
 class NodeDirectory:
@@ -32,8 +36,9 @@ class NodeDirectory:
         """The segment was mounted again: the master's log for it starts over at 1."""
         self.applied_seq = 0
 
-    def apply(self, delta: DirectoryDelta, now_s: float) -> int:
-        """Apply a delta's ops in order; returns how many were new."""
+    def apply(self, delta: DirectoryDelta, now_s: float, on_ops=None) -> int:
+        """Apply a delta's ops in order; returns how many were new. `on_ops(segment_id, ops)` gets
+        the new ones (the disk tier's feed)."""
         skip = 0
         if delta.reset or delta.first_seq > self.applied_seq + 1:
             self._entries.clear()
@@ -41,10 +46,15 @@ class NodeDirectory:
         else:
             skip = self.applied_seq + 1 - delta.first_seq
         entries = self._entries
-        for op in delta.ops[skip:]:
+        fresh = delta.ops[skip:] if skip > 0 else delta.ops
+        for op in fresh:
+            if op.op == DIR_DISK_DROP:
+                continue
             entries.pop(op.offset, None)
             if op.size > 0:
                 entries[op.offset] = (op, now_s)
+        if on_ops is not None and fresh:
+            on_ops(delta.segment_id, fresh)
         new = max(0, len(delta.ops) - skip)
         self.applied_seq = max(self.applied_seq, delta.first_seq + len(delta.ops) - 1)
         return new

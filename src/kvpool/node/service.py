@@ -12,6 +12,10 @@ Rules:
   its directory in chunks (AnnounceObjects) so the master serves those objects again. Until the
   last chunk the master places nothing new in the segment. A master that does not answer is
   retried, not fatal; an announcement cut short is started over with the next mount.
+- With a disk tier (disk_path), committed objects are written back to disk in the background and
+  promoted back on the master's request (tier.py, disk_store.py); heartbeats then go out every
+  `tier_poll_interval_s` (and at once when a promotion finished) and carry the tier's reports. A
+  restarted node reopens the disk and announces what it holds after its DRAM directory.
 - stop() unmounts (best effort, short timeout) before the memory goes away.
 """
 
@@ -23,6 +27,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -30,6 +37,8 @@ from kvpool.core.errors import KVPoolError, UnavailableError, UsageError
 from kvpool.core.protocol import AnnounceObjects, AnnounceReply, Heartbeat, HeartbeatReply, MountReply, UnmountSegment
 from kvpool.node.config import NodeConfig
 from kvpool.node.directory import NodeDirectory
+from kvpool.node.disk_store import DiskError, DiskStore
+from kvpool.node.tier import DiskTierWorker
 from kvpool.transfer.control import MasterChannel
 from kvpool.transfer.segment import SegmentMemory
 
@@ -69,6 +78,8 @@ class StorageNode:
         self._on_mount = on_mount
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # the heartbeat loop's sleep: stop, or a promotion to report
+        self.tier: DiskTierWorker | None = None
         self._thread: threading.Thread | None = None
         self._segment: SegmentMemory | None = None
         self._channel: MasterChannel | None = None
@@ -94,6 +105,8 @@ class StorageNode:
         self.metrics.segment_bytes.set(self.config.memory_bytes)
         self._channel = MasterChannel(self.config.master_address, timeout_s=self.config.timeout_s)
         try:
+            if self.config.disk_path is not None:
+                self._open_disk_tier()
             self._mount_with_retries(time.monotonic() + self.config.mount_timeout_s)
         except BaseException:
             self._release()
@@ -101,6 +114,19 @@ class StorageNode:
         self._thread = threading.Thread(target=self._heartbeat_loop, name=f"kvpool-node-{self.node_id}", daemon=True)
         self._thread.start()
         return self
+
+    def _open_disk_tier(self) -> None:
+        store = DiskStore(Path(self.config.disk_path), self.config.disk_bytes)
+        try:
+            found = store.open()
+        except DiskError as e:
+            raise UsageError(str(e)) from None
+        self.tier = DiskTierWorker(store, self._segment.base_addr, self.registry, self.config.writeback_queue,
+                                   on_done=self._wake.set)
+        self.tier.metrics.capacity.labels("dram").set(self.config.memory_bytes)
+        self.tier.start()
+        log.info("node %s disk tier %s: %d objects (%d of %d bytes), %s I/O", self.node_id, self.config.disk_path,
+                 len(found), store.used_bytes, store.capacity_bytes, "O_DIRECT" if store.direct else "buffered")
 
     def _mount_with_retries(self, deadline: float) -> None:
         while True:
@@ -114,8 +140,10 @@ class StorageNode:
 
     def _mount(self) -> None:
         remaining_s = max(0.1, self.config.timeout_s)
-        recovering = len(self.directory) > 0
+        recovering = len(self.directory) > 0 or (self.tier is not None and len(self.tier.store.objects) > 0)
         request = self._segment.mount_request(self.node_id, recovering=recovering)
+        if self.tier is not None:
+            request = msgspec.structs.replace(request, disk_bytes=self.config.disk_bytes)
         reply = self._channel.call(request, timeout_s=remaining_s)
         if not isinstance(reply, MountReply):
             raise KVPoolError(f"master answered a mount with {type(reply).__name__}")
@@ -124,6 +152,8 @@ class StorageNode:
             self.heartbeat_interval_s = reply.heartbeat_interval_s
             self.node_ttl_s = reply.node_ttl_s
             self.directory.new_mount()
+        if self.tier is not None:
+            self.tier.new_mount(reply.segment_id)
         if recovering:
             self._announce(reply.segment_id)
         with self._lock:
@@ -135,17 +165,21 @@ class StorageNode:
             self._on_mount(reply.segment_id)
 
     def _announce(self, segment_id: int) -> None:
-        """Tell the new master what the segment holds, oldest first, in chunks."""
+        """Tell the new master what the segment holds, oldest first, in chunks; then the disk tier."""
         started = time.monotonic()
         entries, ages = self.directory.oldest_first(started)
+        disk = self.tier.disk_entries(time.time()) if self.tier is not None else []
         chunk = self.config.announce_chunk
         accepted = rejected = 0
-        for start in range(0, max(len(entries), 1), chunk):
+        total = len(entries) + len(disk)
+        for start in range(0, max(total, 1), chunk):
             if self._stop.is_set():
                 raise UnavailableError("node stopping: announcement cut short")
             end = start + chunk
+            disk_part = disk[max(0, start - len(entries)) : max(0, end - len(entries))]
             reply = self._channel.call(
-                AnnounceObjects(segment_id, entries[start:end], ages[start:end], last=end >= len(entries)),
+                AnnounceObjects(segment_id, entries[start:end], ages[start:end], last=end >= total,
+                                disk_entries=disk_part),
                 timeout_s=max(self.config.timeout_s, 1.0),
             )
             if not isinstance(reply, AnnounceReply):
@@ -160,7 +194,17 @@ class StorageNode:
                  rejected, time.monotonic() - started)
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(0.01 if self._more_ops else self.heartbeat_interval_s):
+        while True:
+            if self._more_ops:
+                interval_s = 0.01
+            elif self.tier is not None:
+                interval_s = min(self.heartbeat_interval_s, self.config.tier_poll_interval_s)
+            else:
+                interval_s = self.heartbeat_interval_s
+            self._wake.wait(interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             if not self.mounted:
                 self._remount()
                 continue
@@ -168,9 +212,11 @@ class StorageNode:
             # a heartbeat unanswered for two intervals is lost (its master may have died with it): the
             # next one goes out then, so a restarted master hears from us within ~2 intervals
             timeout_s = min(self.config.timeout_s, max(0.1, 2 * (self.heartbeat_interval_s or 1.0)))
+            report = self.tier.take_report(segment_id) if self.tier is not None else None
             try:
                 reply = self._channel.call(
-                    Heartbeat(self.node_id, [segment_id], [self.directory.applied_seq]), timeout_s=timeout_s
+                    Heartbeat(self.node_id, [segment_id], [self.directory.applied_seq],
+                              [report] if report is not None else []), timeout_s=timeout_s
                 )
             except UnavailableError:
                 self.metrics.heartbeats.labels("unavailable").inc()
@@ -191,10 +237,13 @@ class StorageNode:
                 continue
             self.metrics.heartbeats.labels("ok").inc()
             if isinstance(reply, HeartbeatReply):
+                if report is not None:
+                    self.tier.sent(report)
                 now_s = time.monotonic()
                 mine = [d for d in reply.deltas if d.segment_id == segment_id]
+                on_ops = self.tier.on_ops if self.tier is not None else None
                 for delta in mine:
-                    self.directory.apply(delta, now_s)
+                    self.directory.apply(delta, now_s, on_ops)
                 self._more_ops = any(d.more for d in mine)  # a backlog: acknowledge it at once
                 self.metrics.directory_objects.set(len(self.directory))
 
@@ -208,9 +257,11 @@ class StorageNode:
         """Ask a start() still retrying its mount, and the heartbeat loop, to end (safe from a
         signal handler); stop() still releases everything."""
         self._stop.set()
+        self._wake.set()
 
     def stop(self, unmount_timeout_s: float = 2.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -225,6 +276,9 @@ class StorageNode:
         self._release()
 
     def _release(self) -> None:
+        if self.tier is not None:
+            self.tier.stop()  # before the segment it copies from is unmapped
+            self.tier = None
         if self._channel is not None:
             self._channel.close()
             self._channel = None
