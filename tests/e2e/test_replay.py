@@ -83,8 +83,8 @@ def test_replay_sends_agent_prompts_and_measures(server):
 def test_turn_past_max_model_len_ends_the_session_as_skipped(server):
     long = Session("long", BS, [Turn([1, 2], 0, 4), Turn(list(range(1, 40)), 0, 4), Turn(list(range(1, 41)), 0, 4)])
     result = replay([long], ReplayConfig(endpoints=(server.info["url"],), time_scale=0))
-    assert [r.status for r in result.records] == ["ok", "skipped"]
-    assert "max_model_len" in result.records[1].error
+    assert [r.status for r in result.records] == ["ok", "skipped", "skipped"]  # no turn vanishes
+    assert "max_model_len" in result.records[1].error and "session ended" in result.records[2].error
 
 
 def test_cli_writes_json_markdown_and_plots(server, tmp_path):

@@ -22,6 +22,7 @@ class FakeBackend:
     mode: str = "ok"  # ok | status503 | die_before_first_chunk | die_mid_stream
     num_tokens: int = 4
     token_delay_s: float = 0.0
+    fail_from_request: int | None = None  # answer 500 from this request (0-based) on
     requests: list[dict] = field(default_factory=list)
     runner: web.AppRunner | None = None
     url: str = ""
@@ -42,6 +43,8 @@ class FakeBackend:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append({"body": body, "headers": dict(request.headers)})
+        if self.fail_from_request is not None and len(self.requests) > self.fail_from_request:
+            return web.json_response({"error": {"message": "injected failure"}}, status=500)
         if self.mode == "status503":
             return web.json_response({"error": "overloaded"}, status=503)
         if not body.get("stream"):

@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--output-dir", type=Path, default=Path("replay-results"),
                    help="where replay.json, replay.md, ttft_cdf.png and ttft_by_turn.png go")
     p.add_argument("--label", default="replay", help="name of this run in the results and plots")
+    p.epilog = ("A failed request ends its session; the session's remaining turns are counted as skipped. "
+                "Ctrl-C writes the partial results (requests not finished counted as skipped) and exits 130.")
 
 
 def replay_with_progress(sessions: list[Session], config: ReplayConfig, description: str,
@@ -105,5 +107,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     summary = write_results(result, args.output_dir, args.label)
     console.print(reports.summary_markdown(summary, title=f"Replay: {args.label}"))
+    if result.interrupted:
+        console.print(f"[red]interrupted: partial results (the rest counted as skipped) in {args.output_dir}/[/]")
+        return 130
     console.print(f"results in {args.output_dir}/")
     return 0 if summary["requests"]["ok"] else 1

@@ -9,15 +9,23 @@ Rules:
 - Every request streams (`stream` + usage), so TTFT and inter-token gaps are measured at the
   client; `ignore_eos` + `min_tokens` make the output length follow the trace.
 - A failed request is recorded with its error and ends its session (the next prompt would need its
-  output); a turn that would not fit the server's `max_model_len` ends the session as "skipped".
-  Nothing here raises for one bad request.
+  output): the session's remaining turns are recorded as "skipped" with the reason, so every planned
+  turn has a record. A turn that would not fit the server's `max_model_len` and the turns after it
+  are "skipped" too. Nothing here raises for one bad request.
+- Ctrl-C / SIGTERM during a replay stops it: requests in flight and turns not sent yet are recorded
+  as "skipped" (interrupted) and the partial result comes back with `interrupted=True`, so the
+  caller can still write what was measured.
+- Each request carries `x-session-id: <session id>`, so a router can keep a session together.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -92,6 +100,7 @@ class ReplayResult:
     records: list[RequestRecord]
     counters: CacheCounters | None  # summed over metrics_urls, after - before
     planned_requests: int
+    interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: the records after it are "skipped"
 
 
 async def _server_info(http: aiohttp.ClientSession, endpoint: str, model: str | None) -> tuple[str, int | None]:
@@ -108,7 +117,8 @@ async def _server_info(http: aiohttp.ClientSession, endpoint: str, model: str | 
 
 
 async def stream_completion(
-    http: aiohttp.ClientSession, endpoint: str, payload: dict, record: RequestRecord, timeout_s: float
+    http: aiohttp.ClientSession, endpoint: str, payload: dict, record: RequestRecord, timeout_s: float,
+    headers: dict[str, str] | None = None,
 ) -> list[int]:
     """Send one streamed completion, fill `record`'s timings and usage, return the output token ids."""
     output: list[int] = []
@@ -116,7 +126,8 @@ async def stream_completion(
     last = None
     try:
         async with http.post(
-            endpoint.rstrip("/") + "/v1/completions", json=payload, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            endpoint.rstrip("/") + "/v1/completions", json=payload, headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as r:
             if r.status != 200:
                 raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:300]}")
@@ -173,6 +184,7 @@ class Replayer:
         cfg = self.config
         metrics_urls = list(cfg.metrics_urls or cfg.endpoints)
         connector = aiohttp.TCPConnector(limit=0)
+        interrupted = asyncio.Event()
         async with aiohttp.ClientSession(connector=connector) as http:
             model, max_model_len = await _server_info(http, cfg.endpoints[0], cfg.model)
             space = TokenSpace(vocab_size=cfg.vocab_size, seed=cfg.seed)
@@ -181,54 +193,104 @@ class Replayer:
             limit = asyncio.Semaphore(cfg.concurrency or max(1, len(self.sessions)))
             n = len(self.sessions)
             tasks = [
-                self._session(http, s, space, model, max_model_len, limit,
-                              s.trace_offset_s * cfg.time_scale + (cfg.ramp_up_s * i / (n - 1) if n > 1 else 0.0))
+                asyncio.create_task(self._session(http, s, space, model, max_model_len, limit,
+                                    s.trace_offset_s * cfg.time_scale + (cfg.ramp_up_s * i / (n - 1) if n > 1 else 0.0)))
                 for i, s in enumerate(self.sessions)
             ]  # fmt: skip
-            await asyncio.gather(*tasks)
+
+            def interrupt() -> None:
+                interrupted.set()
+                for t in tasks:
+                    t.cancel()
+
+            with _interrupts_call(interrupt):
+                await asyncio.gather(*tasks, return_exceptions=True)
             duration_s = time.perf_counter() - self._t0
             after = await scrape_all(http, metrics_urls)
         return ReplayResult(cfg, model, max_model_len, started_at, duration_s, self.records,
-                            total_delta(before, after), self.planned_requests)  # fmt: skip
+                            total_delta(before, after), self.planned_requests, interrupted.is_set())  # fmt: skip
 
     def _done(self, record: RequestRecord) -> None:
         self.records.append(record)
         if self.on_record is not None:
             self.on_record(record)
 
+    def _skip_rest(self, session: Session, first: int, reason: str) -> None:
+        """Record turns `first`.. of `session` as skipped: none of a session's turns vanish."""
+        for k in range(first, len(session.turns)):
+            turn = session.turns[k]
+            record = RequestRecord(session.session_id, k, "", time.perf_counter() - self._t0,
+                                   session.input_tokens(turn), max(1, turn.output_tokens), 0)  # fmt: skip
+            record.status, record.error = "skipped", reason
+            self._done(record)
+
     async def _session(self, http: aiohttp.ClientSession, session: Session, space: TokenSpace, model: str,
                        max_model_len: int | None, limit: asyncio.Semaphore, delay_s: float) -> None:  # fmt: skip
+        next_turn = 0
+        try:
+            await asyncio.sleep(delay_s)
+            async with limit:
+                prompts = SessionPrompts(session, space)
+                output: list[int] | None = None
+                for k, turn in enumerate(session.turns):
+                    output, reason = await self._turn(http, session, k, prompts, output, model, max_model_len)
+                    next_turn = k + 1
+                    if reason is not None:
+                        self._skip_rest(session, k + 1, reason)
+                        next_turn = len(session.turns)
+                        return
+        except asyncio.CancelledError:
+            self._skip_rest(session, next_turn, "interrupted (Ctrl-C / SIGTERM)")
+
+    async def _turn(self, http: aiohttp.ClientSession, session: Session, k: int, prompts: SessionPrompts,
+                    output: list[int] | None, model: str, max_model_len: int | None) -> tuple[list[int], str | None]:  # fmt: skip
+        """Send turn `k`; its output and, when the session cannot go on, why."""
         cfg = self.config
-        await asyncio.sleep(delay_s)
-        async with limit:
-            prompts = SessionPrompts(session, space)
-            output: list[int] | None = None
-            for k, turn in enumerate(session.turns):
-                if k > 0 and turn.think_time_s > 0 and cfg.time_scale > 0:
-                    await asyncio.sleep(turn.think_time_s * cfg.time_scale)
-                prompt = prompts.next_prompt(k, output)
-                max_tokens = max(1, turn.output_tokens)
-                record = RequestRecord(session.session_id, k, "", time.perf_counter() - self._t0, len(prompt),
-                                       max_tokens, self._ledger.hit_tokens(prompt))  # fmt: skip
-                if max_model_len is not None and len(prompt) + max_tokens > max_model_len:
-                    record.status = "skipped"
-                    record.error = f"{len(prompt)} prompt + {max_tokens} output tokens exceed max_model_len {max_model_len}"
-                    self._done(record)
-                    break
-                record.endpoint = next(self._rr)
-                self._ledger.add(prompt)
-                payload = {
-                    "model": model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
-                    "ignore_eos": True, "temperature": 0.0, "stream": True,
-                    "stream_options": {"include_usage": True}, "return_token_ids": True,
-                }  # fmt: skip
-                output = await stream_completion(http, record.endpoint, payload, record, cfg.request_timeout_s)
-                self._ledger.add(prompt + output[:-1])
-                if cfg.keep_token_ids:
-                    record.prompt_token_ids, record.output_token_ids = prompt, output
-                self._done(record)
-                if record.status != "ok":
-                    break
+        turn = session.turns[k]
+        if k > 0 and turn.think_time_s > 0 and cfg.time_scale > 0:
+            await asyncio.sleep(turn.think_time_s * cfg.time_scale)
+        prompt = prompts.next_prompt(k, output)
+        max_tokens = max(1, turn.output_tokens)
+        record = RequestRecord(session.session_id, k, "", time.perf_counter() - self._t0, len(prompt),
+                               max_tokens, self._ledger.hit_tokens(prompt))  # fmt: skip
+        if max_model_len is not None and len(prompt) + max_tokens > max_model_len:
+            record.status = "skipped"
+            record.error = f"{len(prompt)} prompt + {max_tokens} output tokens exceed max_model_len {max_model_len}"
+            self._done(record)
+            return [], f"session ended: turn {k} exceeds max_model_len"
+        record.endpoint = next(self._rr)
+        self._ledger.add(prompt)
+        payload = {
+            "model": model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
+            "ignore_eos": True, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}, "return_token_ids": True,
+        }  # fmt: skip
+        new_output = await stream_completion(http, record.endpoint, payload, record, cfg.request_timeout_s,
+                                             {"x-session-id": session.session_id})  # fmt: skip
+        self._ledger.add(prompt + new_output[:-1])
+        if cfg.keep_token_ids:
+            record.prompt_token_ids, record.output_token_ids = prompt, new_output
+        self._done(record)
+        return new_output, (None if record.status == "ok" else f"session ended: turn {k} failed")
+
+
+@contextlib.contextmanager
+def _interrupts_call(callback: Callable[[], None]):
+    """While inside, SIGINT and SIGTERM call `callback` (main thread only); the handlers before
+    are put back after, so a caller's own SIGTERM handling survives the replay."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        loop.add_signal_handler(sig, callback)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def replay(sessions: list[Session], config: ReplayConfig,

@@ -85,6 +85,7 @@ def summarize(result: ReplayResult) -> dict:
             "skipped": sum(r.status == "skipped" for r in result.records),
             "sessions": len({r.session_id for r in result.records}),
         },
+        "interrupted": result.interrupted,
         "duration_s": result.duration_s,
         "tokens": {"input": input_tokens, "output": output_tokens},
         "throughput_tok_s": {
