@@ -4,6 +4,7 @@ KV blocks all returned, preemption under pressure, the pool raising hits)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import msgspec
@@ -135,3 +136,19 @@ def test_config_errors_say_what_to_change():
         FleetConfig(model="llama-70b", accelerator="h100", devices_per_instance=1)
     with pytest.raises(ValueError, match="multiple of the trace"):
         Fleet(FleetConfig(scheduler=SchedulerConfig(block_tokens=100)), synth_sessions(SynthConfig(num_sessions=1)))
+
+
+def test_cli_runs_configurations_side_by_side_and_writes_reports(tmp_path, capsys):
+    from kvpool.cli import main
+
+    code = main(["sim", "--sessions", "3", "--scale", "0.1", "--instances", "2", "--kv-tokens", "20000",
+                 "--router", "round_robin", "--router", "session", "--pool-gb", "0", "--pool-gb", "10",
+                 "-o", str(tmp_path)])
+    assert code == 0
+    report = json.loads((tmp_path / "sim_report.json").read_text())
+    assert [s["name"] for s in report["summaries"]] == [
+        "round_robin, no pool", "round_robin, pool 10 GB", "session, no pool", "session, pool 10 GB"]
+    assert (tmp_path / "sim_report.png").stat().st_size > 0
+    assert "| P50 TTFT |" in (tmp_path / "sim_report.md").read_text()
+    assert main(["sim", "--pool-gb", "-1"]) == 2
+    assert "--pool-gb must be >= 0" in capsys.readouterr().err

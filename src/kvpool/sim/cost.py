@@ -26,7 +26,8 @@ class StepCost:
         eff_flops = acc.compute_efficiency * num_devices
         bandwidth = acc.memory_bandwidth_bytes_s * acc.bandwidth_efficiency * num_devices
         self.lin_s_per_token = 2.0 * model.active_params / (acc.flops(model.linear_dtype) * eff_flops)
-        self.attn_s_per_unit = model.attention_flops_per_context_token / (acc.flops(model.attention_dtype) * eff_flops)
+        self.attn_s_per_unit = model.attention_flops_per_context_token / (
+            acc.flops(model.attention_dtype) * acc.attention_flops_scale * eff_flops)
         self.kv_s_per_token = model.kv_bytes_per_token / bandwidth
         self.dense_weight_s = model.dense_params * model.weight_bytes_per_param / bandwidth
         self.expert_weight_s = model.expert_params * model.weight_bytes_per_param / bandwidth

@@ -28,7 +28,7 @@ from kvpool.sim.cost import StepCost
 from kvpool.sim.instance import Instance
 from kvpool.sim.pool import PoolModel
 from kvpool.sim.request import RUNNING, TRANSFERRING, Request, SessionState
-from kvpool.workload.analysis import PrefixCache
+from kvpool.workload.analysis import PrefixCache, _common_prefix
 from kvpool.workload.model import Session
 
 ARRIVE, STEP_END, LOAD_DONE, TRANSFER_DONE, ENQUEUE = 0, 1, 2, 3, 4
@@ -228,8 +228,12 @@ class Fleet:
         last = state.last_instance
         if reused > start and last is not None and last.role == "mixed":
             last.cache.insert_free(keys[start:reused])
-        if self.pool is not None and self.config.pool.save_decode and reused > 0:
-            self.pool.put(keys[:reused], None, now_s)
+        if self.pool is not None:
+            saved = min(state.pool_saved, _common_prefix(state.last_keys, keys))
+            if self.config.pool.save_decode and reused > saved:
+                self.pool.put(keys[saved:reused], keys[saved - 1] if saved else None, now_s)
+                saved = reused
+            state.pool_saved = saved
 
     def _route(self, req: Request, now_s: float) -> Instance:
         pool_tokens = 0
@@ -258,6 +262,7 @@ class Fleet:
         num_hit, lease_id = self.pool.lookup(req.keys[:limit], now_s, lease=True)
         req.lease_id = lease_id
         req.pool_blocks = num_hit
+        req.pool_checked = True
         if num_hit == 0:
             return 0
         return num_hit
@@ -277,8 +282,14 @@ class Fleet:
 
     def prefill_done(self, req: Request, inst: Instance, now_s: float) -> None:
         if self.pool is not None and self.config.pool.save_prefill:
-            start = min(req.pool_blocks, len(req.keys))
+            state = req.session
+            if req.turn_index == 0 or not self.config.scheduler.cache_decode_kv:
+                state.pool_saved = min(state.pool_saved, _common_prefix(state.last_keys, req.keys))
+            # a lookup tells what is there now (evicted blocks are written again); without one
+            # (the local cache had it all), what this session wrote and has not lost track of
+            start = min(req.pool_blocks if req.pool_checked else state.pool_saved, len(req.keys))
             self.pool.put(req.keys[start:], req.keys[start - 1] if start else None, now_s)
+            state.pool_saved = len(req.keys)
         if inst.role != "prefill":
             return
         req.prefill_instance = inst

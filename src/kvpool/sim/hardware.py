@@ -12,7 +12,7 @@ Rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Accelerator:
     request_overhead_s: float = 0.0  # per request (HTTP, tokenisation, detokenisation)
     kv_memory_fraction: float = 0.9  # of device memory, before weights are taken out
     interconnect_bytes_s: float = 50e9  # NIC per device: KV transfers and pool reads
-    extra: dict[str, float] = field(default_factory=dict)
+    attention_flops_scale: float = 1.0  # attention kernels' achieved rate relative to the GEMMs'
 
     def __post_init__(self) -> None:
         if not self.peak_flops or min(self.peak_flops.values()) <= 0:

@@ -13,7 +13,7 @@ DONE = 4
 
 class SessionState:
     __slots__ = ("index", "session", "next_turn", "last_ids", "last_nodes", "last_keys", "kv_tokens",
-                 "last_instance", "think_history_s")
+                 "last_instance", "think_history_s", "pool_saved")
 
     def __init__(self, index: int, session: Session) -> None:
         self.index = index
@@ -25,13 +25,14 @@ class SessionState:
         self.kv_tokens = 0  # tokens whose KV the previous turn left (prompt + output)
         self.last_instance: object | None = None
         self.think_history_s: list[float] = []
+        self.pool_saved = 0  # leading blocks of the current chain already written to the pool
 
 
 class Request:
     __slots__ = ("session", "turn_index", "prompt_tokens", "output_tokens", "keys", "arrival_s", "first_token_s",
                  "finish_s", "local_hit_tokens", "pool_hit_tokens", "num_computed", "target", "outputs_done",
                  "held_keys", "anon", "state", "instance", "prefill_instance", "preemptions", "lease_id",
-                 "looked_up", "pool_blocks", "prefilled")
+                 "looked_up", "pool_blocks", "pool_checked", "prefilled")
 
     def __init__(self, session: SessionState, turn_index: int, prompt_tokens: int, output_tokens: int,
                  keys: list[int], arrival_s: float) -> None:
@@ -56,7 +57,8 @@ class Request:
         self.preemptions = 0
         self.lease_id = 0
         self.looked_up = False  # hits counted (first admission)
-        self.pool_blocks = 0  # leading blocks known to be in the pool
+        self.pool_blocks = 0  # leading blocks the pool had at its lookup
+        self.pool_checked = False
         self.prefilled = False
 
     @property
