@@ -43,7 +43,8 @@ def test_bytearray_is_writable():
     [
         (np.arange(10)[::2], "C-contiguous"),
         (torch.arange(12).reshape(3, 4).t(), "contiguous"),
-        ((1, 2, 3), "pair"),
+        ((1, 2, 3, 4), "pair"),
+        ((4096, 64, -1), "device >= 0"),
         ((0, 10), "addr > 0"),
         ("a string", "unsupported memory type"),
         ([1, 2, 3], "unsupported memory type"),

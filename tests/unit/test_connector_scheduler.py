@@ -224,3 +224,31 @@ def test_blocks_pinned_for_saves_are_bounded_so_admission_never_starves():
     assert rest.block_ids == [[b] for b in a_table[8:]]
     data = side.stats.take().data
     assert (data["saves_deferred"], data["saves_dropped"]) == (1, 1)
+
+
+class RankLookups:
+    """lookup_prefix per namespace (one per TP rank), recording what each was asked."""
+
+    def __init__(self, stored: dict[str, set[str]]) -> None:
+        self.stored, self.asked = stored, []
+
+    def lookup_prefix(self, keys: list[str], namespace: str | None = None) -> int:
+        self.asked.append((namespace, len(keys)))
+        n = 0
+        while n < len(keys) and keys[n] in self.stored[namespace]:
+            n += 1
+        return n
+
+    def close(self) -> None:
+        pass
+
+
+def test_tensor_parallel_hit_is_what_every_rank_has():
+    keys = object_keys(HASHES, 1, 0, 4)
+    lookups = RankLookups({"r0": set(keys), "r1": set(keys[:2])})  # rank 1 lost blocks 2 and 3
+    side, _ = make(lookups, rank_namespaces=["r0", "r1"])
+    assert side.get_num_new_matched_tokens(request("a", num_tokens=17), 0) == (8, True)  # 2 blocks, not 4
+    assert lookups.asked == [("r0", 4), ("r1", 4)]  # rank 1 is asked only about rank 0's hits
+    lookups.stored["r0"] = set()
+    side.get_num_new_matched_tokens(request("b", num_tokens=17), 0)
+    assert lookups.asked[2:] == [("r0", 4)]  # rank 0 has nothing: no trip for rank 1

@@ -1,6 +1,6 @@
 """The connector's worker half with a scripted client: what a slow or failing pool does to saves."""
 
-from kvpool.connector.device import KVLayout
+from kvpool.connector.device import KVLayout, kv_writes_fence
 from kvpool.connector.health import PoolHealth
 from kvpool.connector.plan import Geometry, SaveSpec
 from kvpool.connector.worker import WorkerSide
@@ -36,7 +36,7 @@ def worker(script: list) -> tuple[WorkerSide, PoolHealth, ScriptedClient]:
 
 
 def save(side: WorkerSide, job_id: int) -> None:
-    side._save(SaveSpec(job_id, f"r{job_id}", [f"k{job_id}"], [None], [[job_id]]))
+    side._save(SaveSpec(job_id, f"r{job_id}", [f"k{job_id}"], [None], [[job_id]]), kv_writes_fence(None))
 
 
 def test_one_slow_put_end_does_not_turn_the_pool_off():

@@ -167,3 +167,30 @@ def test_long_lists_are_checked_too(info, buf, bad):
         plane.register(buf.ctypes.data, buf.nbytes)
         with pytest.raises(UsageError, match="region 150"):
             plane.transfer("READ", info, local, remote, [64] * n, 5)
+
+
+@pytest.mark.parametrize("many", [False, True])  # the Python loop and the vectorised check
+def test_one_job_never_mixes_host_and_gpu_memory(info, buf, many):
+    n = 100 if many else 2
+    with DataPlane(path="shm") as plane:
+        plane.register(buf.ctypes.data, buf.nbytes // 2)
+        # the other half stands in for GPU memory: the plane only records where it lies
+        plane.register(buf.ctypes.data + buf.nbytes // 2, buf.nbytes // 2, device=0)
+        addrs = [buf.ctypes.data + 64] * (n - 1) + [buf.ctypes.data + buf.nbytes // 2 + 64]
+        with pytest.raises(UsageError, match=r"different memories \(host, cuda:0\)"):
+            plane.transfer("READ", info, addrs, [0] * n, [64] * n, 5)
+
+
+def test_device_must_be_a_cuda_index(buf):
+    with DataPlane() as plane, pytest.raises(UsageError, match="CUDA device index"):
+        plane.register(buf.ctypes.data, buf.nbytes, device=-1)
+
+
+def test_gpu_job_without_a_gpu_is_a_transfer_error_and_the_plane_keeps_working(info, buf):
+    out = np.zeros_like(buf)
+    with DataPlane(path="shm") as plane:
+        plane.register(out.ctypes.data, out.nbytes, device=0)  # no GPU here: CUDA refuses it cleanly
+        with pytest.raises(TransferError, match="CUDA|libcudart"):
+            plane.transfer("READ", info, [out.ctypes.data], [0], [4096], 5)
+        plane.register(buf.ctypes.data, buf.nbytes)
+        plane.transfer("WRITE", info, [buf.ctypes.data], [0], [4096], 5)  # host jobs still move

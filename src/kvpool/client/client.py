@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 
 from kvpool.client import plan
-from kvpool.client.checksum import checksum_objects
+from kvpool.client.checksum import NO_CHECKSUM, checksum_objects
 from kvpool.client.memory import RegisteredRanges, StagingBuffer, copy_bytes, region_of
 from kvpool.client.metrics import client_metrics
 from kvpool.client.segments import SegmentCache
@@ -116,6 +116,7 @@ class Client:
         self.plane = DataPlane(path=path) if plane is None else plane
         self._channel = MasterChannel(master_address, timeout_s=timeout_s)
         self._registered = RegisteredRanges()
+        self._device_memory = RegisteredRanges()  # the GPU part of _registered
         self._kept_alive: list[object] = []  # registered objects must outlive their registration
         self._register_lock = threading.Lock()
         self._segments = SegmentCache(self._call, self.plane, host_id())
@@ -127,21 +128,25 @@ class Client:
     # ---- memory -----------------------------------------------------------------------------
 
     def register(self, memory) -> None:
-        """Register memory (CPU tensor, numpy array, bytearray, or (addr, size_bytes)) as a source
-        or destination of put_from/get_into. The object is kept alive by the client."""
+        """Register memory (CPU or CUDA tensor, numpy array, bytearray, (addr, size_bytes), or
+        (addr, size_bytes, cuda_device)) as a source or destination of put_from/get_into. The
+        object is kept alive by the client. GPU memory is neither checksummed nor verified (the
+        checksum is computed on the CPU): objects written from it carry none."""
         region = region_of(memory, writable=False)
         if region.size_bytes <= 0:
             raise UsageError("cannot register empty memory")
-        self._register_region(region.addr, region.size_bytes)
+        self._register_region(region.addr, region.size_bytes, region.device)
         if not isinstance(memory, tuple):
             self._kept_alive.append(memory)
 
-    def _register_region(self, addr: int, size_bytes: int) -> None:
+    def _register_region(self, addr: int, size_bytes: int, device: int | None = None) -> None:
         with self._register_lock:
             if self._registered.contains(addr, size_bytes):
                 return
-            self.plane.register(addr, size_bytes)
+            self.plane.register(addr, size_bytes, device)
             self._registered.add(addr, size_bytes)
+            if device is not None:
+                self._device_memory.add(addr, size_bytes)
 
     def _check_registered(self, addrs: list[list[int]], sizes: list[list[int]]) -> None:
         # the data plane checks too, but per job; here the message names the object
@@ -250,10 +255,21 @@ class Client:
         self._metrics.latency_s.labels(tenant, "put").observe(time.perf_counter() - started)
         return statuses, reply.message
 
+    def _on_host(self, addrs: list[list[int]]) -> list[int]:
+        """Indices of the objects whose regions are host memory (one transfer's regions lie in one
+        memory, so the first region tells)."""
+        if not len(self._device_memory):
+            return list(range(len(addrs)))
+        return [i for i, a in enumerate(addrs) if a and not self._device_memory.contains(a[0], 1)]
+
     def _checksums(self, addrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        out = [NO_CHECKSUM] * len(addrs)
         if not self.config.checksums or not addrs:
-            return [0] * len(addrs)
-        return checksum_objects(addrs, sizes)
+            return out
+        host = self._on_host(addrs)
+        for i, value in zip(host, checksum_objects([addrs[i] for i in host], [sizes[i] for i in host])):
+            out[i] = value
+        return out
 
     def _end_quarantine_later(self, transfers: dict, tokens: list[int]) -> None:
         """Tell the master once every write of these tokens is over (done or failed)."""
@@ -388,7 +404,8 @@ class Client:
     def _verified(self, keys, count: int, packed: bytes, addrs, sizes) -> int:
         """How many of the first `count` objects read hold the bytes their writer checksummed."""
         expected = protocol.unpack_checksums(packed[: protocol.CHECKSUM_BYTES * count])
-        todo = [i for i in range(count) if expected[i]]
+        host = set(self._on_host(addrs[:count]))
+        todo = [i for i in range(count) if expected[i] and i in host]
         if not todo:
             return count
         got = checksum_objects([addrs[i] for i in todo], [sizes[i] for i in todo])
@@ -508,13 +525,15 @@ class Client:
 
     # ---- control-plane only -----------------------------------------------------------------
 
-    def lookup_prefix(self, keys: list[str]) -> int:
-        """How many leading keys are complete in the pool (one round trip, nothing leased)."""
+    def lookup_prefix(self, keys: list[str], *, namespace: str | None = None) -> int:
+        """How many leading keys are complete in the pool (one round trip, nothing leased), in this
+        client's namespace or in `namespace` (a connector's scheduler asks for each TP rank's)."""
         self._check_keys(keys, unique=False)
         if not keys:
             return 0
         started = time.perf_counter()
-        reply = self._call(protocol.LookupPrefix(self.config.tenant, list(keys), lease=False), protocol.LookupReply)
+        tenant = self.config.tenant if namespace is None else namespace
+        reply = self._call(protocol.LookupPrefix(tenant, list(keys), lease=False), protocol.LookupReply)
         self._metrics.latency_s.labels(self.config.tenant, "lookup").observe(time.perf_counter() - started)
         return reply.num_hit
 

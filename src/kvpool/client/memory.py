@@ -1,8 +1,9 @@
 """The caller's memory as (address, size_bytes) regions, and the bookkeeping of registered memory.
 
 Rules:
-- Only contiguous CPU memory is accepted: C-contiguous numpy arrays, contiguous CPU torch tensors,
-  bytes-like objects (bytes, bytearray, memoryview) or an explicit `(addr, size_bytes)` pair.
+- Only contiguous memory is accepted: C-contiguous numpy arrays, contiguous torch tensors (CPU,
+  or CUDA: then the region names its device), bytes-like objects (bytes, bytearray, memoryview),
+  an explicit `(addr, size_bytes)` pair or an `(addr, size_bytes, cuda_device)` triple.
   Anything else is a UsageError that says what to change; nothing here copies silently.
 - torch is never imported here: a tensor is recognised by its type's module, so the client stays
   importable (and cheap) without torch.
@@ -26,6 +27,7 @@ from kvpool.core.errors import UsageError
 class Region:
     addr: int
     size_bytes: int
+    device: int | None = None  # None: host memory; N: CUDA device N
 
 
 def _is_torch_tensor(value: object) -> bool:
@@ -35,18 +37,20 @@ def _is_torch_tensor(value: object) -> bool:
 def region_of(memory: object, *, writable: bool) -> Region:
     """The contiguous bytes behind `memory`. `writable` demands memory a read may land in."""
     if isinstance(memory, tuple):
-        if len(memory) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in memory):
-            raise UsageError(f"a raw memory region is an (addr, size_bytes) pair of ints, got {memory!r}")
-        addr, size_bytes = memory
-        if addr <= 0 or size_bytes <= 0:
-            raise UsageError(f"raw region needs addr > 0 and size_bytes > 0, got ({addr}, {size_bytes})")
-        return Region(addr, size_bytes)
+        if len(memory) not in (2, 3) or not all(isinstance(v, int) and not isinstance(v, bool) for v in memory):
+            raise UsageError(f"a raw memory region is an (addr, size_bytes) pair or an (addr, size_bytes, "
+                             f"cuda_device) triple of ints, got {memory!r}")  # fmt: skip
+        addr, size_bytes, device = (*memory, None) if len(memory) == 2 else memory
+        if addr <= 0 or size_bytes <= 0 or (device is not None and device < 0):
+            raise UsageError(f"raw region needs addr > 0, size_bytes > 0 and device >= 0, got {memory!r}")
+        return Region(addr, size_bytes, device)
     if _is_torch_tensor(memory):
-        if memory.device.type != "cpu":
-            raise UsageError(f"only CPU tensors are supported, got a tensor on {memory.device}")
+        if memory.device.type not in ("cpu", "cuda"):
+            raise UsageError(f"only CPU and CUDA tensors are supported, got a tensor on {memory.device}")
         if not memory.is_contiguous():
             raise UsageError("the tensor is not contiguous: pass tensor.contiguous()")
-        return Region(int(memory.data_ptr()), int(memory.numel() * memory.element_size()))
+        device = None if memory.device.type == "cpu" else (memory.device.index or 0)
+        return Region(int(memory.data_ptr()), int(memory.numel() * memory.element_size()), device)
     if isinstance(memory, np.ndarray):
         if not memory.flags.c_contiguous:
             raise UsageError("the numpy array is not C-contiguous: pass np.ascontiguousarray(array)")

@@ -116,9 +116,13 @@ class KVPoolConnector(KVConnectorBase_V1):
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            # TP ranks store under their own namespaces; the scheduler asks about rank 0's. A rank
-            # missing an object fails its load and vLLM recomputes, so this is safe, not exact.
-            self.namespace = pool_namespace(vllm_config, kv_cache_config, cfg, self.geom, 0, 0)
+            # TP/PP ranks store under their own namespaces; a lookup counts what all of them have
+            parallel = vllm_config.parallel_config
+            self.rank_namespaces = [
+                pool_namespace(vllm_config, kv_cache_config, cfg, self.geom, tp, pp)
+                for pp in range(parallel.pipeline_parallel_size) for tp in range(parallel.tensor_parallel_size)
+            ]
+            self.namespace = self.rank_namespaces[0]
             self._scheduler = SchedulerSide(
                 self.geom, make_client=lambda: self._make_client(cfg.lookup_timeout_s),
                 num_workers=vllm_config.parallel_config.world_size,
@@ -126,6 +130,7 @@ class KVPoolConnector(KVConnectorBase_V1):
                 save_decode=cfg.save_decode, load_async=cfg.load_async,
                 lookup_cache_ttl_s=cfg.lookup_cache_ttl_s, lookup_answer_wait_s=cfg.lookup_wait_ms / 1000,
                 lookup_give_up_s=cfg.lookup_timeout_s, max_pinned_fraction=cfg.max_pinned_fraction,
+                rank_namespaces=self.rank_namespaces,
             )
         else:
             self.namespace = None  # known once the worker's ranks are (register_kv_caches)

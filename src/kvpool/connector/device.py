@@ -51,8 +51,16 @@ def _layer_index(name: str) -> tuple:
 
 
 def _contiguous_bytes(tensor: torch.Tensor) -> int | None:
-    """Bytes of `tensor` if it is one dense region, else None."""
-    return tensor.numel() * tensor.element_size() if tensor.is_contiguous() else None
+    """Bytes of `tensor` if its elements fill one dense region in some dimension order, else None.
+    A permuted view counts (vLLM's HND FlashInfer layout is a permuted NHD view: one block's
+    bytes are still one region), so does a view with size-1 dimensions of any stride."""
+    dims = sorted((st, sz) for st, sz in zip(tensor.stride(), tensor.shape) if sz != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return None
+        expected *= size
+    return tensor.numel() * tensor.element_size()
 
 
 def describe_kv_caches(kv_caches: dict[str, torch.Tensor], num_blocks: int) -> KVLayout:
@@ -93,34 +101,51 @@ def kv_memory_regions(kv_caches: dict[str, torch.Tensor]) -> list[tuple[int, int
     return sorted(seen.items())
 
 
-def device_kind(kv_caches: dict[str, torch.Tensor]) -> str:
-    kinds = {t.device.type for t in kv_caches.values()}
-    if len(kinds) != 1:
-        raise ValueError(f"KV caches on several device kinds: {sorted(kinds)}")
-    return kinds.pop()
+def kv_device(kv_caches: dict[str, torch.Tensor]) -> torch.device:
+    devices = {t.device for t in kv_caches.values()}
+    if len(devices) != 1:
+        raise ValueError(f"KV caches on several devices: {sorted(map(str, devices))}")
+    device = devices.pop()
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"KV cache on {device}: the kvpool data plane moves host (CPU) and CUDA memory")
+    return device
 
 
 def register_kv_memory(client, kv_caches: dict[str, torch.Tensor]) -> int:
-    """Register vLLM's KV memory with the data plane; returns the bytes registered."""
-    kind = device_kind(kv_caches)
-    if kind != "cpu":
-        # The kvpool data plane registers host memory today; GPU memory needs NIXL VRAM registration
-        # in kvpool.transfer (the connector itself is device-neutral apart from this module).
-        raise ValueError(f"KV cache on {kind}: the kvpool data plane only registers host (CPU) memory")
+    """Register vLLM's KV memory with the data plane (host memory, or CUDA memory as NIXL VRAM);
+    returns the bytes registered."""
+    device = kv_device(kv_caches)
     total = 0
     for addr, size in kv_memory_regions(kv_caches):
-        client.register((addr, size))
+        client.register((addr, size) if device.type == "cpu" else (addr, size, device.index or 0))
         total += size
     return total
 
 
-def wait_for_kv_writes() -> None:
-    """Make this step's KV writes visible before a save reads them. The CPU forward pass is
-    synchronous, so nothing to wait for; a CUDA build must synchronise the compute stream here."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.current_stream().synchronize()
+class _NoFence:
+    def wait(self) -> None:
+        return  # the CPU forward pass is synchronous: its KV writes are done when the step returns
 
 
-def scratch_region(size_bytes: int) -> torch.Tensor:
-    """Host memory that absorbs reads of blocks vLLM already has (see plan.plan_load)."""
-    return torch.empty(max(size_bytes, 1), dtype=torch.uint8)
+class _CudaFence:
+    """A CUDA event recorded on the compute stream after the step's KV writes: the saver thread
+    waits for it alone (not a device-wide or compute-stream synchronize on vLLM's thread)."""
+
+    def __init__(self) -> None:
+        self._event = torch.cuda.Event()
+        self._event.record(torch.cuda.current_stream())
+
+    def wait(self) -> None:
+        self._event.synchronize()
+
+
+def kv_writes_fence(device: torch.device | None):
+    """Call on vLLM's thread after the step's forward was launched; `.wait()` on the saver's thread
+    returns once this step's KV writes are in memory."""
+    return _CudaFence() if device is not None and device.type == "cuda" else _NoFence()
+
+
+def scratch_region(size_bytes: int, device: torch.device) -> torch.Tensor:
+    """Memory on the KV cache's device that absorbs reads of blocks vLLM already has (see
+    plan.plan_load): one transfer's local regions all lie in one device's memory."""
+    return torch.empty(max(size_bytes, 1), dtype=torch.uint8, device=device)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kvpool.connector.health import PoolHealth
 from kvpool.connector.keys import object_keys
@@ -68,8 +68,11 @@ class SchedulerSide:
         self, geom: Geometry, *, make_client: Callable[[], object], health: PoolHealth,
         num_workers: int, save_decode: bool, load_async: bool, lookup_cache_ttl_s: float = 1.0,
         lookup_answer_wait_s: float = 0.002, lookup_give_up_s: float = 0.5, max_pinned_fraction: float = 0.25,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, rank_namespaces: Sequence[str] = (),
     ) -> None:
+        # TP/PP > 1: each rank stores its shard under its own namespace; a prefix is a hit only
+        # as far as every rank has it (vLLM's scheduler takes one answer for all ranks)
+        self._rank_namespaces = list(rank_namespaces)
         self._max_pinned_fraction = max_pinned_fraction
         self._num_pinned_blocks = 0
         self.geom = geom
@@ -131,7 +134,12 @@ class SchedulerSide:
         """On the lookup thread: one round trip (the client is made there, on first use)."""
         if self._client is None:
             self._client = self._make_client()
-        return self._client.lookup_prefix(keys)
+        if len(self._rank_namespaces) <= 1:
+            return self._client.lookup_prefix(keys)
+        num_hit = len(keys)
+        for namespace in self._rank_namespaces:  # each asks only about what every earlier rank has
+            num_hit = self._client.lookup_prefix(keys[:num_hit], namespace=namespace) if num_hit else 0
+        return num_hit
 
     def _lookup_done(self, ok: bool, error: BaseException | None, latency_s: float) -> None:
         if ok:

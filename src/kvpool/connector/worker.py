@@ -56,6 +56,7 @@ class WorkerSide:
         self._client = None
         self._layout: device.KVLayout | None = None
         self._scratch = None
+        self._device = None  # torch.device of the KV cache, known at attach
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="kvpool-load")
         self._saver = ThreadPoolExecutor(1, thread_name_prefix="kvpool-save")
         self._load_wait_s = load_wait_s
@@ -73,9 +74,10 @@ class WorkerSide:
     def attach(self, client, kv_caches: dict, num_blocks: int) -> None:
         """Register vLLM's KV memory with the data plane, once."""
         self._layout = device.describe_kv_caches(kv_caches, num_blocks)
+        self._device = device.kv_device(kv_caches)
         registered = device.register_kv_memory(client, kv_caches)
         if self.geom.blocks_per_object > 1:
-            self._scratch = device.scratch_region(self._layout.region_bytes)
+            self._scratch = device.scratch_region(self._layout.region_bytes, self._device)
             client.register(self._scratch)
         self._client = client
         log.info(
@@ -177,11 +179,11 @@ class WorkerSide:
     def wait_for_save(self, meta: KVPoolMetadata | None) -> None:
         if meta is None or not meta.saves:
             return
-        device.wait_for_kv_writes()
+        fence = device.kv_writes_fence(self._device)
         for spec in meta.saves:
-            self._track(self._saver.submit(self._save, spec))
+            self._track(self._saver.submit(self._save, spec, fence))
 
-    def _save(self, spec: SaveSpec) -> None:
+    def _save(self, spec: SaveSpec, fence) -> None:
         started = time.perf_counter()
         k = self.geom.blocks_per_object
         stored = existing = 0
@@ -198,6 +200,7 @@ class WorkerSide:
             if self._client is None or not self._health.should_try():
                 raise _NoPool
             addrs, sizes = self._regions(spec.block_ids)
+            fence.wait()  # this step's KV writes are in memory (a CUDA event on GPUs)
             statuses = self._client.put_from(spec.keys, addrs, sizes, spec.parents, on_written=release_blocks)
             self._health.record_success()
             stored = sum(1 for s in statuses if s == PUT_ALLOCATED)

@@ -91,10 +91,12 @@ def nixl_backend() -> str:
     return _nixl_api.__name__.split(".")[0]
 
 
-def descriptors(addrs: list[int] | np.ndarray, sizes: list[int] | np.ndarray) -> np.ndarray:
+def descriptors(addrs: list[int] | np.ndarray, sizes: list[int] | np.ndarray, device: int = 0) -> np.ndarray:
+    """NIXL's Nx3 (addr, len, device id) list; the id is the CUDA device for VRAM, 0 for DRAM."""
     out = np.zeros((len(sizes), 3), dtype=np.int64)
     out[:, 0] = addrs
     out[:, 1] = sizes
+    out[:, 2] = device
     return out
 
 
@@ -144,11 +146,13 @@ class NixlEndpoint:
     def metadata(self) -> bytes:
         return self._agent.get_agent_metadata()
 
-    def register(self, addr: int, size_bytes: int) -> object:
+    def register(self, addr: int, size_bytes: int, device: int | None = None) -> object:
+        """Host memory (DRAM), or CUDA device `device`'s memory (VRAM)."""
+        mem_type = "DRAM" if device is None else "VRAM"
         try:
-            return self._agent.register_memory([(addr, size_bytes, 0, "")], mem_type="DRAM")
+            return self._agent.register_memory([(addr, size_bytes, device or 0, "")], mem_type=mem_type)
         except _NIXL_ERRORS as e:
-            raise TransferError(f"NIXL could not register {size_bytes} bytes at {addr:#x}: {e}") from e
+            raise TransferError(f"NIXL could not register {size_bytes} bytes of {mem_type} at {addr:#x}: {e}") from e
 
     def deregister(self, registration: object) -> None:
         try:
@@ -179,10 +183,12 @@ class NixlEndpoint:
         except _NIXL_ERRORS:
             pass  # already gone: forgetting twice is fine
 
-    def post(self, op: str, local: np.ndarray, remote: np.ndarray, peer: str) -> Pending:
+    def post(self, op: str, local: np.ndarray, remote: np.ndarray, peer: str, local_vram: bool = False) -> Pending:
+        """Remote regions are a pool segment (DRAM); local ones DRAM, or VRAM with `local_vram`."""
         try:
             handle = self._agent.initialize_xfer(
-                op, self._agent.get_xfer_descs(local, "DRAM"), self._agent.get_xfer_descs(remote, "DRAM"), peer
+                op, self._agent.get_xfer_descs(local, "VRAM" if local_vram else "DRAM"),
+                self._agent.get_xfer_descs(remote, "DRAM"), peer,
             )
         except _NIXL_ERRORS as e:
             raise TransferError(f"NIXL {op} to {peer}: cannot create the request: {e}") from e

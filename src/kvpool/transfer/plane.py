@@ -10,6 +10,10 @@ Rules:
   remote ones inside the segment. A bad list is the caller's bug (UsageError, nothing moved); a
   failed transfer is a TransferError, per job in `transfer_many`, never a hang (deadline).
 - Thread-safe: routes are created under a lock, transfers run concurrently.
+- GPU memory: `register(addr, size, device=N)` registers CUDA device N's memory (NIXL VRAM). A
+  job's local regions all lie in one kind of memory (host, or one GPU). To a same-host segment a
+  GPU job copies with the copy engines (cuda_copy.py, the mapping page-locked once per route);
+  across hosts NIXL/UCX moves it (GPUDirect RDMA where the NIC allows, UCX's CUDA transports else).
 """
 
 from __future__ import annotations
@@ -46,12 +50,20 @@ class _Route:
 
 
 @dataclass
+class _Region:
+    size_bytes: int
+    device: int | None  # None: host memory; N: CUDA device N
+    registration: object | None = None  # NIXL's, once the agent runs
+
+
+@dataclass
 class _Checked:
     route: _Route | None
     segment: SegmentInfo
     local_addrs: list[int]
     remote_offsets: list[int]
     sizes: list[int]
+    device: int | None = None  # where the local regions are (None: host memory)
 
 
 class DataPlane:
@@ -61,50 +73,55 @@ class DataPlane:
         self.name = name or f"kvpool-client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.path = path
         self._lock = threading.Lock()
-        self._regions: dict[int, int] = {}  # start addr -> size_bytes
+        self._regions: dict[int, _Region] = {}  # by start addr
         self._starts = np.zeros(0, dtype=np.int64)
         self._ends = np.zeros(0, dtype=np.int64)
         self._starts_list: list[int] = []
         self._ends_list: list[int] = []
-        self._registrations: dict[int, object] = {}  # start addr -> NIXL registration
+        self._devices_list: list[int | None] = []  # parallel to _starts_list: an index, rebuilt from _regions
         self._endpoint = None  # NixlEndpoint, created on first need
         self._routes: dict[int, _Route] = {}
         self._closed = False
 
     # ---- local memory ------------------------------------------------------------------------
 
-    def register(self, addr: int, size_bytes: int) -> None:
+    def register(self, addr: int, size_bytes: int, device: int | None = None) -> None:
+        """Register local memory: host memory, or CUDA device `device`'s memory."""
         if not isinstance(addr, int) or addr <= 0:
             raise UsageError(f"addr must be a positive int address, got {addr!r}")
         if not isinstance(size_bytes, int) or size_bytes <= 0:
             raise UsageError(f"size_bytes must be a positive int, got {size_bytes!r}")
+        if device is not None and (not isinstance(device, int) or isinstance(device, bool) or device < 0):
+            raise UsageError(f"device must be None (host memory) or a CUDA device index >= 0, got {device!r}")
         with self._lock:
             self._check_open()
-            if self._regions.get(addr) == size_bytes:
+            known = self._regions.get(addr)
+            if known is not None and (known.size_bytes, known.device) == (size_bytes, device):
                 return  # registering the same memory twice is harmless
             end = addr + size_bytes
-            for start, size in self._regions.items():
-                if start < end and addr < start + size:
-                    raise UsageError(
-                        f"memory {addr:#x}+{size_bytes} overlaps registered {start:#x}+{size}; unregister it first"
-                    )
+            for start, region in self._regions.items():
+                if start < end and addr < start + region.size_bytes:
+                    raise UsageError(f"memory {addr:#x}+{size_bytes} overlaps registered "
+                                     f"{start:#x}+{region.size_bytes}; unregister it first")  # fmt: skip
+            region = _Region(size_bytes, device)
             if self._endpoint is not None:
-                self._registrations[addr] = self._endpoint.register(addr, size_bytes)
-            self._regions[addr] = size_bytes
+                region.registration = self._endpoint.register(addr, size_bytes, device)
+            self._regions[addr] = region
             self._rebuild_index()
 
     def unregister(self, addr: int) -> None:
         with self._lock:
-            if self._regions.pop(addr, None) is None:
+            region = self._regions.pop(addr, None)
+            if region is None:
                 raise UsageError(f"no registered memory starts at {addr:#x}")
-            registration = self._registrations.pop(addr, None)
-            if registration is not None:
-                self._endpoint.deregister(registration)
+            if region.registration is not None:
+                self._endpoint.deregister(region.registration)
             self._rebuild_index()
 
     def _rebuild_index(self) -> None:
         self._starts_list = sorted(self._regions)
-        self._ends_list = [s + self._regions[s] for s in self._starts_list]
+        self._ends_list = [s + self._regions[s].size_bytes for s in self._starts_list]
+        self._devices_list = [self._regions[s].device for s in self._starts_list]
         self._starts = np.array(self._starts_list, dtype=np.int64)
         self._ends = np.array(self._ends_list, dtype=np.int64)
 
@@ -152,8 +169,8 @@ class DataPlane:
             from kvpool.transfer.nixlio import NixlEndpoint  # lazy: 0.4 s and 130 MB of libraries
 
             endpoint = NixlEndpoint(self.name)
-            for addr, size in self._regions.items():
-                self._registrations[addr] = endpoint.register(addr, size)
+            for addr, region in self._regions.items():
+                region.registration = endpoint.register(addr, region.size_bytes, region.device)
             self._endpoint = endpoint
         return self._endpoint
 
@@ -214,7 +231,7 @@ class DataPlane:
         for i, job in enumerate(checked):
             if errors[i] is None and job.route.mapping is not None:
                 try:
-                    job.route.mapping.copy(op, job.local_addrs, job.remote_offsets, job.sizes)
+                    job.route.mapping.copy(op, job.local_addrs, job.remote_offsets, job.sizes, job.device)
                 except TransferError as e:
                     errors[i] = e
         if posted:
@@ -225,9 +242,9 @@ class DataPlane:
     def _post(self, op: str, job: _Checked):
         from kvpool.transfer.nixlio import descriptors
 
-        local = descriptors(job.local_addrs, job.sizes)
+        local = descriptors(job.local_addrs, job.sizes, job.device or 0)
         remote = descriptors(np.array(job.remote_offsets, dtype=np.int64) + job.segment.base_addr, job.sizes)
-        return self._endpoint.post(op, local, remote, job.route.peer)
+        return self._endpoint.post(op, local, remote, job.route.peer, local_vram=job.device is not None)
 
     def _check(
         self, segment: SegmentInfo, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int]
@@ -246,19 +263,26 @@ class DataPlane:
         except TypeError as e:
             raise UsageError(f"addresses, offsets and sizes must be integers: {e}") from None
         if len(size) > _VECTORIZE_FROM:
-            self._check_vectorized(segment, local, remote, size)
-            return _Checked(None, segment, local, remote, size)
-        # a Python loop beats numpy's per-call overhead for the few regions of a typical object
-        segment_bytes, starts, ends = segment.size_bytes, self._starts_list, self._ends_list
-        for i, (addr, offset, num_bytes) in enumerate(zip(local, remote, size)):
-            if num_bytes <= 0 or offset < 0 or offset + num_bytes > segment_bytes:
-                self._outside_segment(segment, i, offset, num_bytes)
-            slot = bisect.bisect_right(starts, addr) - 1
-            if slot < 0 or addr + num_bytes > ends[slot]:
-                self._not_registered(i, addr, num_bytes)
-        return _Checked(None, segment, local, remote, size)
+            devices = self._check_vectorized(segment, local, remote, size)
+        else:
+            # a Python loop beats numpy's per-call overhead for the few regions of a typical object
+            segment_bytes, starts, ends, slot_devices = (
+                segment.size_bytes, self._starts_list, self._ends_list, self._devices_list
+            )
+            devices = set()
+            for i, (addr, offset, num_bytes) in enumerate(zip(local, remote, size)):
+                if num_bytes <= 0 or offset < 0 or offset + num_bytes > segment_bytes:
+                    self._outside_segment(segment, i, offset, num_bytes)
+                slot = bisect.bisect_right(starts, addr) - 1
+                if slot < 0 or addr + num_bytes > ends[slot]:
+                    self._not_registered(i, addr, num_bytes)
+                devices.add(slot_devices[slot])
+        if len(devices) > 1:
+            where = ", ".join("host" if d is None else f"cuda:{d}" for d in sorted(devices, key=lambda d: -1 if d is None else d))
+            raise UsageError(f"one transfer's local regions lie in different memories ({where}): split it per device")
+        return _Checked(None, segment, local, remote, size, next(iter(devices), None))
 
-    def _check_vectorized(self, segment: SegmentInfo, local: list[int], remote: list[int], size: list[int]) -> None:
+    def _check_vectorized(self, segment: SegmentInfo, local: list[int], remote: list[int], size: list[int]) -> set:
         try:
             addr = np.array(local, dtype=np.int64)
             offset = np.array(remote, dtype=np.int64)
@@ -275,6 +299,7 @@ class DataPlane:
         if not inside.all():
             i = int(np.argmin(inside))
             self._not_registered(i, local[i], size[i])
+        return {self._devices_list[int(k)] for k in np.unique(slot)}
 
     @staticmethod
     def _outside_segment(segment: SegmentInfo, i: int, offset: int, num_bytes: int) -> None:
@@ -302,14 +327,15 @@ class DataPlane:
                 self._drop_route(route)
             self._routes.clear()
             if self._endpoint is not None:
-                for registration in self._registrations.values():
-                    try:
-                        self._endpoint.deregister(registration)
-                    except TransferError:
-                        pass  # the agent goes away next anyway
+                for region in self._regions.values():
+                    if region.registration is not None:
+                        try:
+                            self._endpoint.deregister(region.registration)
+                        except TransferError:
+                            pass  # the agent goes away next anyway
+                        region.registration = None
                 self._endpoint.close()
                 self._endpoint = None
-            self._registrations.clear()
 
     def __enter__(self) -> "DataPlane":
         return self

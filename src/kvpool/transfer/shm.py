@@ -101,23 +101,29 @@ class PeerMapping:
         self._lock = threading.Lock()
         self._users = 0
         self._closing = False
+        self._pinned_mapping = None  # cuda_copy.PinnedMapping, on the first GPU copy
 
     def node_alive(self) -> bool:
         return not self._exit_watch.poll(0)
 
-    def copy(self, op: str, local_addrs: list[int], remote_offsets: list[int], sizes: list[int]) -> None:
-        """READ: segment -> local; WRITE: local -> segment. Bounds were checked by the caller."""
+    def copy(self, op: str, local_addrs: list[int], remote_offsets: list[int], sizes: list[int],
+             device: int | None = None) -> None:  # fmt: skip
+        """READ: segment -> local; WRITE: local -> segment. Bounds were checked by the caller.
+        `device` N: the local regions are CUDA device N's memory, moved by its copy engines (the
+        mapping is page-locked on first use and unlocked before it is unmapped)."""
         with self._lock:
             if self._closing:
                 raise TransferError("segment mapping was dropped (forget_segment) during the transfer")
             self._users += 1
         try:
-            base = self.base_addr
-            memmove = ctypes.memmove
-            if op == "READ":
+            if device is not None:
+                self._pinned().copy(op, device, local_addrs, remote_offsets, sizes)
+            elif op == "READ":
+                base, memmove = self.base_addr, ctypes.memmove
                 for local, offset, size in zip(local_addrs, remote_offsets, sizes):
                     memmove(local, base + offset, size)
             else:
+                base, memmove = self.base_addr, ctypes.memmove
                 for local, offset, size in zip(local_addrs, remote_offsets, sizes):
                     memmove(base + offset, local, size)
         finally:
@@ -129,6 +135,14 @@ class PeerMapping:
         if not self.node_alive():
             raise TransferError(f"node process {self.pid} holding the segment has exited")
 
+    def _pinned(self):
+        with self._lock:
+            if self._pinned_mapping is None:
+                from kvpool.transfer.cuda_copy import PinnedMapping  # CUDA only where GPU memory moves
+
+                self._pinned_mapping = PinnedMapping(self.base_addr, self.size_bytes)
+            return self._pinned_mapping
+
     def close(self) -> None:
         with self._lock:
             if self._closing:
@@ -139,5 +153,7 @@ class PeerMapping:
             self._release()
 
     def _release(self) -> None:
+        if self._pinned_mapping is not None:
+            self._pinned_mapping.close()
         self._mmap.close()
         os.close(self._pidfd)
