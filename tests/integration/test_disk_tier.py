@@ -102,13 +102,40 @@ def test_dram_evictions_stay_on_disk_and_survive_a_node_restart(tmp_path):
         assert _stats(address).tiers[0].promotions >= 8
         assert _metric(node, 'kvpool_node_promotions_total{outcome="ok"}') >= 8
 
-        # the node restarts: new empty DRAM, the same disk; it announces what the disk holds
-        assert node.stop() == 0
+        # the node dies and restarts: new empty DRAM, the same disk; it announces what the disk holds
+        node.kill()
         node = _start_node(tmp_path, address, disk, "64MiB", name="node0")
         _wait(lambda: _stats(address).num_objects == len(keys), 10, "the disk announced")
         served, wrong = _read_all(address, keys)
         assert (served, wrong) == (len(keys), 0)
         assert _stats(address).recovered_objects >= len(keys)
+    finally:
+        node.stop()
+        master.stop()
+
+
+def test_a_master_restart_keeps_both_tiers(tmp_path):
+    master = procs.start_master(tmp_path, *FAST)
+    address = master.info["address"]
+    node = _start_node(tmp_path, address, tmp_path / "disk", "64MiB")
+    keys = chain_keys("m", 12)  # 6 MiB: some only on disk, some in DRAM too
+    try:
+        with Client(address) as client:
+            for i in range(0, len(keys), 4):
+                assert _put(client, keys[i : i + 4]) == [PUT_ALLOCATED] * 4
+                _wait(lambda: _stats(address).tiers[0].num_objects >= i + 4, 10, "write-backs")
+        before = _stats(address).tiers[0]
+        assert before.num_disk_only > 0 and before.num_objects == len(keys)
+        _wait(lambda: _metric(node, 'kvpool_node_tier_objects{tier="disk"}') == len(keys), 5, "files")
+        time.sleep(0.5)  # the node's directory catches up with the last commits
+        master.kill()
+        master = procs.start_master(tmp_path, *FAST, "--port", address.rsplit(":", 1)[1], name="master1")
+        _wait(lambda: (s := _stats(address)).num_objects == len(keys) and s.tiers and s.nodes[0].state == "alive",
+              10, "both tiers announced to the new master")
+        after = _stats(address).tiers[0]
+        assert (after.num_objects, after.num_disk_only) == (len(keys), before.num_disk_only)
+        served, wrong = _read_all(address, keys)
+        assert (served, wrong) == (len(keys), 0)
     finally:
         node.stop()
         master.stop()
@@ -162,7 +189,7 @@ def test_a_full_disk_is_an_error_in_logs_and_metrics_and_objects_stay_served(tmp
             assert "disk tier full" in node.tail_log()
             for key in keys:  # still in DRAM: served as usual
                 assert client.get(key) == pattern(key, SIZE).tobytes()
-        assert _stats(address).tiers[0].num_objects == 1
+        _wait(lambda: _stats(address).tiers[0].num_objects == 1, 5, "the one write-back reported")
     finally:
         node.stop()
         master.stop()

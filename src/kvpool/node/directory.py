@@ -12,15 +12,15 @@ Rules:
 - It lives in the node process, beside the segment it describes: both outlive any master and end
   together (a restarted node has new, empty memory and nothing to announce).
 - Ops that ask for disk-tier work (DIR_PROMOTE, DIR_DISK_DROP; protocol.py) are handed to
-  `on_ops` too; a DIR_DISK_DROP names no DRAM range and leaves the directory as it is. A
-  DIR_PROMOTE is recorded at its offset like a commit (readers verify the checksum, so an entry
-  whose promotion has not landed yet is a miss, never wrong data).
+  `on_ops` too and leave the directory as it is: a DIR_DISK_DROP names no DRAM range, and a
+  promotion is recorded (`record`) only once it landed and the master was told, so a new master
+  is never announced a range whose bytes never came.
 - Pure: no I/O, times passed in.
 """
 
 from __future__ import annotations
 
-from kvpool.core.protocol import DIR_DISK_DROP, DirEntry, DirectoryDelta
+from kvpool.core.protocol import DIR_COMMIT, DirEntry, DirectoryDelta
 
 
 class NodeDirectory:
@@ -48,7 +48,7 @@ class NodeDirectory:
         entries = self._entries
         fresh = delta.ops[skip:] if skip > 0 else delta.ops
         for op in fresh:
-            if op.op == DIR_DISK_DROP:
+            if op.op != DIR_COMMIT:
                 continue
             entries.pop(op.offset, None)
             if op.size > 0:
@@ -58,6 +58,11 @@ class NodeDirectory:
         new = max(0, len(delta.ops) - skip)
         self.applied_seq = max(self.applied_seq, delta.first_seq + len(delta.ops) - 1)
         return new
+
+    def record(self, op: DirEntry, now_s: float) -> None:
+        """A promotion into `op.offset` landed and the master knows: the range holds the object."""
+        self._entries.pop(op.offset, None)
+        self._entries[op.offset] = (op, now_s)
 
     def forget(self, offsets: list[int]) -> None:
         for offset in offsets:

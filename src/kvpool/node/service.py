@@ -237,9 +237,11 @@ class StorageNode:
                 continue
             self.metrics.heartbeats.labels("ok").inc()
             if isinstance(reply, HeartbeatReply):
-                if report is not None:
-                    self.tier.sent(report)
                 now_s = time.monotonic()
+                if report is not None:
+                    # before this reply's ops: a later op at the same offset (its eviction) must win
+                    for op in self.tier.sent(report):
+                        self.directory.record(op, now_s)
                 mine = [d for d in reply.deltas if d.segment_id == segment_id]
                 on_ops = self.tier.on_ops if self.tier is not None else None
                 for delta in mine:

@@ -69,6 +69,7 @@ class DiskTierWorker:
         self._urgent: deque[tuple[int, DirEntry]] = deque()  # (segment id, promote / drop op)
         self._writebacks: deque[tuple[int, DirEntry]] = deque()
         self._reports: dict[int, TierReport] = {}  # segment id -> what is not yet acknowledged
+        self._promoted_ops: dict[int, DirEntry] = {}  # offset -> the promotion op done there, until reported
         self._segment_id = 0
         self._thread: threading.Thread | None = None
         self._last_warned: dict[str, float] = {}
@@ -91,11 +92,14 @@ class DiskTierWorker:
     # ---- from the heartbeat loop ---------------------------------------------------------------
 
     def new_mount(self, segment_id: int) -> None:
-        """Mounted again: queued work and reports for the old segment id are void."""
+        """Mounted again: reports and promotions for the old segment id are void (its master is gone
+        or forgot it). Queued write-backs are kept and reported under the new id: the new master
+        checks each against its own record (checksum, size, a replica here) before it counts."""
         with self._lock:
             self._segment_id = segment_id
             self._reports.clear()
-            self._writebacks.clear()
+            self._promoted_ops.clear()
+            self._writebacks = deque((segment_id, op) for _, op in self._writebacks)
             self._urgent = deque((s, op) for s, op in self._urgent if op.op == DIR_DISK_DROP)
         self._publish()
 
@@ -123,15 +127,19 @@ class DiskTierWorker:
             return None
         return report
 
-    def sent(self, report: TierReport) -> None:
-        """The master answered a heartbeat carrying `report`: drop what it held from the pending one."""
+    def sent(self, report: TierReport) -> list[DirEntry]:
+        """The master answered a heartbeat carrying `report`: drop what it held from the pending one.
+        Returns the promotions it reported (the node's directory records them now)."""
         with self._lock:
+            done = [op for op in map(self._promoted_ops.pop, report.promoted, [None] * len(report.promoted))
+                    if op is not None]
             now = self._reports.get(report.segment_id)
             if now is None:
-                return
+                return done
             self._reports[report.segment_id] = TierReport(
                 report.segment_id, now.written[len(report.written):], now.lost[len(report.lost):],
                 now.promoted[len(report.promoted):], now.failed[len(report.failed):])
+        return done
 
     def disk_entries(self, now_wall_s: float) -> list[DiskEntry]:
         """What the disk holds, oldest use first (for the announcement after a remount)."""
@@ -142,6 +150,8 @@ class DiskTierWorker:
 
     def _report(self, segment_id: int, **items: list) -> None:
         with self._lock:
+            if segment_id != self._segment_id:
+                return  # done for a mount that is over: its master no longer waits for it
             old = self._reports.get(segment_id) or TierReport(segment_id)
             self._reports[segment_id] = TierReport(
                 segment_id, old.written + items.get("written", []), old.lost + items.get("lost", []),
@@ -200,7 +210,7 @@ class DiskTierWorker:
         self.metrics.io_seconds.labels("write").inc(time.perf_counter() - started)
         self.metrics.io_bytes.labels("write").inc(op.size)
         self.metrics.writebacks.labels("written").inc()
-        self._report(segment_id, written=[DiskEntry(op.tenant, op.key, op.size, op.checksum, op.parent)])
+        self._report(self._segment_id, written=[DiskEntry(op.tenant, op.key, op.size, op.checksum, op.parent)])
 
     def _promote(self, segment_id: int, op: DirEntry) -> None:
         started = time.perf_counter()
@@ -215,6 +225,10 @@ class DiskTierWorker:
             self.metrics.io_seconds.labels("read").inc(time.perf_counter() - started)
             self.metrics.io_bytes.labels("read").inc(op.size)
             self.metrics.promotions.labels("ok").inc()
+            with self._lock:
+                if segment_id != self._segment_id:
+                    return  # mounted again meanwhile: the master that asked is gone
+                self._promoted_ops[op.offset] = DirEntry(op.offset, op.size, op.tenant, op.key, op.parent, op.checksum)
             self._report(segment_id, promoted=[op.offset])
         else:
             self.metrics.promotions.labels("failed").inc()
