@@ -1,4 +1,5 @@
-"""`kvpool demo` smoke runs: a tiny trace through both halves, and clean-up on SIGTERM."""
+"""`kvpool demo` smoke runs: a tiny trace through round-robin without and with the pool, and
+clean-up on SIGTERM."""
 
 import json
 import os
@@ -39,10 +40,10 @@ def demo(tmp_path: Path, *args: str) -> subprocess.Popen:
 
 
 def test_quick_demo_runs_both_halves_and_cleans_up(tmp_path):
-    proc = demo(tmp_path)
+    proc = demo(tmp_path, "--runs", "baseline,pool")
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
-    assert "without pool" in out and "with pool" in out and "P50 TTFT" in out
+    assert "round-robin, no pool" in out and "round-robin + pool" in out and "TTFT P50" in out
 
     summary = json.loads((tmp_path / "out" / "demo_summary.json").read_text())
     base, pool = summary["runs"]["baseline"], summary["runs"]["pool"]
@@ -57,8 +58,10 @@ def test_quick_demo_runs_both_halves_and_cleans_up(tmp_path):
     assert pool["summary"]["hit_rate"]["combined"] > base["summary"]["hit_rate"]["combined"]
     assert pool["summary"]["hit_rate"]["combined"] <= pool["summary"]["hit_rate"]["potential"] + 1e-9
 
+    for run in (base, pool):
+        assert run["summary"]["router"]["decisions"] == {"next": 4.0}  # the router's own count, round-robin
     table = (tmp_path / "out" / "demo_table.md").read_text()
-    assert "| P50 TTFT |" in table and "with pool" in table
+    assert "| run | TTFT P50 | TTFT P99 |" in table and "| 3. round-robin + pool |" in table
     assert (tmp_path / "out" / "demo_ttft.png").stat().st_size > 1000
     records = json.loads((tmp_path / "out" / "demo_records.json").read_text())
     assert set(records) == {"baseline", "pool"} and len(records["pool"]["records"]) == 4
@@ -66,7 +69,7 @@ def test_quick_demo_runs_both_halves_and_cleans_up(tmp_path):
 
 
 def test_sigterm_stops_every_process(tmp_path):
-    proc = demo(tmp_path, "--only", "baseline")
+    proc = demo(tmp_path, "--only", "baseline")  # SIGTERM while the servers start: no results, exit 130
     log = tmp_path / "work" / "baseline" / "vllm0.log"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:

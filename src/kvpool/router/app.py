@@ -201,7 +201,7 @@ class Router:
                     message = str(e) if not routed.attempts else f"every attempt failed; last: {routed.error}"
                     return _error_response(routed.status, message, "no_backend" if routed.status == 503 else "bad_gateway")
                 routed.attempts.append(attempt)
-                if routed.attempts and len(routed.attempts) == 1:
+                if len(routed.attempts) == 1 and attempt.reason != "any":  # a policy decision
                     self._count_decision(routed, attempt)
                 result = await self._try(request, body, headers, routed, attempt)
                 if isinstance(result, web.StreamResponse):
