@@ -51,6 +51,7 @@ def run_vllm(tmp_path, tiny_model_f32):
         env = vllm_env(tmp_path)
         for name in spec.pop("unset_env", ()):
             env.pop(name, None)
+        env.update(spec.pop("set_env", {}))
         with open(log_path, "w") as log:
             proc = subprocess.Popen([sys.executable, str(RUNNER), str(spec_path), str(out_path)],
                                     env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip

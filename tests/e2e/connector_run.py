@@ -8,7 +8,8 @@ MultiConnector after ExampleConnector writing there), "block_size", "max_num_bat
 "corrupt_prompt": [ids] (overwrite that prompt's pooled objects with random bytes first),
 "flip_prompt": [ids] (flip one bit inside each of that prompt's objects in the node's memory, under
 the checksum the writer stored),
-"wait_file" (wait for it before the phase), "signal_file" (create it after the phase)}]}
+"wait_file" (wait for it before the phase), "signal_file" (create it after the phase)}],
+"tensor_parallel_size" (> 1: vLLM's multiprocess executor, one worker process per rank)}
 OUT: per phase, per prompt {"token_ids", "logprobs"}; plus metric counters after each phase.
 Prefix-cache resets between phases make a phase see only the pool, like a fresh process would.
 """
@@ -51,19 +52,40 @@ def _counters(llm) -> dict[str, float]:
     return out
 
 
+_LLM = None  # the run's vllm.LLM
+
+
 def _our_connector(spec: dict):
+    """The worker's KVPoolConnector (in this process when TP == 1), else the scheduler's."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 
-    if spec.get("master") is None or not has_kv_transfer_group():
+    if spec.get("master") is None:
         return None
-    connector = get_kv_transfer_group()
+    if has_kv_transfer_group():
+        connector = get_kv_transfer_group()
+    else:  # TP > 1: the workers are other processes; the in-process engine core has the scheduler's
+        connector = _LLM.llm_engine.engine_core.engine_core.scheduler.connector
     return next(c for c in getattr(connector, "_connectors", [connector]) if type(c).__name__ == "KVPoolConnector")
 
 
-def _drain_saves(spec: dict) -> None:
+def _drain_saves(spec: dict, prompts: list[list[int]]) -> None:
     ours = _our_connector(spec)
-    if ours is not None and not ours._worker.drain(30.0):
-        raise RuntimeError("pool saves did not finish within 30 s")
+    if ours is None:
+        return
+    if ours._worker is not None:
+        if not ours._worker.drain(30.0):
+            raise RuntimeError("pool saves did not finish within 30 s")
+        return
+    from kvpool.client import Client  # TP > 1: wait until every rank's objects are in the pool
+
+    keys = [k for p in prompts for k in _object_keys(spec, p)]
+    deadline = time.monotonic() + 60
+    for namespace in ours.rank_namespaces:
+        with Client(spec["master"], namespace) as client:
+            while keys and not all(client.exists(keys)):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"saves of rank namespace {namespace} did not land within 60 s")
+                time.sleep(0.1)
 
 
 def _object_keys(spec: dict, prompt: list[int]) -> list[str]:
@@ -122,10 +144,14 @@ def _corrupt(spec: dict, prompt: list[int]) -> int:
 
 
 def main(spec_path: str, out_path: str) -> int:
+    global _LLM
     from vllm import LLM, SamplingParams
 
     spec = json.loads(open(spec_path).read())
-    llm = LLM(
+    parallel = {}
+    if spec.get("tensor_parallel_size", 1) > 1:
+        parallel = {"tensor_parallel_size": spec["tensor_parallel_size"], "distributed_executor_backend": "mp"}
+    _LLM = llm = LLM(
         model=spec["model_dir"], skip_tokenizer_init=True, load_format="safetensors",
         dtype=spec.get("dtype", "float32"), block_size=spec.get("block_size", 32),
         kv_cache_memory_bytes=spec.get("kv_cache_memory_bytes", 64 << 20),
@@ -133,7 +159,7 @@ def main(spec_path: str, out_path: str) -> int:
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 2048),
         enable_prefix_caching=True, disable_log_stats=False, seed=0,
         prefix_caching_hash_algo=spec.get("prefix_caching_hash_algo", "sha256"),
-        kv_transfer_config=_kv_transfer_config(spec),
+        kv_transfer_config=_kv_transfer_config(spec), **parallel,
     )
     result = {"phases": []}
     if spec.get("wait_embedded_node_s"):
@@ -165,7 +191,7 @@ def main(spec_path: str, out_path: str) -> int:
                 "num_cached_tokens": out.num_cached_tokens,
                 "latency_s": time.perf_counter() - started,
             })
-        _drain_saves(spec)  # background saves must land before the next phase looks them up
+        _drain_saves(spec, phase["prompts"])  # background saves must land before the next phase looks them up
         for _ in range(3):  # engine steps deliver the worker's completions and stats to the scheduler
             llm.llm_engine.step()
         result["phases"].append({"outputs": outputs, "counters": _counters(llm), "corrupted_objects": corrupted})
