@@ -28,7 +28,7 @@ from kvpool.master.config import MasterConfig
 from kvpool.master.eviction import SessionAwareOrder
 from kvpool.sim.config import PoolConfig
 from kvpool.sim.fleet import RequestRecord
-from kvpool.sim.pool import TENANT, PoolModel
+from kvpool.sim.pool import PoolModel
 from kvpool.workload.analysis import PrefixCache
 from kvpool.workload.model import Session
 
@@ -44,6 +44,7 @@ class Access:
     parent: int | None  # key before keys[0] (writes)
     prompt_tokens: int = 0
     think_s: float = 0.0  # lookups: the think time that preceded this turn
+    turn_done: bool = True  # writes: the turn's last write (its output)
 
 
 def access_log(sessions: Sequence[Session], records: Sequence[RequestRecord], block_tokens: int) -> list[Access]:
@@ -64,12 +65,13 @@ def access_log(sessions: Sequence[Session], records: Sequence[RequestRecord], bl
                 continue
             keys = keys_by_turn[ti]
             log.append(Access(rec.arrival_s, LOOKUP, si, tuple(keys), None, rec.prompt_tokens, turn.think_time_s))
-            log.append(Access(rec.first_token_s, WRITE, si, tuple(keys), None))
+            log.append(Access(rec.first_token_s, WRITE, si, tuple(keys), None, turn_done=False))
+            output: tuple[int, ...] = ()
             if ti + 1 < len(s.turns):
                 nxt = keys_by_turn[ti + 1]
                 upto = min(len(nxt), (rec.prompt_tokens + rec.output_tokens) // block_tokens)
-                if upto > len(keys):
-                    log.append(Access(rec.finish_s, WRITE, si, tuple(nxt[len(keys):upto]), keys[-1] if keys else None))
+                output = tuple(nxt[len(keys):upto])
+            log.append(Access(rec.finish_s, WRITE, si, output, keys[-1] if keys else None))
     log.sort(key=lambda a: (a.at_s, a.kind, a.session))
     return log
 
@@ -95,6 +97,8 @@ class LRUCache:
 
     def write(self, a: Access) -> None:
         blocks = self.blocks
+        if not a.keys:
+            return
         for k in a.keys:
             if k in blocks:
                 blocks.move_to_end(k)
@@ -166,7 +170,6 @@ class MasterCache:
         if order == "session":
             index = self.pool.core.index
             self.session_order = SessionAwareOrder()
-            self.session_order.attach(lambda key: index.tenants.get(TENANT, {}).get(key))
             index.evictor.set_order(self.session_order)
 
     def lookup(self, a: Access) -> int:
@@ -177,7 +180,7 @@ class MasterCache:
     def write(self, a: Access) -> None:
         order = self.session_order
         if order is not None:
-            order.session_wrote(str(a.session), [str(k) for k in a.keys], a.at_s)
+            order.session_wrote(str(a.session), [str(k) for k in a.keys], a.at_s, a.turn_done)
         self.pool.put(a.keys, a.parent, a.at_s)
         if order is not None:
             order.end_write()
