@@ -24,6 +24,7 @@ from __future__ import annotations
 import glob
 import importlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -35,6 +36,16 @@ from kvpool.core.errors import TransferError
 from kvpool.transfer.fence import StuckTransfer
 
 _BUILDS = ("nixl_cu13", "nixl_cu12")  # the meta package's own order on a machine without CUDA
+
+# UCX's AWS EFA submodule (libuct_ib_efa) links libefa.so.1, which the wheels do not bundle. Where
+# the distribution's rdma-core providers are installed (Debian's ibverbs-providers, e.g. pulled in
+# by fio or librdmacm1) it loads the system libefa, and with it a second libibverbs and libnl next
+# to the wheel's own copies; at process exit the two libnl-route copies' destructors then crash
+# (SIGSEGV in rtnl_tc_unregister: every NIXL process exits 139, also after a clean SIGTERM).
+# Skipping that one submodule keeps every other UCX transport (tcp, shm, cma, ib/mlx5 verbs):
+# EFA fabrics are NIXL's LIBFABRIC backend's job. Set before NIXL (and so UCX) loads; an explicit
+# UCX_MODULES from the user wins.
+os.environ.setdefault("UCX_MODULES", "^efa")
 
 
 def _nixl_api_module():

@@ -132,6 +132,11 @@ class DataPlane:
         route = self._route(segment)
         return "shm" if route.mapping is not None else "nixl"
 
+    def paths(self) -> dict[int, str]:
+        """segment id -> 'shm' or 'nixl' for every route made so far (what tests assert on)."""
+        with self._lock:
+            return {sid: "shm" if r.mapping is not None else "nixl" for sid, r in self._routes.items()}
+
     def _route(self, segment: SegmentInfo) -> _Route:
         route = self._routes.get(segment.segment_id)
         if route is not None and route.agent_name == segment.agent_name:
