@@ -192,9 +192,7 @@ class DiskStore:
 
     def _bounce(self, nbytes: int) -> memoryview:
         if self._buffer is None or len(self._buffer) < nbytes:
-            if self._buffer is not None:
-                self._buffer.close()
-            self._buffer = mmap.mmap(-1, max(nbytes, 8 << 20))
+            self._buffer = mmap.mmap(-1, max(nbytes, 8 << 20))  # the old one is freed once unreferenced
             self._buffer_addr = ctypes.addressof(ctypes.c_char.from_buffer(self._buffer))
         return memoryview(self._buffer)[:nbytes]
 
@@ -213,13 +211,10 @@ class DiskStore:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
-        if self._buffer is not None:
-            self._buffer_addr = 0
-            try:
-                self._buffer.close()
-            except BufferError:
-                pass
-            self._buffer = None
+        # the bounce buffer is not unmapped here but left to the collector: unmapping it explicitly
+        # crashed the node at exit (a view of it outlived the call), freeing it when unreferenced is safe
+        self._buffer_addr = 0
+        self._buffer = None
 
     # ---- write and read ------------------------------------------------------------------------
 
