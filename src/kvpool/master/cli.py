@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recovery-timeout-s", type=float, default=_D.recovery_timeout_s,
                         help="a remounted node's segment takes new objects after this long even if its announcement "
                         "of what it holds did not finish")
+    parser.add_argument("--max-promotions-per-lookup", type=int, default=_D.max_promotions_per_lookup,
+                        help="a lookup that reaches objects held only on a node's disk tier starts copying up to this "
+                        "many of them back to DRAM (the reader looks up again a moment later and hits them)")
     parser.add_argument("--alignment-bytes", type=int, default=_D.alignment_bytes,
                         help="object offsets inside segments are multiples of this (a power of two)")
     parser.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES,
@@ -81,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             quarantine_max_s=args.quarantine_max_s,
             recovery_timeout_s=args.recovery_timeout_s,
             alignment_bytes=args.alignment_bytes,
+            max_promotions_per_lookup=args.max_promotions_per_lookup,
             max_message_bytes=args.max_message_bytes,
         )
     except ValueError as e:
