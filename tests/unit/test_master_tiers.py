@@ -6,6 +6,7 @@ from kvpool.core import protocol as p
 from kvpool.master import MasterConfig, MasterCore
 
 SLOT = 64
+DISK_SLOT = 8192  # what one 64-byte object takes on disk (a 4 KiB header + one 4 KiB block)
 
 
 def make_core(**overrides) -> MasterCore:
@@ -24,7 +25,7 @@ class FakeNode:
     def __init__(self, core: MasterCore, dram_slots=4, disk_slots=6, node_id="n0") -> None:
         self.core = core
         self.node_id = node_id
-        msg = p.MountSegment(node_id, "host", dram_slots * SLOT, 0, "agent", b"", disk_bytes=disk_slots * SLOT)
+        msg = p.MountSegment(node_id, "host", dram_slots * SLOT, 0, "agent", b"", disk_bytes=disk_slots * DISK_SLOT)
         self.segment_id = core.handle(msg, 0.0).segment_id
         self.applied = 0
         self.disk: dict[str, int] = {}  # key -> checksum
@@ -89,7 +90,7 @@ def test_eviction_demotes_to_disk_tails_first_and_lookups_promote_back():
     node.sync(2.5)
     assert [where(core, k) for k in ("a0", "a1", "b0", "b1")] == ["dram+disk"] * 4
     tier = core.index.tiers.by_segment[node.segment_id]
-    assert (tier.used_bytes, tier.num_objects) == (4 * SLOT, 4)
+    assert (tier.used_bytes, tier.num_objects) == (4 * DISK_SLOT, 4)
     # DRAM is full: two new objects push out the LRU chain, tail first, to disk (not dropped)
     put_chain(core, ["c0", "c1"], 3.0)
     assert [where(core, k) for k in ("a0", "a1", "b0", "b1", "c0", "c1")] == [
@@ -127,7 +128,7 @@ def test_disk_eviction_drops_lru_disk_only_tails_never_a_prefix_first():
     assert [where(core, k) for k in ("a0", "a1", "b0", "b1", "c0")] == ["gone", "gone", "dram", "disk", "dram+disk"]
     assert sorted(node.disk) == ["b1", "c0"]  # the node was told to delete the other files
     tier = core.index.tiers.by_segment[node.segment_id]
-    assert tier.disk_evictions == 3 and tier.used_bytes == 2 * SLOT
+    assert tier.disk_evictions == 3 and tier.used_bytes == 2 * DISK_SLOT
 
 
 def test_object_without_disk_copy_is_dropped_and_a_failed_promotion_frees_its_range():
@@ -175,7 +176,7 @@ def test_node_restart_announces_its_disk_and_the_chain_is_promoted():
     node.sync(1.5)
     disk = dict(node.disk)
     # the node restarts: a new segment, recovering, announcing its disk (child before parent)
-    msg = p.MountSegment("n0", "host", 2 * SLOT, 0, "agent2", b"", recovering=True, disk_bytes=8 * SLOT)
+    msg = p.MountSegment("n0", "host", 2 * SLOT, 0, "agent2", b"", recovering=True, disk_bytes=8 * DISK_SLOT)
     segment_id = core.handle(msg, 10.0).segment_id
     assert core.index.num_complete == 0  # the old segment's objects went with it
     entries = [p.DiskEntry("t", "a1", SLOT, disk["a1"], "a0", 1.0), p.DiskEntry("t", "a0", SLOT, disk["a0"], None, 2.0),

@@ -23,6 +23,7 @@ Rules:
   parent can go to disk once its children did); disk eviction drops a disk-only object only when it
   has no children at all, and drops the disk copy of an object still in DRAM at any time (its DRAM
   copy keeps the prefix readable). So no prefix disappears from the pool before its suffixes.
+- Disk space is accounted as the node stores it (stored_bytes: header and 4 KiB blocks).
 - Disk eviction is LRU per tier, above the master's high watermark of the tier's capacity, down to
   the low watermark; each dropped copy is a DIR_DISK_DROP op so the node deletes the file.
 - Reports are applied idempotently (a node resends them until a heartbeat reply arrives): a write
@@ -42,6 +43,15 @@ from kvpool.master.eviction import COMPLETE, DEAD, PINNED, ObjectRecord
 if TYPE_CHECKING:
     from kvpool.master.index import ObjectIndex
     from kvpool.master.segments import Segment
+
+STORED_BLOCK = 4096  # node/disk_store.py: a 4 KiB header, the payload in 4 KiB blocks
+
+
+def stored_bytes(size: int) -> int:
+    """What an object of `size` bytes takes on a node's disk (accounted so, not by its size: small
+    objects would otherwise fill the disk before the master saw it full)."""
+    return STORED_BLOCK + -(-size // STORED_BLOCK) * STORED_BLOCK
+
 
 PROMOTING = 1 << 10  # disk-only, a DRAM range reserved and the node asked to fill it
 IN_DISK_HEAP = 1 << 11  # has an entry in its disk tier's eviction heap
@@ -180,7 +190,7 @@ class Tiers:
     def _add_copy(self, rec: TieredRecord, tier: DiskTier, size: int) -> None:
         rec.disk_segment = tier.segment_id
         rec.disk_size = size
-        tier.used_bytes += size
+        tier.used_bytes += stored_bytes(size)
         tier.num_objects += 1
         self.push(rec, tier)
 
@@ -298,11 +308,11 @@ class Tiers:
                 if rec.flags & PROMOTING:
                     set_aside.append(rec)
                     continue
-                freed += rec.disk_size
+                freed += stored_bytes(rec.disk_size)
                 tier.disk_evictions += 1
                 self.index.drop(rec)
             else:
-                freed += rec.disk_size
+                freed += stored_bytes(rec.disk_size)
                 tier.disk_evictions += 1
                 self._forget_copy(rec, tier, tell_node=True)
         for rec in set_aside:
@@ -312,7 +322,7 @@ class Tiers:
     def _forget_copy(self, rec: TieredRecord, tier: DiskTier, tell_node: bool) -> None:
         """The object keeps its DRAM copy and loses its disk one."""
         rec.disk_segment = None
-        tier.used_bytes -= rec.disk_size
+        tier.used_bytes -= stored_bytes(rec.disk_size)
         tier.num_objects -= 1
         if tell_node:
             self._log_disk_drop(rec, tier)

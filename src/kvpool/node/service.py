@@ -121,8 +121,8 @@ class StorageNode:
             found = store.open()
         except DiskError as e:
             raise UsageError(str(e)) from None
-        self.tier = DiskTierWorker(store, self._segment.base_addr, self.registry, self.config.writeback_queue,
-                                   on_done=self._wake.set)
+        self.tier = DiskTierWorker(store, self._segment.base_addr, self.config.memory_bytes, self.registry,
+                                   self.config.writeback_queue, on_done=self._wake.set)
         self.tier.metrics.capacity.labels("dram").set(self.config.memory_bytes)
         self.tier.start()
         log.info("node %s disk tier %s: %d objects (%d of %d bytes), %s I/O", self.node_id, self.config.disk_path,

@@ -55,10 +55,11 @@ class TierMetrics:
 
 
 class DiskTierWorker:
-    def __init__(self, store: DiskStore, base_addr: int, registry: CollectorRegistry, max_queue: int = 4096,
-                 on_done: Callable[[], None] | None = None) -> None:
+    def __init__(self, store: DiskStore, base_addr: int, segment_bytes: int, registry: CollectorRegistry,
+                 max_queue: int = 4096, on_done: Callable[[], None] | None = None) -> None:
         self.store = store
         self.base_addr = base_addr
+        self.segment_bytes = segment_bytes
         self.metrics = TierMetrics(registry)
         self.metrics.capacity.labels("disk").set(store.capacity_bytes)
         self.max_queue = max_queue
@@ -176,6 +177,9 @@ class DiskTierWorker:
                 continue
             self.busy = True
             segment_id, op = job
+            if op.op != DIR_DISK_DROP and not (0 <= op.offset and 0 < op.size <= self.segment_bytes - op.offset):
+                log.warning("disk tier ignores an op outside the segment: %s", op)
+                continue
             try:
                 if op.op == DIR_PROMOTE:
                     self._promote(segment_id, op)
