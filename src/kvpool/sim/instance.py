@@ -54,6 +54,7 @@ class Instance:
         self.busy_s = 0.0
         self.steps = 0
         self.preemptions = 0
+        self.polling = False  # requests wait for a pool lookup's answer: step again even if idle
 
     # ---- queue ---------------------------------------------------------------------------------
 
@@ -100,11 +101,15 @@ class Instance:
             batch.append((r, new))
             budget -= new
             i += 1
+        self.polling = False
         if not preempted:
             budget = self._admit(budget, batch, now_s)
         self.batch = batch
         self.segment = None
         if not batch:
+            if self.polling:
+                self.polling = False
+                return self.cost.overhead_s  # an empty step: the engine polls for the lookups' answers
             return None
         tokens = 0
         units = 0.0
@@ -156,6 +161,8 @@ class Instance:
 
     def _cut_segment(self, now_s: float) -> None:
         start, steps, first_s, last_s = self.segment
+        if steps <= 1:
+            return  # cut already to the step in progress
         slope = (last_s - first_s) / (steps - 1)
         elapsed = now_s - start
 
@@ -178,8 +185,16 @@ class Instance:
         waiting = self.waiting
         running = self.running
         bt = self.bt
+        skipped: list[Request] = []
+        pool = self.fleet.pool
         while waiting and budget > 0 and len(running) < self.sched.max_num_seqs:
             r = waiting[0]
+            if pool is not None and not r.pool_asked and self.role != "decode":
+                # the pool lookup runs off the engine step: answered "ask again", the request is
+                # skipped this step and considered again at the next (the connector's behaviour)
+                r.pool_asked = True
+                skipped.append(waiting.popleft())
+                continue
             if r.num_blocks == 0 and r.num_computed == 0 and self.role != "decode":
                 limit = len(r.keys)
                 if self.sched.recompute_last_token:
@@ -236,6 +251,9 @@ class Instance:
             running.append(r)
             batch.append((r, new))
             budget -= new
+        if skipped:
+            waiting.extendleft(reversed(skipped))
+            self.polling = True
         return budget
 
     def _preempt(self, r: Request) -> None:

@@ -32,7 +32,7 @@ class Request:
     __slots__ = ("session", "turn_index", "prompt_tokens", "output_tokens", "keys", "arrival_s", "first_token_s",
                  "finish_s", "local_hit_tokens", "pool_hit_tokens", "num_computed", "target", "outputs_done",
                  "held_keys", "anon", "state", "instance", "prefill_instance", "preemptions", "lease_id",
-                 "looked_up", "pool_blocks", "pool_checked", "prefilled")
+                 "looked_up", "pool_blocks", "pool_checked", "prefilled", "pool_asked")
 
     def __init__(self, session: SessionState, turn_index: int, prompt_tokens: int, output_tokens: int,
                  keys: list[int], arrival_s: float) -> None:
@@ -60,6 +60,7 @@ class Request:
         self.pool_blocks = 0  # leading blocks the pool had at its lookup
         self.pool_checked = False
         self.prefilled = False
+        self.pool_asked = False  # the connector's lookup was sent (answered at the next step)
 
     @property
     def num_blocks(self) -> int:
