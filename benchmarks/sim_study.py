@@ -8,7 +8,7 @@ hit rate vs simulated, CPU preset), reproduction (12 GB200-class GPUs, seed scal
 round-robin, without vs with the pool, against the reference's four ratios), scaling (12 -> 60 GPUs),
 eviction (hit rate vs pool capacity: LRU, the master's tail-LRU, the master's session-aware option,
 Belady), routing (round-robin / session / cache-aware with the pool, 12 and 60 GPUs), ours (a
-configuration against the reference's baseline, all four ratios).
+configuration against the reference's baseline, all four ratios), performance (1,000 sessions x 30 turns).
 """
 
 from __future__ import annotations
@@ -223,11 +223,11 @@ POLICIES = ("lru", "tail-lru", "session", "belady")
 
 
 def eviction(quick: bool) -> tuple[dict, str]:
-    fractions = [0.1, 0.3, 0.5, 0.75] if not quick else [0.3]
+    fractions = [0.1, 0.2, 0.35, 0.5] if not quick else [0.3]
     workloads = []
     ref_sessions = reference_sessions(12)
     workloads.append(("seed scale-out, 12 GPUs (no think time)", ref_sessions, reference_fleet(12, pool=True), 256))
-    codex = synth_sessions(SynthConfig(profile="codex", num_sessions=40 if quick else 120, block_size=256))
+    codex = synth_sessions(SynthConfig(profile="codex", num_sessions=40 if quick else 80, block_size=256))
     codex_fleet = FleetConfig(model="llama-8b", accelerator="h200", num_instances=8, router="round_robin",
                               scheduler=SchedulerConfig(block_tokens=256), pool=PoolConfig(capacity_bytes=float("inf")))
     workloads.append(("synthetic codex (think median 5.2 s, P99 81 s)", codex, codex_fleet, 256))
@@ -323,13 +323,26 @@ def ours(repro_runs, mfu: float, quick: bool) -> tuple[dict, str]:
     return {"candidates": out}, "\n".join(md)
 
 
+def performance(quick: bool) -> tuple[dict, str]:
+    """1,000 sessions x 30 turns (the seed scale-out trace, no think time) on 13 units of the
+    reference fleet (156 GPUs), with the pool: wall time of one simulation on this machine."""
+    n = 200 if quick else 1000
+    sessions = synth_sessions(SynthConfig(profile="seed-scaleout", num_sessions=n, block_size=256))
+    _, s, wall = run(reference_fleet(156, pool=True), sessions, f"{n} sessions x 30 turns, 156 GPUs, pool")
+    md = ["## 7. Simulator speed", "",
+          f"{n} sessions x 30 turns ({s.requests:,} requests, {s.input_tokens / 1e9:.2f}B prompt tokens), 13 x (1P + 1D), "
+          f"round-robin, with the pool: {wall:.0f} s wall on one core of this machine ({s.events:,} events; "
+          f"hit rate {s.hit_rate:.1%}).", ""]
+    return {"sessions": n, "wall_s": wall, "summary": s.as_dict()}, "\n".join(md)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and capacities (a smoke run)")
     parser.add_argument("--only", nargs="*", default=None, help="sections: validation reproduction scaling eviction routing ours")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    want = set(args.only or ["validation", "reproduction", "scaling", "eviction", "routing", "ours"])
+    want = set(args.only or ["validation", "reproduction", "scaling", "eviction", "routing", "ours", "performance"])
     started = time.perf_counter()
     report: dict = {"machine_at_start": machine()}
     parts = []
@@ -338,39 +351,54 @@ def main() -> int:
         data, md = validation(args.quick)
         report["validation"] = data
         parts.append(md)
+        write(report, parts, args.quick, started)
     if want & {"reproduction", "ours", "routing", "scaling"}:
         data, md, repro_runs = reproduction(args.quick)
         report["reproduction"] = data
         parts.append(md)
+        write(report, parts, args.quick, started)
     if "scaling" in want:
         data, md = scaling(args.quick, report["reproduction"]["calibrated"]["compute_efficiency"])
         report["scaling"] = data
         parts.append(md)
+        write(report, parts, args.quick, started)
     if "eviction" in want:
         data, md = eviction(args.quick)
         report["eviction"] = data
         parts.append(md)
+        write(report, parts, args.quick, started)
     if "routing" in want:
         data, md, _ = routing(args.quick, report.get("reproduction", {}).get("calibrated", {}).get("compute_efficiency"))
         report["routing"] = data
         parts.append(md)
+        write(report, parts, args.quick, started)
     if "ours" in want:
         data, md = ours(repro_runs, report["reproduction"]["calibrated"]["compute_efficiency"], args.quick)
         report["ours"] = data
         parts.append(md)
+        write(report, parts, args.quick, started)
+    if "performance" in want:
+        data, md = performance(args.quick)
+        report["performance"] = data
+        parts.append(md)
+    write(report, parts, args.quick, started)
+    return 0
+
+
+def write(report: dict, parts: list[str], quick: bool, started: float) -> None:
+    """Write what is done so far (a section at a time: an interrupted run keeps its finished sections)."""
     report["machine_at_end"] = machine()
     report["wall_s"] = time.perf_counter() - started
-    name = "sim_study_quick" if args.quick else "sim_study"
+    name = "sim_study_quick" if quick else "sim_study"
     (OUT / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
     head = [f"# Fleet simulator study ({report['machine_at_start']['date']})", "",
             f"Generated by `benchmarks/sim_study.py` at commit {report['machine_at_start']['commit']} on "
             f"{report['machine_at_start']['cpu']}, {report['machine_at_start']['cores']} cores (load average "
             f"{report['machine_at_start']['load_avg_1_5_15m']} at the start, {report['machine_at_end']['load_avg_1_5_15m']} "
             f"at the end; the simulator is single-threaded and deterministic: load changes its wall time only), "
-            f"{report['wall_s']:.0f} s in all. Simulated times are virtual.", ""]
+            f"{report['wall_s']:.0f} s so far. Simulated times are virtual.", ""]
     (OUT / f"{name}.md").write_text("\n".join(head + parts))
     console.print(f"wrote {OUT}/{name}.md and .json")
-    return 0
 
 
 if __name__ == "__main__":
