@@ -152,3 +152,14 @@ def test_cli_runs_configurations_side_by_side_and_writes_reports(tmp_path, capsy
     assert "| P50 TTFT |" in (tmp_path / "sim_report.md").read_text()
     assert main(["sim", "--pool-gb", "-1"]) == 2
     assert "--pool-gb must be >= 0" in capsys.readouterr().err
+
+
+def test_a_small_pool_evicts_through_the_master_and_serves_less_than_a_large_one():
+    sessions = synth_sessions(SynthConfig(profile="codex", num_sessions=8, block_size=64, scale=0.25))
+    base = dict(model="llama-8b", accelerator="h100", num_instances=4, kv_capacity_tokens=40_000,
+                scheduler=SchedulerConfig(block_tokens=64))
+    kv_block = 64 * MODELS["llama-8b"].kv_bytes_per_token
+    small = simulate(FleetConfig(**base, pool=PoolConfig(capacity_bytes=300 * kv_block, num_nodes=2)), sessions)
+    large = simulate(FleetConfig(**base, pool=PoolConfig(capacity_bytes=1e12)), sessions)
+    assert small.pool_evictions > 0 and large.pool_evictions == 0
+    assert 0 < summarize(small).pool_hit_rate < summarize(large).pool_hit_rate

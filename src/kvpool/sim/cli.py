@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import replace
@@ -72,14 +73,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output-dir", metavar="DIR", help="write sim_report.md, .json and .png here")
 
 
-def _sessions(args: argparse.Namespace, console: Console):
+def _sessions(args: argparse.Namespace, block_tokens: int):
     if args.inputs:
         sessions = []
         for path in expand_inputs(args.inputs):
             sessions.extend(load_trace(path, args.format))
         return sessions[: args.sessions]
+    # synthetic ids at the simulator's block size: one id per KV block, the fastest to simulate
     return synth_sessions(SynthConfig(profile=args.synth, num_sessions=args.sessions, scale=args.scale,
-                                      block_size=args.block_tokens if args.block_tokens % 16 else 16, seed=args.seed))
+                                      block_size=block_tokens, seed=args.seed))
 
 
 def _configs(args: argparse.Namespace) -> list[FleetConfig]:
@@ -130,10 +132,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.sessions < 1:
             raise UsageError(f"--sessions must be >= 1, got {args.sessions}")
-        sessions = _sessions(args, console)
+        configs = _configs(args)
+        sessions = _sessions(args, math.gcd(*(c.scheduler.block_tokens for c in configs)))
         if not sessions:
             raise UsageError("no sessions to simulate: the traces are empty")
-        configs = _configs(args)
     except (UsageError, TraceFormatError, ValueError, FileNotFoundError) as e:
         console.print(f"[red]kvpool sim: {e}[/red]")
         return 2
