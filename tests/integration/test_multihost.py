@@ -111,3 +111,18 @@ def test_namespaces_are_removed_on_ctrl_c_term_and_after_a_kill(how):
         assert set(names) <= set(hosts._existing_netns())
         assert set(names) <= set(hosts.sweep_stale())
     assert not set(names) & set(hosts._existing_netns())
+
+
+def test_processes_of_one_host_share_it_and_other_hosts_differ():
+    reason = hosts.why_unavailable()
+    if reason is not None:
+        pytest.skip(f"multi-host harness unavailable: {reason}")
+    code = "import socket; from kvpool.transfer.hostinfo import host_id; print(host_id(), socket.gethostname())"
+    with hosts.HostNetwork(["a", "b"]) as net:
+        ids = [subprocess.run(net[h].wrap([sys.executable, "-c", code]), capture_output=True, text=True,
+                              check=True).stdout.split() for h in ("a", "a", "b")]  # fmt: skip
+        switch = net.switch
+    assert ids[0] == ids[1] and ids[0][1] == "a"  # one machine: the same-host path stays possible there
+    assert ids[2][0] != ids[0][0] and ids[2][1] == "b"
+    assert ids[0][0] != subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split()[0]
+    assert not [ns for ns in hosts._existing_netns() if ns.startswith(switch.rsplit("-", 1)[0])]

@@ -1,8 +1,9 @@
 """Separate "hosts" on one machine, for tests and benchmarks of the path a cluster uses.
 
 Each host is a network namespace with one veth link to a bridge that lives in a namespace of its
-own (the switch), and each process is started in its host with its own PID, mount, UTS and IPC
-namespaces, its own hostname and a private /dev/shm:
+own (the switch), with a PID, mount, UTS and IPC namespace held by the host's init process (its
+PID 1), a hostname and a private /dev/shm; every process started in a host joins all of them, so
+processes of one host are one machine to each other and another machine to every other host:
 
     switch netns: br0 -- h0 ... hN          host netns i: eth0 = 10.77.0.(10+i)/24, lo
 
@@ -47,6 +48,7 @@ import subprocess
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 SUBNET = "10.77.0"
 _PREFIX = "kvh"
@@ -74,18 +76,41 @@ class Host:
     name: str  # short name: "a", "node1"
     netns: str  # the network namespace
     address: str  # its IPv4 address on the switch
+    init_pid: int  # the host's PID 1, as this machine's PID namespace sees it
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
-        """`argv` run inside this host: its network namespace, a fresh PID namespace (a shell is
-        its PID 1 and runs `argv` as a child, so SIGTERM to the process group reaches the program,
-        and everything in the host dies with that shell), private mount/UTS/IPC namespaces,
-        hostname = the host's name and a private /dev/shm."""
-        script = 'hostname "$0" && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && "$@"'
-        return [
-            "ip", "netns", "exec", self.netns,
-            "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts", "--ipc", "--mount",
-            "sh", "-c", script, f"{self.name}", *argv,
-        ]  # fmt: skip
+        """`argv` run inside this host: its network namespace and the PID, mount (private /proc
+        and /dev/shm), UTS (hostname = the host's name) and IPC namespaces that its init holds,
+        shared by every process of the host as on a real machine. nsenter forks the program as
+        its child in the same process group, so a group signal (ManagedProcess.stop/kill) reaches
+        it, and nsenter exits with its status."""
+        return ["nsenter", "-t", str(self.init_pid), "--net", "--pid", "--mount", "--uts", "--ipc", "--", *argv]
+
+
+# A host's PID 1: a shell that names the host, mounts a private /dev/shm and then waits forever
+# (a shell as PID 1 reaps orphans). Killing it (SIGKILL from outside) ends every process of the host.
+_INIT_SCRIPT = 'hostname "$0" && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && echo ready && exec sleep infinity'
+
+
+def _start_init(netns: str, name: str) -> tuple[subprocess.Popen, int]:
+    popen = subprocess.Popen(
+        ["ip", "netns", "exec", netns, "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts",
+         "--ipc", "--mount", "sh", "-c", _INIT_SCRIPT, name],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    line = popen.stdout.readline()
+    if line.strip() != "ready":
+        popen.kill()
+        raise HostsUnavailable(f"host {name}: its init did not start: {popen.stderr.read().strip()[-500:]}")
+    try:  # unshare --fork has exactly one child: the host's PID 1
+        children = Path(f"/proc/{popen.pid}/task/{popen.pid}/children").read_text().split()
+    except OSError as e:
+        popen.kill()
+        raise HostsUnavailable(f"host {name}: cannot find its init process: {e}") from e
+    if len(children) != 1:
+        popen.kill()
+        raise HostsUnavailable(f"host {name}: unshare has children {children}, expected one")
+    return popen, int(children[0])
 
 
 def _run(*argv: str) -> None:
@@ -113,7 +138,7 @@ def why_unavailable() -> str | None:
     """None when this process can make hosts, else the reason (for a skip message)."""
     if os.geteuid() != 0:
         return "network namespaces need root (ip netns add)"
-    for tool in ("ip", "unshare", "sh", "hostname", "mount"):
+    for tool in ("ip", "unshare", "nsenter", "sh", "hostname", "mount", "sleep"):
         if shutil.which(tool) is None:
             return f"`{tool}` is not installed"
     return None
@@ -125,6 +150,12 @@ def sweep_stale() -> list[str]:
     for name in _existing_netns():
         match = _NAME_RE.match(name)
         if match and not _pid_alive(int(match.group(1))):
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+            for pid in pids:  # the dead run's host inits and whatever still runs in its hosts
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
             removed.append(name)
     return removed
@@ -150,6 +181,7 @@ class HostNetwork:
         self.switch = f"{self._tag}-switch"
         self.hosts: dict[str, Host] = {}
         self._made: list[str] = []  # namespaces created, in order
+        self._inits: list[subprocess.Popen] = []  # each host's `unshare` (parent of its PID 1)
         self._old_handlers: dict[int, object] = {}
 
     def __getitem__(self, name: str) -> Host:
@@ -166,18 +198,20 @@ class HostNetwork:
             _run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
             _run("ip", "-n", self.switch, "link", "set", "br0", "mtu", str(self.mtu), "up")
             for i, name in enumerate(self._names):
-                host = Host(name, f"{self._tag}-{name}", f"{SUBNET}.{10 + i}")
-                self._netns_add(host.netns)
+                netns, address = f"{self._tag}-{name}", f"{SUBNET}.{10 + i}"
+                self._netns_add(netns)
                 port = f"h{i}"
                 # both ends are created inside their namespaces: nothing appears in ours
-                _run("ip", "link", "add", "eth0", "netns", host.netns, "type", "veth", "peer", "name", port,
+                _run("ip", "link", "add", "eth0", "netns", netns, "type", "veth", "peer", "name", port,
                      "netns", self.switch)  # fmt: skip
                 _run("ip", "-n", self.switch, "link", "set", port, "master", "br0")
                 _run("ip", "-n", self.switch, "link", "set", port, "mtu", str(self.mtu), "up")
-                _run("ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
-                _run("ip", "-n", host.netns, "link", "set", "eth0", "mtu", str(self.mtu), "up")
-                _run("ip", "-n", host.netns, "link", "set", "lo", "up")
-                self.hosts[name] = host
+                _run("ip", "-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
+                _run("ip", "-n", netns, "link", "set", "eth0", "mtu", str(self.mtu), "up")
+                _run("ip", "-n", netns, "link", "set", "lo", "up")
+                popen, init_pid = _start_init(netns, name)
+                self._inits.append(popen)
+                self.hosts[name] = Host(name, netns, address, init_pid)
         except BaseException:
             self.remove()
             raise
@@ -188,7 +222,15 @@ class HostNetwork:
         self._made.append(name)
 
     def remove(self) -> None:
-        """Delete everything made (idempotent). The switch goes first: that deletes the veths."""
+        """Delete everything made (idempotent): each host's init (and with it every process left
+        in the host), then the namespaces; the switch goes last, deleting the veths with it."""
+        for popen in self._inits:
+            try:
+                os.killpg(popen.pid, signal.SIGKILL)  # unshare and, by --kill-child, the host's PID 1
+            except (ProcessLookupError, PermissionError):
+                pass
+            popen.wait()
+        self._inits.clear()
         for name in reversed(self._made):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self._made.clear()

@@ -1,0 +1,348 @@
+"""The client side of the peers benchmark: one adapter per store, the cases, and the worker main.
+
+    python benchmarks/peers/clients.py SPEC_JSON      (started by run.py, inside the client host)
+
+Every adapter offers the same operations, each in the store's own best way for that job:
+zero-copy batch put/get between registered memory and the store (Redis has none: its client
+copies into and out of Python bytes, which is part of what Redis costs), a batch existence check
+(kvpool: one prefix lookup; Mooncake: batch_is_exist; Redis: a pipeline of EXISTS), a single-key
+existence round trip, and plain bytes get/put. Every byte read is compared with what was
+written; a case whose bytes differ fails the worker. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+KiB, MiB = 1024, 1024 * 1024
+MOONCAKE_MAX_REGIONS_PER_CALL = 1024  # a 4,096-region call stored half its objects (notes/nixl.md)
+# Buffers stay alive (and registered) until the process ends: a freed buffer's address comes back
+# for the next case, and Mooncake refuses to register a range overlapping a registered one.
+_KEEP: list[np.ndarray] = []
+
+
+class KvpoolAdapter:
+    def __init__(self, spec: dict) -> None:
+        from kvpool.client import Client
+
+        self.client = Client(spec["master"], spec["tenant"], timeout_s=30.0, path=spec.get("path", "auto"))
+
+    def register(self, buf: np.ndarray) -> None:
+        self.client.register(buf)
+
+    def put_from(self, keys, addrs, sizes) -> None:
+        statuses = self.client.put_from(keys, addrs, sizes, parents=[None] * len(keys))
+        if any(s != 0 for s in statuses):
+            raise RuntimeError(f"kvpool put: statuses {sorted(set(statuses))}")
+
+    def get_into(self, keys, addrs, sizes) -> int:
+        return self.client.get_into(keys, addrs, sizes)
+
+    def exists_batch(self, keys) -> int:
+        return self.client.lookup_prefix(keys)
+
+    def exists_one(self, key) -> bool:
+        return self.client.lookup_prefix([key]) == 1
+
+    def put_bytes(self, key, value: bytes) -> None:
+        self.client.put(key, value)
+
+    def get_bytes(self, key) -> bytes | None:
+        return self.client.get(key)
+
+    def remove(self, keys) -> None:
+        self.client.remove(keys)
+
+    def route(self) -> list[str]:
+        return sorted(set(self.client.plane.paths().values()))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class MooncakeAdapter:
+    def __init__(self, spec: dict) -> None:
+        from mooncake.store import MooncakeDistributedStore
+
+        self.store = MooncakeDistributedStore()
+        # global segment 0: this client contributes no memory (standalone-store mode), so every
+        # byte goes to the storage process on the other host, as kvpool's do
+        rc = self.store.setup(spec["local_ip"], spec["metadata_url"], 0, 64 * MiB, spec["protocol"], "",
+                              spec["master"])  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"mooncake setup returned {rc}")
+
+    def register(self, buf: np.ndarray) -> None:
+        rc = self.store.register_buffer(int(buf.ctypes.data), buf.nbytes)
+        if rc != 0:
+            raise RuntimeError(f"mooncake register_buffer returned {rc}")
+
+    @staticmethod
+    def _calls(keys, addrs, sizes):
+        """Split into calls of at most MOONCAKE_MAX_REGIONS_PER_CALL regions."""
+        start, regions = 0, 0
+        for i, a in enumerate(addrs):
+            if regions + len(a) > MOONCAKE_MAX_REGIONS_PER_CALL and i > start:
+                yield keys[start:i], addrs[start:i], sizes[start:i]
+                start, regions = i, 0
+            regions += len(a)
+        if start < len(keys):
+            yield keys[start:], addrs[start:], sizes[start:]
+
+    def put_from(self, keys, addrs, sizes) -> None:
+        for k, a, s in self._calls(keys, addrs, sizes):
+            if all(len(x) == 1 for x in a):
+                rcs = self.store.batch_put_from(k, [x[0] for x in a], [x[0] for x in s])
+            else:
+                rcs = self.store.batch_put_from_multi_buffers(k, a, s)
+            if any(rc != 0 for rc in rcs):
+                raise RuntimeError(f"mooncake put: return codes {sorted(set(rcs))}")
+
+    def get_into(self, keys, addrs, sizes) -> int:
+        count = 0
+        for k, a, s in self._calls(keys, addrs, sizes):
+            if all(len(x) == 1 for x in a):
+                rcs = self.store.batch_get_into(k, [x[0] for x in a], [x[0] for x in s])
+            else:
+                rcs = self.store.batch_get_into_multi_buffers(k, a, s)
+            for rc, sz in zip(rcs, s):
+                if rc != sum(sz):
+                    return count
+                count += 1
+        return count
+
+    def exists_batch(self, keys) -> int:
+        found = self.store.batch_is_exist(keys)
+        return next((i for i, f in enumerate(found) if f != 1), len(keys))
+
+    def exists_one(self, key) -> bool:
+        return self.store.is_exist(key) == 1
+
+    def put_bytes(self, key, value: bytes) -> None:
+        rc = self.store.put(key, value)
+        if rc != 0:
+            raise RuntimeError(f"mooncake put returned {rc}")
+
+    def get_bytes(self, key) -> bytes | None:
+        value = self.store.get(key)
+        return value if value else None
+
+    def remove(self, keys) -> None:
+        self.store.batch_remove(keys, True)
+
+    def route(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class RedisAdapter:
+    def __init__(self, spec: dict) -> None:
+        import redis
+
+        self.redis = redis.Redis(host=spec["host"], port=spec["port"], socket_timeout=30)
+        self.redis.ping()
+        self.buf_base: list[tuple[int, np.ndarray]] = []
+
+    def register(self, buf: np.ndarray) -> None:
+        self.buf_base.append((int(buf.ctypes.data), buf))
+
+    def _view(self, addr: int, size: int) -> np.ndarray:
+        for base, buf in self.buf_base:
+            if base <= addr and addr + size <= base + buf.nbytes:
+                return buf[addr - base : addr - base + size]
+        raise ValueError("address not in a registered buffer")
+
+    def put_from(self, keys, addrs, sizes) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for k, a, s in zip(keys, addrs, sizes):
+            value = self._view(a[0], s[0]).tobytes() if len(a) == 1 else b"".join(
+                self._view(x, n).tobytes() for x, n in zip(a, s))  # fmt: skip
+            pipe.set(k, value)
+        if not all(pipe.execute()):
+            raise RuntimeError("redis SET failed")
+
+    def get_into(self, keys, addrs, sizes) -> int:
+        pipe = self.redis.pipeline(transaction=False)
+        for k in keys:
+            pipe.get(k)
+        count = 0
+        for value, a, s in zip(pipe.execute(), addrs, sizes):
+            if value is None or len(value) != sum(s):
+                break
+            src, off = np.frombuffer(value, dtype=np.uint8), 0
+            for x, n in zip(a, s):
+                self._view(x, n)[:] = src[off : off + n]
+                off += n
+            count += 1
+        return count
+
+    def exists_batch(self, keys) -> int:
+        pipe = self.redis.pipeline(transaction=False)
+        for k in keys:
+            pipe.exists(k)
+        found = pipe.execute()
+        return next((i for i, f in enumerate(found) if not f), len(keys))
+
+    def exists_one(self, key) -> bool:
+        return bool(self.redis.exists(key))
+
+    def put_bytes(self, key, value: bytes) -> None:
+        self.redis.set(key, value)
+
+    def get_bytes(self, key) -> bytes | None:
+        return self.redis.get(key)
+
+    def remove(self, keys) -> None:
+        for i in range(0, len(keys), 1000):
+            self.redis.delete(*keys[i : i + 1000])
+
+    def route(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+ADAPTERS = {"kvpool": KvpoolAdapter, "mooncake": MooncakeAdapter, "redis": RedisAdapter}
+
+
+# ---- cases ----------------------------------------------------------------------------------------
+
+
+def _layout(buf: np.ndarray, n: int, regions: int, region_bytes: int):
+    """Object i's region k at slot k*n + i: an object's regions lie far apart (a paged KV cache)."""
+    base = int(buf.ctypes.data)
+    addrs = [[base + (k * n + i) * region_bytes for k in range(regions)] for i in range(n)]
+    return addrs, [[region_bytes] * regions for _ in range(n)]
+
+
+def _gather(buf: np.ndarray, addrs_i: list[int], region_bytes: int) -> np.ndarray:
+    base = int(buf.ctypes.data)
+    return np.concatenate([buf[a - base : a - base + region_bytes] for a in addrs_i])
+
+
+def _verify(src, dst, n_read: int, n: int, what: str) -> None:
+    if n_read != n:
+        raise RuntimeError(f"{what}: read {n_read} of {n} objects")
+    if not np.array_equal(src, dst):
+        raise RuntimeError(f"{what}: read bytes differ from written bytes")
+
+
+def case_bandwidth(store, tag: str, size: int, total: int, passes: int, regions: int = 1) -> dict:
+    """Zero-copy put and get GB/s of `total` bytes in objects of `size` bytes, `regions` regions
+    each; the median of `passes` passes, fresh keys per pass, every byte verified."""
+    n = max(1, total // size)
+    region_bytes = size // regions
+    src = np.random.default_rng(abs(hash(tag)) % 2**32).integers(0, 256, n * size, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    _KEEP.extend([src, dst])
+    store.register(src)
+    store.register(dst)
+    src_addrs, sizes = _layout(src, n, regions, region_bytes)
+    dst_addrs, _ = _layout(dst, n, regions, region_bytes)
+    batch = max(1, min(n, 64 * MiB // size, 64))
+    puts, gets = [], []
+    for p in range(passes):
+        keys = [f"{tag}/{p}/{i}" for i in range(n)]
+        t = time.perf_counter()
+        for b in range(0, n, batch):
+            store.put_from(keys[b : b + batch], src_addrs[b : b + batch], sizes[b : b + batch])
+        puts.append(n * size / (time.perf_counter() - t) / 1e9)
+        dst[:] = 0
+        got, t = 0, time.perf_counter()
+        for b in range(0, n, batch):
+            got += store.get_into(keys[b : b + batch], dst_addrs[b : b + batch], sizes[b : b + batch])
+        gets.append(n * size / (time.perf_counter() - t) / 1e9)
+        _verify(src, dst, got, n, f"{tag} pass {p}")
+        store.remove(keys)
+    return {"put_gbps": statistics.median(puts), "get_gbps": statistics.median(gets), "num_objects": n,
+            "regions": regions, "passes": passes}  # fmt: skip
+
+
+def case_lookups(store, tag: str, iterations: int) -> dict:
+    keys = [f"{tag}/chain/{i}" for i in range(1000)]
+    value = np.random.default_rng(5).integers(0, 256, 1000 * 64, dtype=np.uint8)
+    _KEEP.append(value)
+    store.register(value)
+    addrs, sizes = _layout(value, 1000, 1, 64)
+    store.put_from(keys, addrs, sizes)
+    if store.exists_batch(keys) != 1000:
+        raise RuntimeError("lookup chain incomplete")
+    for _ in range(3):
+        store.exists_batch(keys)
+    t, reps = time.perf_counter(), 10
+    for _ in range(reps):
+        if store.exists_batch(keys) != 1000:
+            raise RuntimeError("lookup chain lost keys")
+    batch_keys_per_s = reps * 1000 / (time.perf_counter() - t)
+    for _ in range(200):
+        store.exists_one(keys[0])
+    samples = np.empty(iterations)
+    for i in range(iterations):
+        t = time.perf_counter()
+        store.exists_one(keys[0])
+        samples[i] = time.perf_counter() - t
+    store.remove(keys)
+    us = samples * 1e6
+    return {"chain1000_keys_per_s": batch_keys_per_s, "rtt_p50_us": float(np.percentile(us, 50)),
+            "rtt_p99_us": float(np.percentile(us, 99)), "iterations": iterations}  # fmt: skip
+
+
+def case_plain(store, tag: str, size: int, count: int, passes: int) -> dict:
+    """Plain bytes put/get, one call per value (what an application without registered memory does)."""
+    rng = np.random.default_rng(9)
+    values = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(count)]
+    gets, puts = [], []
+    for p in range(passes):
+        keys = [f"{tag}/{p}/{i}" for i in range(count)]
+        t = time.perf_counter()
+        for k, v in zip(keys, values):
+            store.put_bytes(k, v)
+        puts.append(count * size / (time.perf_counter() - t) / 1e9)
+        t = time.perf_counter()
+        got = [store.get_bytes(k) for k in keys]
+        gets.append(count * size / (time.perf_counter() - t) / 1e9)
+        if got != values:
+            raise RuntimeError(f"{tag}: plain get returned other bytes")
+        store.remove(keys)
+    return {"put_gbps": statistics.median(puts), "get_gbps": statistics.median(gets), "value_bytes": size}
+
+
+def run(spec: dict) -> dict:
+    store = ADAPTERS[spec["adapter"]](spec)
+    q = spec.get("quick", False)
+    tag = spec["tag"]
+    out: dict = {}
+    try:
+        for case in spec["cases"]:
+            if case == "fill":  # write the storage process's memory once: Mooncake and Redis do not pre-fault
+                out[case] = case_bandwidth(store, f"{tag}/fill", 16 * MiB, spec["fill_bytes"], 1)
+            elif case == "get_1m":
+                out[case] = case_bandwidth(store, f"{tag}/1m", MiB, (16 if q else 64) * MiB, 3)
+            elif case == "bw_16m":
+                out[case] = case_bandwidth(store, f"{tag}/16m", 16 * MiB, (32 if q else 128) * MiB, 3)
+            elif case == "sg":
+                out[case] = case_bandwidth(store, f"{tag}/sg", 32 * 64 * KiB, (16 if q else 64) * MiB, 3, regions=32)
+            elif case == "lookup":
+                out[case] = case_lookups(store, f"{tag}/lk", 300 if q else 2000)
+            elif case == "plain_64k":
+                out[case] = case_plain(store, f"{tag}/plain", 64 * KiB, 64 if q else 256, 3)
+            else:
+                raise ValueError(f"unknown case {case!r}")
+        out["route"] = store.route()
+    finally:
+        store.close()
+    return out
+
+
+if __name__ == "__main__":
+    result = run(json.loads(sys.argv[1]))
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,187 @@
+"""The registry of competitors for the peers benchmark: how each one's servers start, on which
+hosts of the multi-host harness (kvpool.bench.hosts), and what its client processes are told.
+
+A peer is a name -> Peer entry; `Peer.start(net, workdir)` starts its storage and metadata
+processes and returns a Running with the client's host and spec, or raises PeerUnavailable with
+the reason (the benchmark reports it and goes on without that peer). Each peer gets one storage
+process of `storage_bytes` (kvpool: one node; Mooncake: one standalone segment owner; Redis: one
+server), so no store gets more memory or more storage processes than another.
+
+Rules: servers are ManagedProcesses (SIGTERM, then SIGKILL of the group), started inside their
+hosts; fixed ports are safe because every host has its own network namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvpool.bench import hosts, procs
+
+MiB = 1024 * 1024
+HOSTS = ["kvsame", "kvmaster", "kvnode", "mcmaster", "mcstore", "redis", "client"]
+
+
+class PeerUnavailable(RuntimeError):
+    pass
+
+
+@dataclass
+class Running:
+    client_host: hosts.Host
+    spec: dict  # given to clients.py (plus the case list)
+    python: str  # the interpreter that runs this peer's clients
+    processes: list[procs.ManagedProcess] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop(grace_s=5.0)
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    label: str  # column title in the report
+    path: str  # "same-host" or "cross-host"
+    start: Callable[[hosts.HostNetwork, Path, int, str], Running]  # (net, workdir, storage_bytes, python)
+    needs: tuple[str, ...] = ()  # "mooncake", "redis": installed on demand by run.py
+
+
+def wait_port(host: hosts.Host, address: str, port: int, proc: procs.ManagedProcess, timeout_s: float = 30.0) -> None:
+    """Poll a TCP port from inside `host`'s network (the harness's hosts are not reachable from here)."""
+    probe = ("import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), 1).close()\n"
+             "except OSError:\n sys.exit(1)")  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise PeerUnavailable(f"{proc.name} exited before it listened:\n{proc.tail_log()}")
+        argv = ["ip", "netns", "exec", host.netns, sys.executable, "-c", probe, address, str(port)]
+        if subprocess.run(argv, capture_output=True).returncode == 0:
+            return
+        time.sleep(0.2)
+    raise PeerUnavailable(f"{proc.name} not listening on {address}:{port} after {timeout_s:.0f} s:\n{proc.tail_log()}")
+
+
+def _kvpool(master_host: str, node_host: str, client_host: str):
+    def start(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: str) -> Running:
+        running = Running(net[client_host], {}, python)
+        try:
+            m = net[master_host]
+            # A removed object keeps its space until its read lease ends: short leases (store_bench.py)
+            argv = procs.kvpool_argv("master", "--host", m.address, "--port", "0", "--lease-ttl-s", "2",
+                                     "--max-lease-hold-s", "10")  # fmt: skip
+            master = procs.ManagedProcess(f"{master_host}-master", m.wrap(argv), workdir)
+            running.processes.append(master.start(30))
+            argv = procs.kvpool_argv("node", "--master", master.info["address"], "--memory", str(storage_bytes),
+                                     "--node-id", f"{node_host}-node")  # fmt: skip
+            node = procs.ManagedProcess(f"{node_host}-node", net[node_host].wrap(argv), workdir)
+            running.processes.append(node.start(60))
+        except (RuntimeError, TimeoutError) as e:
+            running.stop()
+            raise PeerUnavailable(str(e)) from e
+        running.spec = {"adapter": "kvpool", "master": master.info["address"], "tenant": "peers"}
+        return running
+
+    return start
+
+
+MOONCAKE_STORE = """
+import signal, sys, time, json
+from mooncake.store import MooncakeDistributedStore
+ip, metadata_url, master, size, ready = sys.argv[1:6]
+store = MooncakeDistributedStore()
+for attempt in range(50):
+    rc = store.setup(ip, metadata_url, int(size), 16 << 20, "tcp", "", master)
+    if rc == 0:
+        break
+    time.sleep(0.2)
+else:
+    sys.exit(f"mooncake setup returned {rc}")
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+open(ready, "w").write(json.dumps({"ok": True}))
+while not stop:
+    time.sleep(0.2)
+store.close()
+"""
+
+
+def _mooncake_tcp(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: str) -> Running:
+    bindir = Path(python).parent
+    master_bin = bindir / "mooncake_master"
+    if not master_bin.exists():
+        raise PeerUnavailable(f"no mooncake_master next to {python}")
+    m, s = net["mcmaster"], net["mcstore"]
+    running = Running(net["client"], {}, python)
+    try:
+        argv = [str(master_bin), f"--rpc_address={m.address}", "--rpc_port=50051",
+                "--enable_http_metadata_server=true", f"--http_metadata_server_host={m.address}",
+                "--http_metadata_server_port=8080", "--default_kv_lease_ttl=1000"]  # fmt: skip
+        master = procs.ManagedProcess("mooncake-master", m.wrap(argv), workdir)
+        running.processes.append(master.start(ready_file_arg=False))
+        wait_port(m, m.address, 50051, master)
+        wait_port(m, m.address, 8080, master)
+        metadata_url, master_addr = f"http://{m.address}:8080/metadata", f"{m.address}:50051"
+        ready = workdir / "mooncake-store.ready.json"
+        argv = [python, "-c", MOONCAKE_STORE, s.address, metadata_url, master_addr, str(storage_bytes), str(ready)]
+        store = procs.ManagedProcess("mooncake-store", s.wrap(argv), workdir)
+        running.processes.append(store.start(ready_file_arg=False))
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if not store.alive() or time.monotonic() > deadline:
+                raise PeerUnavailable(f"mooncake store did not start:\n{store.tail_log()}")
+            time.sleep(0.1)
+    except (RuntimeError, TimeoutError) as e:
+        running.stop()
+        raise PeerUnavailable(str(e)) from e
+    running.spec = {"adapter": "mooncake", "local_ip": net["client"].address, "metadata_url": metadata_url,
+                    "master": master_addr, "protocol": "tcp"}  # fmt: skip
+    return running
+
+
+def _redis(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: str) -> Running:
+    server = shutil.which("redis-server")
+    if server is None:
+        raise PeerUnavailable("redis-server is not installed")
+    h = net["redis"]
+    running = Running(net["client"], {}, python)
+    try:
+        argv = [server, "--bind", h.address, "--port", "6379", "--save", "", "--appendonly", "no",
+                "--protected-mode", "no", "--maxmemory", str(storage_bytes), "--maxmemory-policy", "noeviction",
+                "--dir", str(workdir)]  # fmt: skip
+        proc = procs.ManagedProcess("redis", h.wrap(argv), workdir)
+        running.processes.append(proc.start(ready_file_arg=False))
+        wait_port(h, h.address, 6379, proc)
+    except (RuntimeError, TimeoutError) as e:
+        running.stop()
+        raise PeerUnavailable(str(e)) from e
+    running.spec = {"adapter": "redis", "host": h.address, "port": 6379}
+    return running
+
+
+PEERS: dict[str, Peer] = {
+    p.name: p
+    for p in [
+        Peer("kvpool-same", "kvpool same-host", "same-host", _kvpool("kvsame", "kvsame", "kvsame")),
+        Peer("kvpool-nixl", "kvpool NIXL cross-host", "cross-host", _kvpool("kvmaster", "kvnode", "client")),
+        Peer("mooncake-tcp", "Mooncake TCP cross-host", "cross-host", _mooncake_tcp, needs=("mooncake",)),
+        Peer("redis", "Redis cross-host", "cross-host", _redis, needs=("redis",)),
+    ]
+}
+
+
+def run_client(running: Running, spec: dict, env: dict | None = None, timeout_s: float = 600.0) -> dict:
+    """clients.py in its own process on the peer's client host; its JSON, or RuntimeError."""
+    argv = running.client_host.wrap([running.python, str(Path(__file__).with_name("clients.py")), json.dumps(spec)])
+    import os
+
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **(env or {})})
+    if done.returncode != 0:
+        raise RuntimeError(f"client exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
