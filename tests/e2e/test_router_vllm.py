@@ -29,8 +29,15 @@ def post(url: str, body: dict, headers: dict | None = None) -> dict | list[dict]
     return [json.loads(line[5:]) for line in raw.splitlines() if line.startswith("data:") and "[DONE]" not in line]
 
 
-def access_lines(log, session):
-    return [line for line in log.read_text().splitlines() if f"session={session}(" in line]
+def access_line(log, session, timeout_s=10.0):
+    """The router's access log line of `session` (written as the response ends: wait for it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = [line for line in log.read_text().splitlines() if f"session={session}(" in line] if log.exists() else []
+        if lines or time.monotonic() > deadline:
+            assert lines, f"no access log line for {session}"
+            return lines[-1]
+        time.sleep(0.05)
 
 
 def backend_of(line: str) -> str:
@@ -61,13 +68,13 @@ def test_cache_aware_sends_turn_two_where_its_prefix_is(tmp_path):
                                                     "ignore_eos": True, "stream": True, "return_token_ids": True},
                           {"x-session-id": f"s{k}"})  # fmt: skip
             output = [t for c in chunks for ch in c.get("choices", []) for t in ch.get("token_ids") or []]
-            firsts[k] = (prompt, output, backend_of(access_lines(log, f"s{k}")[-1]))
+            firsts[k] = (prompt, output, backend_of(access_line(log, f"s{k}")))
         time.sleep(1.0)  # the engines publish their events after each step: let the router read them
         for k, (prompt, output, first_backend) in firsts.items():
             turn2 = prompt + output + space.tail(f"s{k}", 1, 100)
             answer = post(url + "/v1/completions", {"model": "tiny", "prompt": turn2, "max_tokens": 2, "stream": False},
                           {"x-session-id": f"other-{k}"})  # fmt: skip
-            line = access_lines(log, f"other-{k}")[-1]
+            line = access_line(log, f"other-{k}")
             assert backend_of(line) == first_backend, line
             local = int(re.search(r" local=(\d+)", line).group(1))
             assert "reason=local" in line and 300 <= local <= 400, line  # turn 1's prompt, in whole blocks

@@ -208,6 +208,7 @@ class Router:
                     response = result
                     return response
                 routed.error = result
+                attempt.load.end()  # the failed try no longer loads its backend
                 if len(routed.attempts) >= self.config.max_attempts:
                     routed.status = 502
                     return _error_response(502, f"{len(routed.attempts)} attempts failed; last: {result}", "bad_gateway")
