@@ -274,7 +274,10 @@ class Router:
                 self.rates.observe_decode(max(0, chunks - 3), time.perf_counter() - attempt.first_byte_s)
                 self._publish_costs()
             self.metrics.requests.labels(backend.name, f"{upstream.status // 100}xx").inc()
-            await response.write_eof()
+            try:
+                await response.write_eof()
+            except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+                pass  # the client had what it wanted ([DONE]) and closed before the chunked terminator
             return response
         finally:
             upstream.release()
