@@ -95,6 +95,8 @@ def run_child(name: str, spec: dict, workdir: Path) -> dict:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
            "TMPDIR": str(workdir), "VLLM_RPC_BASE_PATH": str(workdir), "VLLM_CACHE_ROOT": str(workdir / "cache"),
            "VLLM_CPU_OMP_THREADS_BIND": "0"}  # fmt: skip
+    if spec.get("src"):  # another checkout's kvpool (--baseline-src): its connector, same bench
+        env["PYTHONPATH"] = os.pathsep.join([spec["src"], env.get("PYTHONPATH", "")])
     # One OpenMP thread on core 0 for every case: with other work on this 2-core machine, a
     # 2-thread team stalls at every barrier whenever one thread is descheduled (10x swings).
     done = subprocess.run([sys.executable, __file__, "--child", str(spec_path), str(out_path)],
@@ -127,6 +129,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
     parser.add_argument("--checksum-pairs", type=int, default=2,
                         help="interleaved reader_sync runs with and without checksum verification (default 2)")
+    parser.add_argument("--baseline-src", type=Path, default=None,
+                        help="another checkout's src/ (e.g. `git worktree add /tmp/base REV`): its connector runs "
+                             "reader_sync interleaved with this tree's, to show a change does not regress a pool hit")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -162,6 +167,9 @@ def main() -> int:
         if args.checksum_pairs > 0:
             runs.append((f"reader_sync_nochecksums{suffix}",
                          {**sync, "extra_config": {"load_async": False, "checksums": False}}))
+        if args.baseline_src:
+            runs.append((f"reader_sync_baseline{suffix}", {**sync, "src": str(args.baseline_src.resolve()),
+                                                            "extra_config": {"load_async": False, "checksums": True}}))
     raw: dict[str, dict] = {}
     try:
         with Progress() as progress:
@@ -174,17 +182,22 @@ def main() -> int:
         master.stop()
     info["load_avg_1m_end"] = os.getloadavg()[0]
     merged = dict(raw)
-    for base_name in ("reader_sync", "reader_sync_nochecksums"):  # pairs pooled per case
+    for base_name in ("reader_sync", "reader_sync_nochecksums", "reader_sync_baseline"):  # pairs pooled per case
         runs_of = [n for n in raw if n == base_name or (n.startswith(base_name + "_") and n[len(base_name) + 1:].isdigit())]
         merged[base_name] = {key: [s for n in runs_of for s in raw[n].get(key, [])] for key in raw[runs_of[0]]} if runs_of else {}
     cases = [("vanilla", "recompute"), ("vanilla", "local_hit"), ("writer", "recompute"), ("writer", "local_hit"),
              ("reader_async", "pool_hit"), ("reader_sync", "pool_hit")]
     if merged.get("reader_sync_nochecksums"):
         cases.append(("reader_sync_nochecksums", "pool_hit"))
+    if merged.get("reader_sync_baseline"):
+        cases.append(("reader_sync_baseline", "pool_hit"))
     table = {
         f"{case} ({run})": {str(length): summary(merged[run][f"{case}/{length}"]) for length in args.lengths}
         for run, case in cases
     }  # fmt: skip
+    if args.baseline_src:
+        info["baseline"] = _describe_checkout(args.baseline_src)
+    info["this_tree"] = _describe_checkout(Path(__file__).parents[1] / "src")
     result = {"machine": info, "block_size": BLOCK_SIZE, "model": "tiny Llama (kvpool.bench.tiny_model), bf16",
               "reps": args.reps, "ttft": table, "raw": raw, "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
@@ -193,6 +206,11 @@ def main() -> int:
     plot(result, args.lengths, args.out / "connector_ttft.png")
     print((args.out / "connector_ttft.md").read_text())
     return 0
+
+
+def _describe_checkout(src: Path) -> str:
+    done = subprocess.run(["git", "-C", str(src), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
+    return done.stdout.strip()[:80] or str(src)
 
 
 def write_markdown(result: dict, lengths: list[int], path: Path) -> None:
@@ -221,6 +239,13 @@ def write_markdown(result: dict, lengths: list[int], path: Path) -> None:
             lines.append(f"- {n} tokens: {1000 * (on['p50_s'] - off['p50_s']):+.1f} ms median "
                          f"({100 * (on['p50_s'] / off['p50_s'] - 1):+.1f} %), {100 * (on['min_s'] / off['min_s'] - 1):+.1f} % "
                          "min (goal: <= 5 % of a pool hit's TTFT, else off by default)")
+    if "pool_hit (reader_sync_baseline)" in t:
+        lines += ["", f"This tree ({m['this_tree']}) against the baseline ({m['baseline']}), reader_sync, "
+                  "interleaved runs pooled:", ""]  # fmt: skip
+        for n in lengths:
+            new, old = t["pool_hit (reader_sync)"][str(n)], t["pool_hit (reader_sync_baseline)"][str(n)]
+            lines.append(f"- {n} tokens: {1000 * (new['p50_s'] - old['p50_s']):+.1f} ms median "
+                         f"({100 * (new['p50_s'] / old['p50_s'] - 1):+.1f} %), {100 * (new['min_s'] / old['min_s'] - 1):+.1f} % min")
     lines += ["", "Ratios (medians):", ""]
     for n in lengths:
         local, recompute = t["local_hit (vanilla)"][str(n)]["p50_s"], t["recompute (vanilla)"][str(n)]["p50_s"]

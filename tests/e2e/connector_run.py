@@ -159,7 +159,7 @@ def main(spec_path: str, out_path: str) -> int:
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 2048),
         enable_prefix_caching=True, disable_log_stats=False, seed=0,
         prefix_caching_hash_algo=spec.get("prefix_caching_hash_algo", "sha256"),
-        kv_transfer_config=_kv_transfer_config(spec), **parallel,
+        kv_transfer_config=_kv_transfer_config(spec), enforce_eager=spec.get("enforce_eager", False), **parallel,
     )
     result = {"phases": []}
     if spec.get("wait_embedded_node_s"):

@@ -16,9 +16,10 @@ pytestmark = pytest.mark.vllm
 
 
 def test_tp2_fresh_process_loads_every_ranks_shard_and_answers_like_recompute(make_pool, run_vllm):
-    # one core per rank; the workers' IPC sockets need a path under 108 bytes (pytest's is longer)
+    # one core per rank; the workers' IPC sockets need a path under 108 bytes (pytest's is longer);
+    # eager: no torch.compile of two sharded graphs per process (the KV path is the same)
     with tempfile.TemporaryDirectory(prefix="kvtp") as ipc:
-        run(make_pool, run_vllm, {"tensor_parallel_size": 2, "set_env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1",
+        run(make_pool, run_vllm, {"tensor_parallel_size": 2, "enforce_eager": True, "set_env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1",
                                                                          "VLLM_RPC_BASE_PATH": ipc}})
 
 
