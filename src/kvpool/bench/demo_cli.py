@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "run 2 adds it to each server's KV cache instead")
     parser.add_argument("--max-model-len", type=int, default=d.max_model_len, help="vLLM --max-model-len")
     parser.add_argument("--output-dir", type=Path, default=Path("demo-results"),
-                        help="where demo_summary.json, demo_table.md, demo_ttft.png, demo_records.json go")
+                        help="where demo_summary.json, demo_table.md, demo_ttft.png, demo_rows.png, demo_records.json go")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where logs, the model and scratch files go (default: a new temporary directory)")
 
@@ -316,6 +316,8 @@ def run(args: argparse.Namespace) -> int:
     (out / "demo_table.md").write_text(_markdown(outcomes, config, info, machine_at_start) + f"\nCode: {code}\n")
     if runs:
         plots.plot_comparison(runs, out / "demo_ttft.png", "kvpool demo: TTFT by run")
+        plots.plot_run_bars([(o.label.replace(", ", ",\n", 1), o.summary) for o in outcomes.values() if o.summary],
+                            out / "demo_rows.png", "kvpool demo: latency by run (same trace, same total memory)")  # fmt: skip
     console.print(f"{'partial ' if interrupted else ''}results in {out}/ ({time.monotonic() - t0:.0f} s in all)")
     if interrupted:
         return 130

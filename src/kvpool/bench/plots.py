@@ -73,6 +73,25 @@ def plot_comparison(runs: list[Run], path: Path, title: str) -> Path:
     return _save(fig, plt, path)
 
 
+def plot_run_bars(rows: list[tuple[str, dict]], path: Path, title: str) -> Path:
+    """TTFT P50 / P99 and end-to-end P50 per run, bars side by side (log scale): the demo's rows."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    keys = (("ttft_s", "p50", "TTFT P50"), ("ttft_s", "p99", "TTFT P99"), ("e2e_s", "p50", "end-to-end P50"))
+    width = 0.8 / len(keys)
+    for k, (metric, pct, name) in enumerate(keys):
+        values = [(summary.get(metric) or {}).get(pct) or float("nan") for _, summary in rows]
+        bars = ax.bar(np.arange(len(rows)) + (k - 1) * width, values, width, label=name)
+        ax.bar_label(bars, labels=[f"{v:.2g}" if v == v else "" for v in values], fontsize=7, padding=1)
+    ax.set_xticks(np.arange(len(rows)), [label for label, _ in rows], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds (log scale)")
+    ax.set_title(title)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, plt, path)
+
+
 def _save(fig, plt, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
