@@ -29,8 +29,13 @@ _KEEP: list[np.ndarray] = []
 class KvpoolAdapter:
     def __init__(self, spec: dict) -> None:
         from kvpool.client import Client
+        from kvpool.transfer import DataPlane
 
-        self.client = Client(spec["master"], spec["tenant"], timeout_s=30.0, path=spec.get("path", "auto"))
+        path = spec.get("path", "auto")
+        self.plane = None
+        if "nixl_progress_thread" in spec:  # a variant of the data plane (before/after a fix)
+            self.plane = DataPlane(path=path, nixl_progress_thread=spec["nixl_progress_thread"])
+        self.client = Client(spec["master"], spec["tenant"], timeout_s=30.0, path=path, plane=self.plane)
 
     def register(self, buf: np.ndarray) -> None:
         self.client.register(buf)
@@ -63,6 +68,8 @@ class KvpoolAdapter:
 
     def close(self) -> None:
         self.client.close()
+        if self.plane is not None:
+            self.plane.close()
 
 
 class MooncakeAdapter:

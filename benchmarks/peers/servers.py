@@ -68,7 +68,7 @@ def wait_port(host: hosts.Host, address: str, port: int, proc: procs.ManagedProc
     raise PeerUnavailable(f"{proc.name} not listening on {address}:{port} after {timeout_s:.0f} s:\n{proc.tail_log()}")
 
 
-def _kvpool(master_host: str, node_host: str, client_host: str):
+def _kvpool(master_host: str, node_host: str, client_host: str, **client_options):
     def start(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: str) -> Running:
         running = Running(net[client_host], {}, python)
         try:
@@ -76,16 +76,17 @@ def _kvpool(master_host: str, node_host: str, client_host: str):
             # A removed object keeps its space until its read lease ends: short leases (store_bench.py)
             argv = procs.kvpool_argv("master", "--host", m.address, "--port", "0", "--lease-ttl-s", "2",
                                      "--max-lease-hold-s", "10")  # fmt: skip
-            master = procs.ManagedProcess(f"{master_host}-master", m.wrap(argv), workdir)
+            tag = "-".join([master_host, *client_options])
+            master = procs.ManagedProcess(f"{tag}-master", m.wrap(argv), workdir)
             running.processes.append(master.start(30))
             argv = procs.kvpool_argv("node", "--master", master.info["address"], "--memory", str(storage_bytes),
-                                     "--node-id", f"{node_host}-node")  # fmt: skip
-            node = procs.ManagedProcess(f"{node_host}-node", net[node_host].wrap(argv), workdir)
+                                     "--node-id", f"{tag}-node")  # fmt: skip
+            node = procs.ManagedProcess(f"{tag}-node", net[node_host].wrap(argv), workdir)
             running.processes.append(node.start(60))
         except (RuntimeError, TimeoutError) as e:
             running.stop()
             raise PeerUnavailable(str(e)) from e
-        running.spec = {"adapter": "kvpool", "master": master.info["address"], "tenant": "peers"}
+        running.spec = {"adapter": "kvpool", "master": master.info["address"], "tenant": "peers", **client_options}
         return running
 
     return start
@@ -170,6 +171,9 @@ PEERS: dict[str, Peer] = {
     for p in [
         Peer("kvpool-same", "kvpool same-host", "same-host", _kvpool("kvsame", "kvsame", "kvsame")),
         Peer("kvpool-nixl", "kvpool NIXL cross-host", "cross-host", _kvpool("kvmaster", "kvnode", "client")),
+        # the client as before this session's first fix: NIXL's progress thread on (A/B for it)
+        Peer("kvpool-nixl-pt", "kvpool NIXL cross-host, progress thread (before)", "cross-host",
+             _kvpool("kvmaster", "kvnode", "client", nixl_progress_thread=True)),
         Peer("mooncake-tcp", "Mooncake TCP cross-host", "cross-host", _mooncake_tcp, needs=("mooncake",)),
         Peer("redis", "Redis cross-host", "cross-host", _redis, needs=("redis",)),
     ]
