@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import textwrap
 from pathlib import Path
 
 # (case, field, row title, unit, higher is better)
@@ -62,7 +63,9 @@ def write_report(results: dict, out_dir: Path, name: str) -> None:
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB (a 2-core AMD EPYC VM), kernel "
         f"{m['kernel']}, Python {m['python']}. Load average {results['load_avg_start'][0]:.1f} at start, "
         f"{results['load_avg_end'][0]:.1f} at the end: the lead and other helpers run their own work on the same "
-        "two cores (this run held /tmp/kvpool-heavy.lock, so no other benchmark or e2e suite ran at once), so "
+        "two cores " + ("(this run held /tmp/kvpool-heavy.lock, so no other benchmark or e2e suite ran at once)"
+                        if results.get("heavy_lock") else "(this run did NOT hold /tmp/kvpool-heavy.lock: other "
+                        "benchmarks, vLLM servers or e2e tests may have run at the same time)") + ", so "
         "absolute figures move by tens of percent between runs; the ratios come from the same rounds.",
         "",
         f"Rounds: {results['config']['rounds']} measured after one warm-up round, peers in rotated order per "
@@ -139,7 +142,7 @@ def _plot(results: dict, peers: list[str], path: Path) -> None:
         xs = [i + k * width for i in range(len(bw))]
         ax1.bar(xs, meds, width, yerr=[lo, hi], label=PEERS[p].label, capsize=2)
     ax1.set_xticks([i + 0.4 - width / 2 for i in range(len(bw))])
-    ax1.set_xticklabels([t.replace(", ", "\n") for _, _, t in bw], fontsize=7)
+    ax1.set_xticklabels([textwrap.fill(t, 18) for _, _, t in bw], fontsize=7)
     ax1.set_ylabel("GB/s (median over rounds; bars: min-max)")
     ax1.legend(fontsize=8)
     for k, p in enumerate(peers):

@@ -129,6 +129,22 @@ def machine() -> dict:
             "kernel": platform.release(), "python": platform.python_version()}  # fmt: skip
 
 
+def heavy_lock_taken(path: str = "/tmp/kvpool-heavy.lock") -> bool:
+    """True when someone (normally the `flock` this run was started under) holds the heavy lock."""
+    import fcntl
+
+    try:
+        with open(path, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
+
+
 def run_benchmark(args: argparse.Namespace) -> dict:
     from rich.progress import Progress
 
@@ -138,7 +154,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     if unknown:
         raise SystemExit(f"unknown peers {unknown}; known: {', '.join(PEERS)}")
     cases = [c.strip() for c in args.cases.split(",")]
-    results: dict = {"machine": machine(), "load_avg_start": os.getloadavg(), "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"cases": cases},
+    results: dict = {"machine": machine(), "load_avg_start": os.getloadavg(), "heavy_lock": heavy_lock_taken(), "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"cases": cases},
                      "skipped": {}, "rounds": {n: [] for n in names}, "failed": {}}  # fmt: skip
     pythons = {}
     for name in names:
