@@ -47,7 +47,7 @@ def cluster(tmp_path):
         for proc in reversed(started):
             proc.stop(grace_s=5.0)
         net.remove()
-        assert not [ns for ns in hosts._existing_netns() if ns.startswith(net.switch.rsplit("-", 1)[0])]
+        assert not [ns for ns in hosts.existing_netns() if ns.startswith(net.switch.rsplit("-", 1)[0])]
 
 
 def run_client(net: hosts.HostNetwork, master: procs.ManagedProcess, op: str) -> tuple[dict, str]:
@@ -104,13 +104,13 @@ def test_namespaces_are_removed_on_ctrl_c_term_and_after_a_kill(how):
 
     holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
     names = holder.stdout.readline().split()
-    assert len(names) == 3 and set(names) <= set(hosts._existing_netns())
+    assert len(names) == 3 and set(names) <= set(hosts.existing_netns())
     holder.send_signal({"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[how])
     holder.wait(timeout=20)
     if how == "sigkill":  # nobody could clean up: the next harness sweeps what a dead run left
-        assert set(names) <= set(hosts._existing_netns())
+        assert set(names) <= set(hosts.existing_netns())
         assert set(names) <= set(hosts.sweep_stale())
-    assert not set(names) & set(hosts._existing_netns())
+    assert not set(names) & set(hosts.existing_netns())
 
 
 def test_processes_of_one_host_share_it_and_other_hosts_differ():
@@ -125,4 +125,4 @@ def test_processes_of_one_host_share_it_and_other_hosts_differ():
     assert ids[0] == ids[1] and ids[0][1] == "a"  # one machine: the same-host path stays possible there
     assert ids[2][0] != ids[0][0] and ids[2][1] == "b"
     assert ids[0][0] != subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split()[0]
-    assert not [ns for ns in hosts._existing_netns() if ns.startswith(switch.rsplit("-", 1)[0])]
+    assert not [ns for ns in hosts.existing_netns() if ns.startswith(switch.rsplit("-", 1)[0])]

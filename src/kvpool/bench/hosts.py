@@ -119,7 +119,7 @@ def _run(*argv: str) -> None:
         raise HostsUnavailable(f"`{' '.join(argv)}` failed ({done.returncode}): {done.stderr.strip()}")
 
 
-def _existing_netns() -> list[str]:
+def existing_netns() -> list[str]:
     done = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
 
@@ -147,7 +147,7 @@ def why_unavailable() -> str | None:
 def sweep_stale() -> list[str]:
     """Remove namespaces left by runs whose process is gone; returns their names."""
     removed = []
-    for name in _existing_netns():
+    for name in existing_netns():
         match = _NAME_RE.match(name)
         if match and not _pid_alive(int(match.group(1))):
             pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
