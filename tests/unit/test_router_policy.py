@@ -72,16 +72,18 @@ def test_session_spills_from_a_hot_backend_to_the_next_on_the_ring():
     names = ["a", "b", "c"]
     policy = SessionPolicy(names, load_factor=1.5)
     home, second, third = policy.ring_order("hot")
-    load = {home: 9000, second: 0, third: 0}
-    backends = [BackendView(n, inflight_prompt_tokens=load[n]) for n in names]
-    # total with this request 10000, mean 3333, bound 5000: home is over, the next clockwise is idle
-    assert policy.choose(req(1000, session="hot"), backends) == Decision(names.index(second), "spill")
-    load = {home: 3000, second: 0, third: 0}  # 3000 + 1000 <= 1.5 * 4000 / 3 = 2000? no: spill
-    backends = [BackendView(n, inflight_prompt_tokens=load[n]) for n in names]
-    assert policy.choose(req(1000, session="hot"), backends).reason == "spill"
-    load = {home: 1000, second: 1000, third: 1000}  # even load: stays home
-    backends = [BackendView(n, inflight_prompt_tokens=load[n]) for n in names]
-    assert policy.choose(req(1000, session="hot"), backends) == Decision(names.index(home), "home")
+
+    def choose(prompt, **load):
+        backends = [BackendView(n, inflight_prompt_tokens=load.get(n, 0)) for n in names]
+        return policy.choose(req(prompt, session="hot"), backends)
+
+    # bound = 1.5 x (in flight + this request) / 3
+    assert choose(1000, **{home: 9000}) == Decision(names.index(second), "spill")  # 9000 > 5000
+    assert choose(1000, **{home: 9000, second: 6000}) == Decision(names.index(second), "spill")  # 9000 > 8000 >= 6000
+    assert choose(1000, **{home: 2500, second: 2500}) == Decision(names.index(home), "home")  # 2500 <= 3000
+    assert choose(1000, **{home: 1000, second: 1000, third: 1000}) == Decision(names.index(home), "home")
+    # a prompt larger than all that is in flight still goes home (the home holds its KV)
+    assert choose(8000, **{home: 500, second: 100}) == Decision(names.index(home), "home")
 
 
 def test_adding_a_backend_moves_only_the_sessions_it_takes_over():

@@ -106,8 +106,8 @@ class LeastLoadedPolicy:
 
 class SessionPolicy:
     """Consistent hashing with bounded load: a session sticks to its backend on the ring while that
-    backend carries at most `load_factor` times the mean load (counting this request); past it the
-    request spills to the next backend clockwise that is under the bound.
+    backend carries at most `load_factor` times the mean load (the mean counting this request); past
+    it the request spills to the next backend clockwise that is under the bound.
 
     Adding a backend moves only the sessions whose ring points now fall to it (about 1/n of them);
     the rest keep their home and with it their local KV cache. Load is in-flight tokens, the unit
@@ -171,11 +171,15 @@ class SessionPolicy:
             raise NoHealthyBackend(f"no healthy backend is on the ring ({sorted(self._members)})")
         total = sum(backends[i].inflight_tokens for i in healthy) + request.prompt_tokens
         bound = self.load_factor * total / len(healthy)
+        # The load a backend has before this request is compared with the bound. Rejected: adding the
+        # request first (load + prompt <= bound): a prompt larger than everything in flight (the usual
+        # case with short outputs, as prompt tokens leave the load at the first token) then fits
+        # nowhere, and every such request fell back to least-loaded, losing its session's home.
         for rank, index in enumerate(candidates):
-            load = backends[index].inflight_tokens
-            if load == 0 or load + request.prompt_tokens <= bound:
+            if backends[index].inflight_tokens <= bound:
                 return Decision(index, "home" if rank == 0 else "spill")
-        index = min(candidates, key=lambda i: backends[i].inflight_tokens)  # all over: least loaded
+        # unreachable with load_factor >= 1 (the least loaded is at most the mean); kept as a guard
+        index = min(candidates, key=lambda i: backends[i].inflight_tokens)
         return Decision(index, "overloaded")
 
 
