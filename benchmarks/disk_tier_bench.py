@@ -126,8 +126,8 @@ def store_rates(directory: Path, size: int, count: int, direct: bool, read: bool
 def nixl_posix_rates(directory: Path, size: int, count: int) -> tuple[float, float] | None:
     """(write, read) B/s of NIXL's POSIX file backend: all `count` objects in one transfer, at
     offsets of one pre-sized O_DIRECT file (its best case: no per-object files, one batch)."""
-    try:
-        from nixl_cu12._api import nixl_agent, nixl_agent_config
+    try:  # the build kvpool's transfer layer loaded: a second NIXL build in one process fails to import
+        from kvpool.transfer.nixlio import nixl_agent, nixl_agent_config
     except ImportError:
         return None
     name = f"disk-bench-{os.getpid()}-{size}-{time.monotonic_ns()}"
