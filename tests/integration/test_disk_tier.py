@@ -97,6 +97,9 @@ def test_dram_evictions_stay_on_disk_and_survive_a_node_restart(tmp_path):
         tier = stats.tiers[0]
         assert stats.num_objects == len(keys)  # nothing dropped: the evicted ones are on disk
         assert tier.num_objects == len(keys) and tier.demotions >= len(keys) - 8 and tier.num_disk_only >= 8
+        with Client(address) as client:  # the older chain went to disk; a lookup can wait for its promotion
+            assert client.lookup_prefix(keys[4:8]) == 0  # disk only: a miss that starts their promotion
+            assert client.lookup_prefix(keys[:4], promotion_wait_s=5.0) == 4  # waited: hits now
         served, wrong = _read_all(address, keys)
         assert (served, wrong) == (len(keys), 0)
         assert _stats(address).tiers[0].promotions >= 8

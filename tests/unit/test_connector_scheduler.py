@@ -26,7 +26,7 @@ class Lookups:
     def __init__(self, stored: set[str] | None = None, down: bool = False) -> None:
         self.stored, self.down, self.calls = stored or set(), down, 0
 
-    def lookup_prefix(self, keys: list[str]) -> int:
+    def lookup_prefix(self, keys: list[str], promotion_wait_s: float = 0.0) -> int:
         self.calls += 1
         if self.down:
             raise UnavailableError("master did not answer")
@@ -107,7 +107,7 @@ class StalledLookups(Lookups):
         super().__init__(stored)
         self.release = threading.Event()
 
-    def lookup_prefix(self, keys: list[str]) -> int:
+    def lookup_prefix(self, keys: list[str], promotion_wait_s: float = 0.0) -> int:
         self.release.wait(10)
         return super().lookup_prefix(keys)
 
@@ -232,7 +232,7 @@ class RankLookups:
     def __init__(self, stored: dict[str, set[str]]) -> None:
         self.stored, self.asked = stored, []
 
-    def lookup_prefix(self, keys: list[str], namespace: str | None = None) -> int:
+    def lookup_prefix(self, keys: list[str], namespace: str | None = None, promotion_wait_s: float = 0.0) -> int:
         self.asked.append((namespace, len(keys)))
         n = 0
         while n < len(keys) and keys[n] in self.stored[namespace]:

@@ -67,6 +67,9 @@ class _Once:
             fn()
 
 
+_PROMOTION_POLL_S = 0.02  # how often a lookup asks again while its keys are promoted from disk
+
+
 def _end_margin_s(put_timeout_s: float) -> float:
     """How long before the master's reclaim a writer stops: room for PutEnd to travel and be handled."""
     return min(max(0.2 * put_timeout_s, 0.05), 5.0)
@@ -525,15 +528,23 @@ class Client:
 
     # ---- control-plane only -----------------------------------------------------------------
 
-    def lookup_prefix(self, keys: list[str], *, namespace: str | None = None) -> int:
+    def lookup_prefix(self, keys: list[str], *, namespace: str | None = None, promotion_wait_s: float = 0.0) -> int:
         """How many leading keys are complete in the pool (one round trip, nothing leased), in this
-        client's namespace or in `namespace` (a connector's scheduler asks for each TP rank's)."""
+        client's namespace or in `namespace` (a connector's scheduler asks for each TP rank's).
+        A lookup that reaches keys on a node's disk starts their promotion to DRAM and counts them
+        as misses; with `promotion_wait_s` > 0 it asks again (every 20 ms) while the master says
+        keys are being promoted, for at most that long, so a disk hit can count as a hit now."""
         self._check_keys(keys, unique=False)
         if not keys:
             return 0
         started = time.perf_counter()
         tenant = self.config.tenant if namespace is None else namespace
-        reply = self._call(protocol.LookupPrefix(tenant, list(keys), lease=False), protocol.LookupReply)
+        request = protocol.LookupPrefix(tenant, list(keys), lease=False)
+        reply = self._call(request, protocol.LookupReply)
+        give_up = started + promotion_wait_s
+        while reply.num_promoting and reply.num_hit < len(keys) and time.perf_counter() + _PROMOTION_POLL_S < give_up:
+            time.sleep(_PROMOTION_POLL_S)
+            reply = self._call(request, protocol.LookupReply)
         self._metrics.latency_s.labels(self.config.tenant, "lookup").observe(time.perf_counter() - started)
         return reply.num_hit
 

@@ -73,6 +73,7 @@ class SchedulerSide:
         # TP/PP > 1: each rank stores its shard under its own namespace; a prefix is a hit only
         # as far as every rank has it (vLLM's scheduler takes one answer for all ranks)
         self._rank_namespaces = list(rank_namespaces)
+        self._promotion_wait_s = 0.6 * lookup_give_up_s
         self._max_pinned_fraction = max_pinned_fraction
         self._num_pinned_blocks = 0
         self.geom = geom
@@ -134,11 +135,14 @@ class SchedulerSide:
         """On the lookup thread: one round trip (the client is made there, on first use)."""
         if self._client is None:
             self._client = self._make_client()
+        # keys on a node's disk are promoted to DRAM meanwhile: wait for them within the budget the
+        # request may wait for its answer anyway (vLLM asks again every step until then)
+        wait = self._promotion_wait_s
         if len(self._rank_namespaces) <= 1:
-            return self._client.lookup_prefix(keys)
+            return self._client.lookup_prefix(keys, promotion_wait_s=wait)
         num_hit = len(keys)
         for namespace in self._rank_namespaces:  # each asks only about what every earlier rank has
-            num_hit = self._client.lookup_prefix(keys[:num_hit], namespace=namespace) if num_hit else 0
+            num_hit = self._client.lookup_prefix(keys[:num_hit], namespace=namespace, promotion_wait_s=wait) if num_hit else 0
         return num_hit
 
     def _lookup_done(self, ok: bool, error: BaseException | None, latency_s: float) -> None:
