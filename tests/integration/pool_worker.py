@@ -20,6 +20,18 @@ def pattern(key: str, size_bytes: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size_bytes, dtype=np.uint8)
 
 
+def wait_until(predicate, timeout_s: float, what: str):
+    """predicate()'s first truthy value, polled every 50 ms; AssertionError naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {timeout_s} s")
+        time.sleep(0.05)
+
+
 def chain_keys(prefix: str, num_keys: int) -> list[str]:
     return [f"{prefix}/{i}" for i in range(num_keys)]
 

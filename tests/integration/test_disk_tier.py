@@ -16,7 +16,7 @@ from kvpool.bench import procs
 from kvpool.client import PUT_ALLOCATED, Client
 from kvpool.core import protocol as p
 from kvpool.transfer.control import MasterChannel
-from pool_worker import chain_keys, pattern
+from pool_worker import chain_keys, pattern, wait_until
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -35,17 +35,6 @@ def _stats(address: str) -> p.StatsReply:
 def _metric(node: procs.ManagedProcess, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{node.info['metrics_port']}/metrics", timeout=2).read().decode()
     return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(name) and not ln.startswith("#"))
-
-
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {timeout_s} s")
-        time.sleep(0.05)
 
 
 def _put(client: Client, keys: list[str]) -> list[int]:
@@ -92,7 +81,7 @@ def test_dram_evictions_stay_on_disk_and_survive_a_node_restart(tmp_path):
             for i in range(0, len(keys), 4):
                 assert _put(client, keys[i : i + 4]) == [PUT_ALLOCATED] * 4
                 # written back and known to the master before the next batch evicts them
-                _wait(lambda: _stats(address).tiers[0].num_objects >= i + 4, 10, "write-backs")
+                wait_until(lambda: _stats(address).tiers[0].num_objects >= i + 4, 10, "write-backs")
         stats = _stats(address)
         tier = stats.tiers[0]
         assert stats.num_objects == len(keys)  # nothing dropped: the evicted ones are on disk
@@ -108,7 +97,7 @@ def test_dram_evictions_stay_on_disk_and_survive_a_node_restart(tmp_path):
         # the node dies and restarts: new empty DRAM, the same disk; it announces what the disk holds
         node.kill()
         node = _start_node(tmp_path, address, disk, "64MiB", name="node0")
-        _wait(lambda: _stats(address).num_objects == len(keys), 10, "the disk announced")
+        wait_until(lambda: _stats(address).num_objects == len(keys), 10, "the disk announced")
         served, wrong = _read_all(address, keys)
         assert (served, wrong) == (len(keys), 0)
         assert _stats(address).recovered_objects >= len(keys)
@@ -126,14 +115,14 @@ def test_a_master_restart_keeps_both_tiers(tmp_path):
         with Client(address) as client:
             for i in range(0, len(keys), 4):
                 assert _put(client, keys[i : i + 4]) == [PUT_ALLOCATED] * 4
-                _wait(lambda: _stats(address).tiers[0].num_objects >= i + 4, 10, "write-backs")
+                wait_until(lambda: _stats(address).tiers[0].num_objects >= i + 4, 10, "write-backs")
         before = _stats(address).tiers[0]
         assert before.num_disk_only > 0 and before.num_objects == len(keys)
-        _wait(lambda: _metric(node, 'kvpool_node_tier_objects{tier="disk"}') == len(keys), 5, "files")
+        wait_until(lambda: _metric(node, 'kvpool_node_tier_objects{tier="disk"}') == len(keys), 5, "files")
         time.sleep(0.5)  # the node's directory catches up with the last commits
         master.kill()
         master = procs.start_master(tmp_path, *FAST, "--port", address.rsplit(":", 1)[1], name="master1")
-        _wait(lambda: (s := _stats(address)).num_objects == len(keys) and s.tiers and s.nodes[0].state == "alive",
+        wait_until(lambda: (s := _stats(address)).num_objects == len(keys) and s.tiers and s.nodes[0].state == "alive",
               10, "both tiers announced to the new master")
         after = _stats(address).tiers[0]
         assert (after.num_objects, after.num_disk_only) == (len(keys), before.num_disk_only)
@@ -153,7 +142,7 @@ def test_corrupt_and_truncated_files_are_dropped_never_served(tmp_path):
     try:
         with Client(address) as client:
             assert _put(client, keys) == [PUT_ALLOCATED] * 6
-        _wait(lambda: _stats(address).tiers[0].num_objects == 6, 10, "write-backs")
+        wait_until(lambda: _stats(address).tiers[0].num_objects == 6, 10, "write-backs")
         assert node.stop() == 0
         files = sorted(disk.glob("*/*.kv"))
         assert len(files) == 6
@@ -166,7 +155,7 @@ def test_corrupt_and_truncated_files_are_dropped_never_served(tmp_path):
         with open(truncated, "r+b") as f:  # cut short: found when the disk is opened
             f.truncate(4096 + SIZE // 2)
         node = _start_node(tmp_path, address, disk, "64MiB", name="node0")
-        _wait(lambda: _stats(address).num_objects == 5, 10, "5 intact files announced")
+        wait_until(lambda: _stats(address).num_objects == 5, 10, "5 intact files announced")
         assert not truncated.exists()
         served, wrong = _read_all(address, keys)
         assert wrong == 0 and served == 4  # the corrupt one failed its checksum on promotion
@@ -187,12 +176,12 @@ def test_a_full_disk_is_an_error_in_logs_and_metrics_and_objects_stay_served(tmp
     try:
         with Client(address) as client:
             assert _put(client, keys) == [PUT_ALLOCATED] * 4
-            _wait(lambda: _metric(node, 'kvpool_node_disk_errors_total{kind="full"}') >= 3, 10, "disk full counted")
+            wait_until(lambda: _metric(node, 'kvpool_node_disk_errors_total{kind="full"}') >= 3, 10, "disk full counted")
             assert _metric(node, 'kvpool_node_writebacks_total{outcome="written"}') == 1
             assert "disk tier full" in node.tail_log()
             for key in keys:  # still in DRAM: served as usual
                 assert client.get(key) == pattern(key, SIZE).tobytes()
-        _wait(lambda: _stats(address).tiers[0].num_objects == 1, 5, "the one write-back reported")
+        wait_until(lambda: _stats(address).tiers[0].num_objects == 1, 5, "the one write-back reported")
     finally:
         node.stop()
         master.stop()

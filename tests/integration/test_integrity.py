@@ -16,7 +16,7 @@ from kvpool.client import PUT_ALLOCATED, PUT_FAILED, Client
 from kvpool.core import protocol as p
 from kvpool.transfer.control import MasterChannel
 from kvpool.transfer.shm import PeerMapping
-from pool_worker import chain_keys, pattern
+from pool_worker import chain_keys, pattern, wait_until
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -25,17 +25,6 @@ FAST = ("--heartbeat-interval-s", "0.2", "--node-ttl-s", "2")
 
 def _port(address: str) -> str:
     return address.rsplit(":", 1)[1]
-
-
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {timeout_s} s")
-        time.sleep(0.05)
 
 
 def _stats(address: str) -> p.StatsReply | None:
@@ -94,16 +83,16 @@ def test_master_restarts_serve_no_wrong_bytes_and_keep_the_cache(tmp_path, first
             written += keys
             epochs = {client.epoch}
             for restart in range(3):
-                _wait(lambda: sum(map(_directory_objects, nodes.values())) == len(written), 10,
+                wait_until(lambda: sum(map(_directory_objects, nodes.values())) == len(written), 10,
                       "every commit in the nodes' directories")
                 master.kill()
                 os.kill(nodes[later].pid, signal.SIGSTOP)  # `first` remounts first, `later` after it
                 try:
                     master = procs.start_master(tmp_path, *FAST, "--port", _port(address), name=f"master{restart}")
-                    _wait(lambda: _mounted(address, {first}), 10, f"{first} remounted")
+                    wait_until(lambda: _mounted(address, {first}), 10, f"{first} remounted")
                 finally:
                     os.kill(nodes[later].pid, signal.SIGCONT)
-                _wait(lambda: _mounted(address, {first, later}), 10, f"{later} remounted")
+                wait_until(lambda: _mounted(address, {first, later}), 10, f"{later} remounted")
                 keys = chain_keys(f"after{restart}", 20)
                 statuses = _put(client, keys, size)
                 assert set(statuses) == {PUT_ALLOCATED}, statuses
@@ -126,7 +115,7 @@ def test_late_or_duplicate_put_end_is_refused_and_never_completes_another_put(ma
     try:
         slow = channel.call(p.PutStart("default", ["k"], [4096], [None]))
         # past put_timeout_s the master reclaims the slow writer's allocation
-        _wait(lambda: _stats(pool.address).num_pending == 0, 5, "the slow put reclaimed")
+        wait_until(lambda: _stats(pool.address).num_pending == 0, 5, "the slow put reclaimed")
         with Client(pool.address) as other:
             assert other.put("k", pattern("k", 4096)) is True  # another writer's re-put of the key
             late = channel.call(p.PutEnd("default", ["k"], slow.tokens, [1]))
@@ -210,7 +199,7 @@ def test_transfer_to_a_stopped_node_times_out_and_nothing_lands_in_reused_space(
             out[:] = 7
             time.sleep(0.3)
             assert (out == 7).all()  # once returned, nothing more is written into the reader's memory
-            _wait(lambda: _stats(address).quarantined == 0, 5, "the quarantine ended after the write landed")
+            wait_until(lambda: _stats(address).quarantined == 0, 5, "the quarantine ended after the write landed")
             assert _read_back(address, ["warm", *filler], size) == (13, 0)  # the late write hit none of them
             more = chain_keys("more", 14)
             _put(local, more, size)  # now the stuck write's range is reused
@@ -240,7 +229,7 @@ def test_a_standby_master_takes_over_with_the_cache(tmp_path):
             primary.kill()
             standby = procs.start_master(tmp_path, *FAST, "--port", standby_port, name="standby")
             standby_address = standby.info["address"]
-            _wait(lambda: _mounted(standby_address, {"n0", "n1"}), 15, "both nodes on the standby")
+            wait_until(lambda: _mounted(standby_address, {"n0", "n1"}), 15, "both nodes on the standby")
 
             def hits():
                 try:
@@ -248,7 +237,7 @@ def test_a_standby_master_takes_over_with_the_cache(tmp_path):
                 except Exception:  # the call that finds the primary gone moves the client to the standby
                     return False
 
-            _wait(hits, 10, "the client served by the standby")
+            wait_until(hits, 10, "the client served by the standby")
             assert client._channel.address == standby_address
         assert _read_back(standby_address, keys, size) == (30, 0)
     finally:

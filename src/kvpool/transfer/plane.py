@@ -84,6 +84,7 @@ class DataPlane:
         self._starts_list: list[int] = []
         self._ends_list: list[int] = []
         self._devices_list: list[int | None] = []  # parallel to _starts_list: an index, rebuilt from _regions
+        self._has_gpu_memory = False
         self._endpoint = None  # NixlEndpoint, created on first need
         self._routes: dict[int, _Route] = {}
         self._closed = False
@@ -127,6 +128,7 @@ class DataPlane:
         self._starts_list = sorted(self._regions)
         self._ends_list = [s + self._regions[s].size_bytes for s in self._starts_list]
         self._devices_list = [self._regions[s].device for s in self._starts_list]
+        self._has_gpu_memory = any(d is not None for d in self._devices_list)
         self._starts = np.array(self._starts_list, dtype=np.int64)
         self._ends = np.array(self._ends_list, dtype=np.int64)
 
@@ -273,26 +275,31 @@ class DataPlane:
         except TypeError as e:
             raise UsageError(f"addresses, offsets and sizes must be integers: {e}") from None
         if len(size) > _VECTORIZE_FROM:
-            devices = self._check_vectorized(segment, local, remote, size)
-        else:
-            # a Python loop beats numpy's per-call overhead for the few regions of a typical object
-            segment_bytes, starts, ends, slot_devices = (
-                segment.size_bytes, self._starts_list, self._ends_list, self._devices_list
-            )
-            devices = set()
-            for i, (addr, offset, num_bytes) in enumerate(zip(local, remote, size)):
-                if num_bytes <= 0 or offset < 0 or offset + num_bytes > segment_bytes:
-                    self._outside_segment(segment, i, offset, num_bytes)
-                slot = bisect.bisect_right(starts, addr) - 1
-                if slot < 0 or addr + num_bytes > ends[slot]:
-                    self._not_registered(i, addr, num_bytes)
-                devices.add(slot_devices[slot])
+            self._check_vectorized(segment, local, remote, size)
+            return _Checked(None, segment, local, remote, size, self._job_device(local))
+        # a Python loop beats numpy's per-call overhead for the few regions of a typical object
+        segment_bytes, starts, ends = segment.size_bytes, self._starts_list, self._ends_list
+        for i, (addr, offset, num_bytes) in enumerate(zip(local, remote, size)):
+            if num_bytes <= 0 or offset < 0 or offset + num_bytes > segment_bytes:
+                self._outside_segment(segment, i, offset, num_bytes)
+            slot = bisect.bisect_right(starts, addr) - 1
+            if slot < 0 or addr + num_bytes > ends[slot]:
+                self._not_registered(i, addr, num_bytes)
+        return _Checked(None, segment, local, remote, size, self._job_device(local))
+
+    def _job_device(self, local: list[int]) -> int | None:
+        """The one memory a checked job's local regions lie in (None: host). Free while no GPU
+        memory is registered (the host-only hot path)."""
+        if not self._has_gpu_memory:
+            return None
+        starts, slot_devices = self._starts_list, self._devices_list
+        devices = {slot_devices[bisect.bisect_right(starts, addr) - 1] for addr in local}
         if len(devices) > 1:
             where = ", ".join("host" if d is None else f"cuda:{d}" for d in sorted(devices, key=lambda d: -1 if d is None else d))
             raise UsageError(f"one transfer's local regions lie in different memories ({where}): split it per device")
-        return _Checked(None, segment, local, remote, size, next(iter(devices), None))
+        return next(iter(devices), None)
 
-    def _check_vectorized(self, segment: SegmentInfo, local: list[int], remote: list[int], size: list[int]) -> set:
+    def _check_vectorized(self, segment: SegmentInfo, local: list[int], remote: list[int], size: list[int]) -> None:
         try:
             addr = np.array(local, dtype=np.int64)
             offset = np.array(remote, dtype=np.int64)
@@ -309,7 +316,6 @@ class DataPlane:
         if not inside.all():
             i = int(np.argmin(inside))
             self._not_registered(i, local[i], size[i])
-        return {self._devices_list[int(k)] for k in np.unique(slot)}
 
     @staticmethod
     def _outside_segment(segment: SegmentInfo, i: int, offset: int, num_bytes: int) -> None:
