@@ -200,6 +200,7 @@ def start_vllm_server(
     tokenizer: Path | str | None = None,
     wait: bool = True,
     timeout_s: float = 240.0,
+    python: Path | str | None = None,
 ) -> ManagedProcess:
     """A vLLM OpenAI server on 127.0.0.1 and a free port: token-id prompts only
     (--skip-tokenizer-init) unless `tokenizer` (a directory with tokenizer.json and a chat template)
@@ -212,6 +213,7 @@ def start_vllm_server(
     caches, offline hub. `cpu_bind` pins the worker's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND),
     so two servers on one machine do not fight over cores. `info` gets {"url", "port", "pid"}.
     With `wait=False`, call `wait_http_ok(proc, proc.info["url"] + "/health", ...)` later.
+    `python` runs the server with another interpreter (a peer's own virtual environment).
     `cache_root` (default `workdir/vllm-cache`, shared by the servers of one workdir) keeps vLLM's
     compiled graphs, so a second server of the same model starts faster. `enforce_eager` skips
     torch.compile: for the tiny model on CPU it measured no faster (8K-token prefill 0.93 vs 0.91 s)
@@ -223,7 +225,7 @@ def start_vllm_server(
     # vLLM binds IPC sockets under TMPDIR; a socket path must stay under 108 bytes
     sockets = Path(tempfile.mkdtemp(prefix="kvpool-vllm-"))
     argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        str(python or sys.executable), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", "tiny",
         "--host", "127.0.0.1", "--port", str(port),
         *(["--tokenizer", str(tokenizer)] if tokenizer is not None else ["--skip-tokenizer-init"]),
