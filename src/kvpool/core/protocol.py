@@ -140,6 +140,7 @@ class MountSegment(Struct, tag="mount", frozen=True):
     shm_path: str | None = None
     recovering: bool = False  # the node will announce objects (AnnounceObjects) before new puts land here
     disk_bytes: int = 0  # the node's disk tier (0: none): DRAM evictions go there, lookups promote back
+    tenant: str = ""  # "": shared; a name: the segment holds only that tenant's objects (`kvpool node --tenant`)
 
 
 class AnnounceObjects(Struct, tag="announce", frozen=True):
@@ -384,6 +385,20 @@ class NodeStats(Struct, frozen=True):
     used_bytes: int
     num_objects: int
     last_heartbeat_age_s: float
+    tenant: str = ""  # the tenant the segment is dedicated to ("": shared)
+
+
+class TenantStats(Struct, frozen=True):
+    """One tenant's share of the pool (master/quotas.py): objects holding DRAM, pending or complete."""
+
+    tenant: str
+    used_bytes: int  # object bytes x replicas
+    num_objects: int
+    max_bytes: int = 0  # its quota (0: none)
+    max_objects: int = 0
+    quota_refusals: int = 0  # keys refused: the quota was full even after evicting the tenant's own objects
+    quota_evictions: int = 0  # its objects evicted to make room under its quota
+    num_segments: int = 0  # segments holding its objects
 
 
 class StatsReply(Struct, tag="stats_ok", frozen=True):
@@ -410,6 +425,7 @@ class StatsReply(Struct, tag="stats_ok", frozen=True):
     recovered_objects: int = 0  # objects taken from nodes' directories after a (re)mount
     rejected_announcements: int = 0  # directory entries refused on recovery (conflicts, overlaps)
     tiers: list[TierStats] = []  # one per segment with a disk tier
+    tenants: list[TenantStats] = []  # per tenant: usage and quota
 
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvpool.core.protocol import MAX_MESSAGE_BYTES
+from kvpool.master.quotas import QuotaTable
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class MasterConfig:
     directory_max_ops: int = 2_000_000  # unacknowledged directory ops kept per segment (directory.py)
     directory_ops_per_reply: int = 50_000  # directory ops in one heartbeat reply
     max_promotions_per_lookup: int = 256  # disk-only keys one lookup may start copying back to DRAM
+    quotas: QuotaTable = field(default_factory=QuotaTable)  # per-tenant bytes / objects (quotas.py)
+    auth_dir: str | None = None  # CURVE keys and trusted identities (transfer/credentials.py); None: insecure
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -55,5 +58,7 @@ class MasterConfig:
             )
         if self.alignment_bytes <= 0 or self.alignment_bytes & (self.alignment_bytes - 1):
             raise ValueError(f"alignment_bytes must be a power of two, got {self.alignment_bytes}")
+        if not isinstance(self.quotas, QuotaTable):
+            raise ValueError(f"quotas must be a QuotaTable, got {type(self.quotas).__name__}")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")

@@ -13,6 +13,13 @@ Rules:
   the recovery ends, so evicting them would free nothing a put could use.
 - Opt-in `SessionAwareOrder` (below) replaces LRU among the tails by predicted session return,
   from session hints; the default stays LRU.
+- Tenants (quotas.py): a tenant with a quota or dedicated segments keeps its candidates in its
+  own heap (`TenantSpace.heap`); the others share `heap`. Each record is in one heap, and the
+  global order pops the oldest top among all heaps (O(heaps) per pop, heaps = such tenants + 1),
+  so watermark eviction is the same LRU as with one heap. Scoped eviction pops one tenant's heap
+  only: a tenant at its quota (`evict_for_quota`) or placing on its dedicated segments evicts its
+  own objects and never another tenant's. Placement on shared segments does not pop dedicated
+  tenants' heaps (their objects are not where the room is needed).
 - Leased objects are skipped. One leased for longer than `max_lease_hold_s` without a break is
   marked DRAINING when eviction wants it: it takes no new lease, so it becomes evictable within one
   lease TTL. Rejected: capping every object's continuous lease (hot objects would turn into misses
@@ -23,6 +30,7 @@ Rules:
 from __future__ import annotations
 
 from bisect import bisect_right, insort
+from collections.abc import Callable, Collection
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
@@ -30,6 +38,8 @@ from kvpool.core.protocol import REPLICA_BYTES, Replica, unpack_replicas
 
 if TYPE_CHECKING:
     from kvpool.master.index import ObjectIndex
+    from kvpool.master.quotas import TenantSpace
+    from kvpool.master.segments import Segment
 
 # record flags
 COMPLETE = 1  # put_end arrived: readable
@@ -94,14 +104,31 @@ class Evictor:
         self.evictions = 0
         self.evicted_bytes = 0
         self.order: SessionAwareOrder | None = None  # None: LRU over tails (the default)
+        self.own: list[TenantSpace] = []  # tenants with their own heap (a quota, or dedicated segments)
 
     def set_order(self, order: "SessionAwareOrder | None") -> None:
         """Choose among tails by another order (the records now in the heap move over)."""
-        waiting = [rec for rec in self.heap if not rec.flags & DEAD] if self.order is None else []
+        waiting = []
+        if self.order is None:
+            for heap in [self.heap, *(space.heap for space in self.own)]:
+                waiting += [rec for rec in heap if not rec.flags & DEAD]
+                heap.clear()
         self.order = order
         self.heap = []
         for rec in waiting:
             self.push(rec)
+
+    def give_own_heap(self, space: "TenantSpace") -> None:
+        """From now on keep this tenant's candidates apart (its shared-heap entries move over, once)."""
+        if space.heap is not None:
+            return
+        mine = [rec for rec in self.heap if rec.space is space]
+        if mine:
+            self.heap = [rec for rec in self.heap if rec.space is not space]
+            heapify(self.heap)
+            heapify(mine)
+        space.heap = mine
+        self.own.append(space)
 
     def push(self, rec: ObjectRecord) -> None:
         rec.flags |= IN_HEAP
@@ -109,12 +136,29 @@ class Evictor:
             self.order.push(rec)
             return
         rec.heap_access_s = rec.last_access_s
-        heappush(self.heap, rec)
+        heap = rec.space.heap
+        if heap is None:
+            heappush(self.heap, rec)
+            return
+        heappush(heap, rec)
+        if len(heap) > 2 * len(rec.space) + 1024:
+            live = [r for r in heap if not r.flags & DEAD]
+            heapify(live)
+            heap[:] = live
 
-    def _pop(self, now_s: float) -> ObjectRecord | None:
+    def _pop(self, now_s: float, space: "TenantSpace | None" = None, shared_only: bool = False) -> ObjectRecord | None:
+        """The next candidate: of `space` only when given (its own heap), else the oldest top of all
+        heaps (with `shared_only`, not those of tenants with dedicated segments)."""
         if self.order is not None:
             return self.order.pop(now_s)
-        return heappop(self.heap) if self.heap else None
+        if space is not None and space.heap is not None:
+            return heappop(space.heap) if space.heap else None
+        best = self.heap if self.heap else None
+        for other in self.own:
+            heap = other.heap
+            if heap and (best is None or heap[0] < best[0]) and not (shared_only and other.dedicated):
+                best = heap
+        return heappop(best) if best is not None else None
 
     def _moved(self, rec: ObjectRecord, now_s: float) -> bool:
         """Whether a popped candidate should now go later than its heap entry said."""
@@ -131,28 +175,50 @@ class Evictor:
             return 0
         return self.evict(now_s, used - int(capacity * self.index.config.low_watermark))
 
-    def evict_for(self, size_bytes: int, now_s: float) -> bool:
+    def evict_for(self, size_bytes: int, now_s: float, eligible: "Collection[Segment] | None" = None,
+                  space: "TenantSpace | None" = None) -> bool:
         """An allocation failed: evict down to the low watermark, then on until some segment has a
-        free range for `size_bytes` (LRU frees space anywhere; a fit needs it in one range)."""
+        free range for `size_bytes` (LRU frees space anywhere; a fit needs it in one range).
+        `eligible`: the segments the object may go to (None: all); `space`: evict only this tenant's
+        objects (it places on its dedicated segments, or is at its quota), and only until it fits."""
         segments = self.index.segments
         capacity = segments.capacity_bytes
-        freed = self.evict(now_s, max(0, segments.used_bytes - int(capacity * self.index.config.low_watermark)))
+        candidates = segments.by_id.values() if eligible is None else eligible
+        shared_only = eligible is not None and space is None and bool(segments.dedicated_tenants)
+        freed = 0
+        if space is None:
+            freed = self.evict(now_s, max(0, segments.used_bytes - int(capacity * self.index.config.low_watermark)),
+                               shared_only=shared_only)
         step = max(size_bytes, capacity // 100)
-        while not any(not s.recovering and s.allocator.can_allocate(size_bytes) for s in segments.by_id.values()):
-            more = self.evict(now_s, step)
+        while not any(not s.recovering and s.allocator.can_allocate(size_bytes) for s in candidates):
+            more = self.evict(now_s, step, space, shared_only)
             if more == 0:
                 break
             freed += more
         return freed > 0
 
-    def evict(self, now_s: float, bytes_to_free: int) -> int:
-        """Evict LRU candidates until `bytes_to_free` bytes are free; returns the bytes freed."""
+    def evict_for_quota(self, space: "TenantSpace", size_bytes: int, num_replicas: int, now_s: float) -> bool:
+        """The tenant is at its quota: evict its own LRU candidates until one more object of
+        `size_bytes` x `num_replicas` fits (quotas.py). False: it still does not."""
+        evictions = self.evictions
+        self._evict(now_s, lambda _freed: space.fits(size_bytes, num_replicas), space)
+        space.quota_evictions += self.evictions - evictions
+        return space.fits(size_bytes, num_replicas)
+
+    def evict(self, now_s: float, bytes_to_free: int, space: "TenantSpace | None" = None,
+              shared_only: bool = False) -> int:
+        """Evict LRU candidates until `bytes_to_free` bytes are free; returns the bytes freed.
+        `space`: only that tenant's objects; `shared_only`: none of tenants with dedicated segments."""
+        return self._evict(now_s, lambda freed: freed >= bytes_to_free, space, shared_only)
+
+    def _evict(self, now_s: float, enough: Callable[[int], bool], space: "TenantSpace | None" = None,
+               shared_only: bool = False) -> int:
         index = self.index
         max_hold_s = index.config.max_lease_hold_s
         freed = 0
         set_aside: list[ObjectRecord] = []
-        while freed < bytes_to_free:
-            rec = self._pop(now_s)
+        while not enough(freed):
+            rec = self._pop(now_s, space, shared_only)
             if rec is None:
                 break
             flags = rec.flags & ~IN_HEAP
@@ -161,6 +227,9 @@ class Evictor:
                 continue  # a parent comes back when its last child goes
             if self._moved(rec, now_s):
                 self.push(rec)  # used since it was pushed: take its place by the new time
+                continue
+            if (space is not None and rec.space is not space) or (shared_only and rec.space.dedicated):
+                set_aside.append(rec)  # another tenant's (only under the session order: one queue for all)
                 continue
             lease_until = rec.lease_until_s
             if lease_until is not None:
@@ -196,10 +265,11 @@ class Evictor:
         if self.order is not None:
             self.order.compact()
             return
-        live = [rec for rec in self.heap if not rec.flags & DEAD]
-        if len(live) < len(self.heap):
-            heapify(live)
-            self.heap = live
+        for heap in [self.heap, *(space.heap for space in self.own)]:
+            live = [rec for rec in heap if not rec.flags & DEAD]
+            if len(live) < len(heap):
+                heapify(live)
+                heap[:] = live
 
 
 class SessionAwareOrder:

@@ -6,7 +6,11 @@ Rules:
 - Object states: pending (space allocated, writer copying) -> complete (readable) -> gone (evicted,
   removed, revoked, reclaimed, or its last replica's segment died). A key that exists in either
   state answers PUT_EXISTS without new space; unknown keys are misses, never errors.
-- Tenants are separate dicts: no call can reach another tenant's keys.
+- Tenants are separate dicts (quotas.TenantSpace): no call can reach another tenant's keys. Each
+  also keeps its usage (bytes, objects, replicas per segment) through `TenantSpace.charge`, called
+  wherever a record gains or loses DRAM replicas; a tenant at its quota evicts only its own objects
+  and is refused when they do not make room (quotas.py). Placement goes to the segments the tenant
+  may use (segments.placeable: its dedicated ones, else the shared ones).
 - Space is freed only when no reader can still hold it: a removed object that is leased keeps its
   space until the lease ends (`_zombies`); eviction never picks a leased object.
 - One record per object, with __slots__, sharing what can be shared (a batch's `now_s` float, the
@@ -42,28 +46,29 @@ Rules:
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 
 from kvpool.core.protocol import (
     PUT_ALLOCATED,
     PUT_EXISTS,
-    MAX_REPLICAS,
     PUT_NO_SPACE,
     REPLICA_BYTES,
     DirEntry,
     Replica,
+    TenantStats,
     pack_replicas,
 )
 from kvpool.master.config import MasterConfig
 from kvpool.master.eviction import COMPLETE, DEAD, DRAINING, IN_HEAP, NO_CHECKSUM, PINNED, Evictor, ObjectRecord
 from kvpool.master.ids import IdSource
 from kvpool.master.placement import choose_segments
+from kvpool.master.quotas import TenantSpace
+from kvpool.master.recovery import Recovery
+from kvpool.master.replicas import keep_other_replicas, on_segment
 from kvpool.master.segments import Segment, SegmentTable
 from kvpool.master.tiers import IN_DISK_HEAP, Tiers, TieredRecord
 
 _NO_REPLICAS: tuple = ()
-_pack_replica = struct.Struct("<qqq").pack  # one replica, as protocol.pack_replicas lays it out
 # byte length of a hit's packed replicas -> its replica count (protocol.MAX_REPLICAS fit in a byte)
 _COUNT_OF_LENGTH = bytes(n // REPLICA_BYTES if n % REPLICA_BYTES == 0 else 0 for n in range(256))
 
@@ -73,9 +78,10 @@ class ObjectIndex:
         self.config = config
         self.segments = segments
         self.ids = ids
-        self.tenants: dict[str, dict[str, ObjectRecord]] = {}
+        self.tenants: dict[str, TenantSpace] = {}
         self.evictor = Evictor(self)
         self.tiers = Tiers(self)
+        self.recovery = Recovery(self)
         self.last_num_promoting = 0  # of the last lookup: disk-only keys after its hits, being promoted
         # pending records in put order; a pending record's last_access_s is its put_start time
         self._pending: deque[ObjectRecord] = deque()
@@ -83,7 +89,6 @@ class ObjectIndex:
         self._leases: dict[int, tuple[str, list[ObjectRecord]]] = {}  # lease id -> (tenant, records)
         self._lease_order: deque[tuple[float, int]] = deque()  # (until_s, lease id), in grant order
         self._quarantine: dict[int, tuple[ObjectRecord, float]] = {}  # token -> (record, held until)
-        self._orphans: dict[tuple[str, str], list[ObjectRecord]] = {}  # recovered, parent not (yet) seen
         self.lease_releases = 0
         self.refused_put_ends = 0
         self.quarantine_expiries = 0
@@ -114,9 +119,7 @@ class ObjectIndex:
         pinned: bool,
         now_s: float,
     ) -> tuple[list[int], list[tuple[Replica, ...]], str, list[int]]:
-        space = self.tenants.get(tenant)
-        if space is None:
-            space = self.tenants[tenant] = {}
+        space = self.space_of(tenant)
         statuses: list[int] = []
         replicas: list[tuple[Replica, ...]] = []
         tokens: list[int] = []
@@ -136,7 +139,16 @@ class ObjectIndex:
             parent = space.get(parent_key) if parent_key is not None else None
             if parent is not None:
                 parent.num_children += 1  # before placing: eviction for this put must spare its prefix
-            placed, why = self._place(size, num_replicas, now_s)
+            own_only = space.dedicated  # eviction for it takes only its own objects
+            if not space.fits(size, num_replicas):
+                own_only = True
+                if not self.evictor.evict_for_quota(space, size, num_replicas, now_s):
+                    space.quota_refusals += 1
+                    placed, why = _NO_REPLICAS, space.refusal_message(size, num_replicas)
+                else:
+                    placed, why = self._place(space, size, num_replicas, now_s, own_only)
+            else:
+                placed, why = self._place(space, size, num_replicas, now_s, own_only)
             if not placed:
                 if parent is not None:
                     self._release_child(parent)
@@ -149,6 +161,7 @@ class ObjectIndex:
             rec = TieredRecord(space, key, pack_replicas(placed), base_flags, now_s, token)
             rec.parent = parent
             space[key] = rec
+            space.charge(rec, 1)
             self.num_pending += 1
             self._pending.append(rec)
             statuses.append(PUT_ALLOCATED)
@@ -157,30 +170,26 @@ class ObjectIndex:
         self.evictor.maybe_evict(now_s)
         return statuses, replicas, message, tokens
 
-    def _place(self, size: int, num_replicas: int, now_s: float) -> tuple[tuple[Replica, ...], str]:
-        segments = self.segments
-        chosen = choose_segments(segments.by_id.values(), size, num_replicas)
+    def _place(self, space: TenantSpace, size: int, num_replicas: int, now_s: float,
+               own_only: bool) -> tuple[tuple[Replica, ...], str]:
+        """Allocate replicas on the segments the tenant may use; `own_only`: eviction for room
+        takes only its own objects (it is at its quota, or places on its dedicated segments)."""
+        placeable = self.segments.placeable(space.name)
+        chosen = choose_segments(placeable.values(), size, num_replicas)
         if not chosen:
-            largest = segments.largest_segment_bytes
-            if largest == 0:
-                return _NO_REPLICAS, "no segment is mounted: start a `kvpool node` (or embed one)"
-            if all(s.recovering for s in segments.by_id.values()):
-                return _NO_REPLICAS, (
-                    "no segment can take it yet: every segment is recovering (its node is announcing what it "
-                    "holds to this master); retry in a moment"
-                )
-            if segments.by_id[next(iter(segments.by_id))].allocator.aligned(size) > largest:
-                return _NO_REPLICAS, (
-                    f"an object of {size} bytes is larger than the largest segment ({largest} bytes): "
-                    "use smaller objects or mount larger segments"
-                )
-            if self.evictor.evict_for(size, now_s):
-                chosen = choose_segments(segments.by_id.values(), size, num_replicas)
+            why = self._why_nowhere(space, placeable, size)
+            if why:
+                return _NO_REPLICAS, why
+            if self.evictor.evict_for(size, now_s, placeable.values(), space if own_only else None):
+                chosen = choose_segments(placeable.values(), size, num_replicas)
             if not chosen:
+                where = f"tenant {space.name!r}'s dedicated segments" if space.dedicated else "pool"
+                used = sum(s.used_bytes for s in placeable.values())
+                capacity = sum(s.capacity_bytes for s in placeable.values())
                 return _NO_REPLICAS, (
-                    f"pool full: no segment has a free range of {size} bytes even after eviction "
-                    f"(used {segments.used_bytes} of {segments.capacity_bytes} bytes; the rest is leased, "
-                    "pending or pinned, or fragmented); retry later or add nodes"
+                    f"{where} full: no segment has a free range of {size} bytes even after eviction "
+                    f"(used {used} of {capacity} bytes; the rest is leased, pending or pinned, or fragmented); "
+                    "retry later or add nodes"
                 )
         placed = []
         for segment in chosen:
@@ -188,6 +197,25 @@ class ObjectIndex:
             segment.num_objects += 1
             placed.append(Replica(segment.segment_id, offset, size))
         return tuple(placed), ""
+
+    def _why_nowhere(self, space: TenantSpace, placeable: dict[int, Segment], size: int) -> str:
+        """Why no eviction can make room for the object ("" if one may)."""
+        if not self.segments.by_id:
+            return "no segment is mounted: start a `kvpool node` (or embed one)"
+        if not placeable:
+            if space.dedicated:
+                return (f"tenant {space.name!r} places only on segments dedicated to it and none is mounted now: "
+                        f"start a `kvpool node --tenant {space.name}`")
+            return (f"every mounted segment is dedicated to a tenant: start a `kvpool node` without --tenant for "
+                    f"tenant {space.name!r}'s objects")
+        if all(s.recovering for s in placeable.values()):
+            return ("no segment can take it yet: every segment is recovering (its node is announcing what it "
+                    "holds to this master); retry in a moment")
+        largest = max(s.capacity_bytes for s in placeable.values())
+        if next(iter(placeable.values())).allocator.aligned(size) > largest:
+            return (f"an object of {size} bytes is larger than the largest segment ({largest} bytes): "
+                    "use smaller objects or mount larger segments")
+        return ""
 
     def _pending_with_token(self, space: dict | None, key: str, token: int) -> ObjectRecord | None:
         rec = space.get(key) if space is not None else None
@@ -444,7 +472,9 @@ class ObjectIndex:
         if flags & DEAD:
             return
         rec.flags = flags | DEAD
-        del rec.space[rec.key]
+        space = rec.space
+        del space[rec.key]
+        space.charge(rec, -1)
         if flags & COMPLETE:
             self.num_complete -= 1
             self._log_removal(rec)
@@ -511,146 +541,55 @@ class ObjectIndex:
         """The segment is gone: drop its replicas; objects left without any replica disappear."""
         lost = 0
         for space in list(self.tenants.values()):
-            hit = [rec for rec in space.values() if _on_segment(rec.locations, segment_id)]
+            hit = [rec for rec in space.values() if on_segment(rec.locations, segment_id)]
             for rec in hit:
-                if not _keep_other_replicas(rec, segment_id):
+                if not keep_other_replicas(rec, segment_id):
                     self.drop(rec)
                     lost += 1
-        for rec in [z for z in self._zombies if _on_segment(z.locations, segment_id)]:
-            if not _keep_other_replicas(rec, segment_id):
+        for rec in [z for z in self._zombies if on_segment(z.locations, segment_id)]:
+            if not keep_other_replicas(rec, segment_id, charged=False):
                 self._zombies.discard(rec)
         for token, (rec, _) in list(self._quarantine.items()):
-            if _on_segment(rec.locations, segment_id) and not _keep_other_replicas(rec, segment_id):
+            if on_segment(rec.locations, segment_id) and not keep_other_replicas(rec, segment_id, charged=False):
                 del self._quarantine[token]  # the transfer's target is gone, and so is the risk
         lost += self.tiers.drop_segment(segment_id)
-        self._forget_orphans_unless_recovering()
+        self.recovery.forget_orphans_unless_recovering()
         self.dropped += lost
         return lost
 
-    # ---- recovery ------------------------------------------------------------------------------
+    # ---- recovery (recovery.py) ----------------------------------------------------------------
 
     def announce(
         self, segment: Segment, entries: list[DirEntry], ages_s: list[float], now_s: float
     ) -> tuple[int, list[int]]:
         """Take objects a remounted segment's node says it holds committed; returns (accepted,
         rejected offsets). Only while the segment is recovering (its allocator is built at the end)."""
-        accepted = 0
-        rejected: list[int] = []
-        segment_id = segment.segment_id
-        allocator = segment.allocator
-        recovered = segment.recovered
-        for i, entry in enumerate(entries):
-            offset, size, tenant, key = entry.offset, entry.size, entry.tenant, entry.key
-            # no checksum: its bytes cannot be told from what overwrote them since (the directory lags
-            # the master by a heartbeat), so it is not served again
-            if (size <= 0 or offset < 0 or offset % allocator.alignment_bytes
-                    or offset + allocator.aligned(size) > allocator.size_bytes or not tenant or not key
-                    or offset in recovered or not 0 < entry.checksum < (1 << 64)):
-                rejected.append(offset)
-                continue
-            space = self.tenants.get(tenant)
-            if space is None:
-                space = self.tenants[tenant] = {}
-            checksum = entry.checksum.to_bytes(8, "little")
-            packed = _pack_replica(segment_id, offset, size)
-            rec = space.get(key)
-            if rec is not None:
-                # another node's replica of it, or a put since the restart: take it only if it is the same object
-                if (not rec.flags & COMPLETE or rec.size_bytes != size or rec.checksum != checksum
-                        or _on_segment(rec.locations, segment_id)
-                        or len(rec.locations) >= REPLICA_BYTES * MAX_REPLICAS):
-                    rejected.append(offset)
-                    continue
-                rec.locations += packed
-            else:
-                last_access_s = now_s - (ages_s[i] if i < len(ages_s) and ages_s[i] > 0 else 0.0)
-                rec = TieredRecord(space, key, packed, COMPLETE, last_access_s)
-                rec.checksum = checksum
-                space[key] = rec
-                self.num_complete += 1
-                self._link_recovered(rec, tenant, entry.parent)  # it joins the eviction heap in finish_recovery
-            recovered[offset] = (size, rec)
-            segment.num_objects += 1
-            accepted += 1
-        self.recovered_objects += accepted
-        self.rejected_announcements += len(rejected)
-        return accepted, rejected
-
-    def _link_recovered(self, rec: ObjectRecord, tenant: str, parent_key: str | None) -> None:
-        waiting = self._orphans.pop((tenant, rec.key), None)
-        if waiting:
-            for child in waiting:
-                if not child.flags & DEAD and child.parent is None:
-                    child.parent = rec
-                    if child.locations:
-                        rec.num_children += 1
-                    else:
-                        rec.disk_children += 1
-        if parent_key is None:
-            return
-        parent = rec.space.get(parent_key)
-        if parent is not None and parent.flags & COMPLETE:
-            rec.parent = parent
-            if rec.locations:
-                parent.num_children += 1
-            else:
-                parent.disk_children += 1
-        else:
-            self._orphans.setdefault((tenant, parent_key), []).append(rec)
+        return self.recovery.announce(segment, entries, ages_s, now_s)
 
     def finish_recovery(self, segment: Segment) -> int:
         """Build the segment's allocator from the announced ranges and let it take new objects;
         objects whose ranges overlap an earlier one lose this replica. Returns how many did."""
-        alignment = segment.allocator.alignment_bytes
-        used: list[tuple[int, int]] = []
-        overlapping: list[tuple[int, ObjectRecord]] = []
-        position = 0
-        for offset in sorted(segment.recovered):
-            size, rec = segment.recovered[offset]
-            if offset < position or offset % alignment:
-                overlapping.append((offset, rec))
-                continue
-            used.append((offset, size))
-            position = offset + segment.allocator.aligned(size)
-        segment_id = segment.segment_id
-        for offset, rec in overlapping:
-            del segment.recovered[offset]
-            segment.num_objects -= 1
-            rest = [r for r in rec.replicas if not (r.segment_id == segment_id and r.offset == offset)]
-            if rest:
-                rec.locations = pack_replicas(rest)
-                segment.log.append(DirEntry(offset, 0))
-            else:
-                self.drop(rec, free_space=False)  # logs the removal
-        segment.allocator.rebuild(used)
-        push = self.evictor.push
-        for _, rec in segment.recovered.values():
-            # not before: evicting it while its segment recovered would have freed nothing
-            if not rec.num_children and not rec.flags & (IN_HEAP | DEAD | PINNED):
-                push(rec)
-        segment.recovered = {}
-        segment.recovering = False
-        self._forget_orphans_unless_recovering()
-        self.rejected_announcements += len(overlapping)
-        self.recovered_objects -= len(overlapping)
-        return len(overlapping)
+        return self.recovery.finish(segment)
 
-    def _forget_orphans_unless_recovering(self) -> None:
-        if not any(s.recovering for s in self.segments.by_id.values()):
-            self._orphans.clear()
+    # ---- tenants (quotas.py) -------------------------------------------------------------------
 
+    def space_of(self, tenant: str) -> TenantSpace:
+        """The tenant's namespace, made on first use with its quota (a quota gets its own eviction heap)."""
+        space = self.tenants.get(tenant)
+        if space is None:
+            space = self.tenants[tenant] = TenantSpace(tenant, self.config.quotas.quota_of(tenant))
+            if space.quota is not None:
+                self.evictor.give_own_heap(space)
+        if not space.dedicated and tenant in self.segments.dedicated_tenants:
+            space.dedicated = True  # from now on it places only on its dedicated segments
+            self.evictor.give_own_heap(space)
+        return space
 
-def _keep_other_replicas(rec: ObjectRecord, segment_id: int) -> bool:
-    """Forget the record's replica on `segment_id`; False when it had no other (the caller drops it)."""
-    rest = [r for r in rec.replicas if r.segment_id != segment_id]
-    if rest:
-        rec.locations = pack_replicas(rest)
-    return bool(rest)
+    def tenant_segments(self, tenant: str) -> set[int]:
+        """Ids of the segments holding a replica of any pending or complete object of `tenant`
+        (kept per put and drop, not scanned)."""
+        space = self.tenants.get(tenant)
+        return space.segments() if space is not None else set()
 
-
-def _on_segment(locations: bytes, segment_id: int) -> bool:
-    """Whether packed replicas include one on `segment_id` (checked without unpacking them all)."""
-    for start in range(0, len(locations), REPLICA_BYTES):
-        if int.from_bytes(locations[start : start + 8], "little", signed=True) == segment_id:
-            return True
-    return False
+    def tenant_stats(self) -> list[TenantStats]:
+        return [space.stats() for space in self.tenants.values()]

@@ -14,12 +14,19 @@ Rules:
   than after the TTL: with another NIXL agent it is a restarted process (that memory is gone), with
   the same agent it is the same memory mounted again (recovering), which must never be described
   as two segments whose allocators would hand out the same bytes twice.
+- A segment mounted with a tenant (`kvpool node --tenant`) is dedicated: it holds only that
+  tenant's objects, and a tenant that has had a dedicated segment in this incarnation places only
+  on its dedicated segments (`dedicated_tenants` is sticky: when the last one goes its puts are
+  refused rather than spilled onto shared memory that other tenants may read). Shared segments
+  (tenant "") take the other tenants. `placeable(tenant)` answers where a tenant may go, from a
+  table kept per tenant at mount/unmount (no scan on the put path).
 - No I/O and no clock: every time is passed in as `now_s`.
 """
 
 from __future__ import annotations
 
 from kvpool.core.protocol import MountSegment, SegmentInfo
+from kvpool.core.types import MAX_TENANT_LENGTH
 from kvpool.master.allocator import RangeAllocator
 from kvpool.master.directory import DirectoryLog
 from kvpool.master.ids import IdSource
@@ -31,11 +38,12 @@ RECOVERING = "recovering"
 
 class Segment:
     __slots__ = ("info", "allocator", "last_heartbeat_s", "num_objects", "log", "recovering", "recovered",
-                 "mounted_s")
+                 "mounted_s", "tenant")
 
     def __init__(self, info: SegmentInfo, alignment_bytes: int, now_s: float, max_log_ops: int,
-                 recovering: bool = False) -> None:
+                 recovering: bool = False, tenant: str = "") -> None:
         self.info = info
+        self.tenant = tenant  # "": shared; else the one tenant whose objects it holds
         self.allocator = RangeAllocator(info.size_bytes, alignment_bytes)
         self.last_heartbeat_s = now_s
         self.mounted_s = now_s  # and, while recovering, the time of its last announcement
@@ -74,9 +82,20 @@ class SegmentTable:
         self._ids = ids
         self._max_log_ops = max_log_ops
         self.capacity_bytes = 0
+        self.by_tenant: dict[str, dict[int, Segment]] = {"": {}}  # "" -> shared segments
+        self.dedicated_tenants: set[str] = set()  # tenants that had a dedicated segment (sticky)
+
+    def placeable(self, tenant: str) -> dict[int, Segment]:
+        """The segments that may take `tenant`'s new objects (by id): its dedicated ones if it has
+        had any, else the shared ones."""
+        if tenant in self.dedicated_tenants:
+            return self.by_tenant.get(tenant, {})
+        return self.by_tenant[""]
 
     def mount(self, msg: MountSegment, now_s: float) -> tuple[Segment, list[Segment]]:
         """Mount a new segment; returns it and the segments it replaced (same node, old process)."""
+        if len(msg.tenant) > MAX_TENANT_LENGTH:
+            raise ValueError(f"a segment's tenant is {len(msg.tenant)} characters, the limit is {MAX_TENANT_LENGTH}")
         if msg.size_bytes < self.alignment_bytes:
             raise ValueError(f"a segment must hold at least {self.alignment_bytes} bytes, got {msg.size_bytes}")
         replaced = [s for s in self.by_id.values() if s.node_id == msg.node_id]
@@ -92,8 +111,11 @@ class SegmentTable:
             agent_metadata=msg.agent_metadata,
             shm_path=msg.shm_path,
         )
-        segment = Segment(info, self.alignment_bytes, now_s, self._max_log_ops, msg.recovering)
+        segment = Segment(info, self.alignment_bytes, now_s, self._max_log_ops, msg.recovering, msg.tenant)
         self.by_id[info.segment_id] = segment
+        self.by_tenant.setdefault(msg.tenant, {})[info.segment_id] = segment
+        if msg.tenant:
+            self.dedicated_tenants.add(msg.tenant)
         self.capacity_bytes += segment.capacity_bytes
         return segment, replaced
 
@@ -101,6 +123,10 @@ class SegmentTable:
         segment = self.by_id.pop(segment_id, None)
         if segment is not None:
             self.capacity_bytes -= segment.capacity_bytes
+            group = self.by_tenant[segment.tenant]
+            del group[segment_id]
+            if not group and segment.tenant:
+                del self.by_tenant[segment.tenant]
         return segment
 
     def heartbeat(self, node_id: str, segment_ids: list[int], now_s: float) -> list[int]:

@@ -120,7 +120,6 @@ class Tiers:
     def __init__(self, index: "ObjectIndex") -> None:
         self.index = index
         self.by_segment: dict[int, DiskTier] = {}
-        self._tenant_of: dict[int, str] = {}  # id(tenant space) -> tenant (records keep only their space)
 
     # ---- membership ----------------------------------------------------------------------------
 
@@ -212,6 +211,7 @@ class Tiers:
         tier.promotions += 1
         tier.num_disk_only -= 1
         rec.locations = pack_replicas([Replica(segment.segment_id, offset, size)])
+        rec.space.charge(rec, 1)
         parent = rec.parent
         if parent is not None:
             parent.disk_children -= 1
@@ -229,6 +229,7 @@ class Tiers:
         index = self.index
         index._free_replicas(rec.replicas)
         index._log_removal(rec)
+        rec.space.charge(rec, -1)  # disk-only objects do not count in the tenant's quota (quotas.py)
         rec.locations = b""
         tier.num_disk_only += 1
         tier.demotions += 1
@@ -343,12 +344,7 @@ class Tiers:
                                         int.from_bytes(rec.checksum, "little"), DIR_DISK_DROP))
 
     def tenant_of(self, rec: ObjectRecord) -> str:
-        tenant = self._tenant_of.get(id(rec.space))
-        if tenant is None:
-            for name, space in self.index.tenants.items():
-                self._tenant_of[id(space)] = name
-            tenant = self._tenant_of[id(rec.space)]
-        return tenant
+        return rec.space.name
 
     # ---- recovery ------------------------------------------------------------------------------
 
@@ -363,9 +359,7 @@ class Tiers:
                   and 0 < entry.checksum < (1 << 64))
             rec = None
             if ok:
-                space = index.tenants.get(entry.tenant)
-                if space is None:
-                    space = index.tenants[entry.tenant] = {}
+                space = index.space_of(entry.tenant)
                 rec = space.get(entry.key)
                 if rec is not None:
                     # its DRAM replica announced just before, or another node's: only the same object, once
@@ -382,7 +376,7 @@ class Tiers:
                     index.num_complete += 1
                     tier.num_disk_only += 1
                     self._add_copy(rec, tier, entry.size)
-                    index._link_recovered(rec, entry.tenant, entry.parent)
+                    index.recovery.link(rec, entry.tenant, entry.parent)
             if not ok:
                 refused += 1
                 segment.log.append(DirEntry(0, 0, entry.tenant, entry.key, None, entry.checksum, DIR_DISK_DROP))

@@ -1,45 +1,16 @@
-"""Storage node configuration, and the size parser its CLI uses ("64MiB", "4GiB")."""
+"""Storage node configuration (the size parser its CLI uses lives in core/sizes.py)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gib": 1 << 30,
-    "t": 1 << 40,
-    "tib": 1 << 40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+from kvpool.core.sizes import format_size, parse_size
+from kvpool.core.types import MAX_TENANT_LENGTH
+
+__all__ = ["NodeConfig", "format_size", "parse_size"]
+
 MIN_MEMORY_BYTES = 1 << 20
-
-
-def parse_size(text: str) -> int:
-    """'4GiB' -> 4294967296. Binary units (KiB, MiB, GiB, TiB; K/M/G/T mean the same), decimal
-    units (KB, MB, GB, TB), or a plain number of bytes."""
-    match = _SIZE.match(text)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a size: use e.g. 64MiB, 4GiB, 512M or a number of bytes")
-    return int(float(match.group(1)) * _UNITS[unit])
-
-
-def format_size(size_bytes: int) -> str:
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size_bytes >= scale:
-            return f"{size_bytes / scale:.4g} {unit}"
-    return f"{size_bytes} B"
 
 
 @dataclass(frozen=True)
@@ -54,6 +25,8 @@ class NodeConfig:
     disk_path: a directory for the disk tier (None: DRAM only); disk_bytes bounds its files' size.
     writeback_queue: committed objects waiting to be written to disk, at most (more are not cached on disk).
     tier_poll_interval_s: with a disk tier, how often the node asks the master for work (promotions wait on it).
+    tenant: "" (shared: any tenant's objects) or a tenant name: the segment holds only that tenant's
+    objects, and that tenant's objects go only to segments dedicated to it (hard isolation).
     """
 
     master_address: str
@@ -66,6 +39,8 @@ class NodeConfig:
     disk_bytes: int = 0
     writeback_queue: int = 4096
     tier_poll_interval_s: float = 0.05
+    tenant: str = ""
+    credential: str | None = None  # CURVE credential file of a `node` identity; None: $KVPOOL_NODE_CREDENTIAL or none
 
     def __post_init__(self) -> None:
         if not isinstance(self.master_address, str) or not all(
@@ -94,5 +69,8 @@ class NodeConfig:
             raise ValueError(f"writeback_queue must be a positive int, got {self.writeback_queue!r}")
         if not self.tier_poll_interval_s > 0:
             raise ValueError(f"tier_poll_interval_s must be > 0, got {self.tier_poll_interval_s!r}")
+        if not isinstance(self.tenant, str) or len(self.tenant) > MAX_TENANT_LENGTH:
+            raise ValueError(f"tenant must be a string of at most {MAX_TENANT_LENGTH} characters (\"\": shared), "
+                             f"got {self.tenant!r}")
         if not self.mount_timeout_s > 0:
             raise ValueError(f"mount_timeout_s must be > 0, got {self.mount_timeout_s!r}")
