@@ -264,7 +264,7 @@ def main() -> None:
                      "objects": args.objects, "rounds": args.rounds, "seconds": args.seconds}
     try:
         for version in ("before", "after"):
-            argv = procs.kvpool_argv("master", "--host", "127.0.0.1", "--port", "0", "--node-ttl-s", "1000000",
+            argv = procs.kvpool_argv("master", "--insecure", "--host", "127.0.0.1", "--port", "0", "--node-ttl-s", "1000000",
                                      "--put-timeout-s", "1000000", "--log-level", "WARNING")
             masters[version] = procs.ManagedProcess(version, argv, workdir, env=env_for[version]).start(30.0)
         keys = make_keys(args.objects)

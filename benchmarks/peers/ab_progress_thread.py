@@ -42,7 +42,7 @@ variants = sys.argv[1].split(",")
 res = {v: [] for v in variants}
 with hosts.HostNetwork(["m", "n", "c"]) as net:
     wd = procs.scratch_dir("poll-")
-    m = procs.ManagedProcess("master", net["m"].wrap(procs.kvpool_argv("master", "--host", net["m"].address, "--port", "0", "--lease-ttl-s", "5")), wd).start(30)
+    m = procs.ManagedProcess("master", net["m"].wrap(procs.kvpool_argv("master", "--insecure", "--host", net["m"].address, "--port", "0", "--lease-ttl-s", "5")), wd).start(30)
     node = procs.ManagedProcess("node", net["n"].wrap(procs.kvpool_argv("node", "--master", m.info["address"], "--memory", "512MiB")), wd).start(60)
     for r in range(int(sys.argv[2])):
         for v in (variants if r % 2 == 0 else variants[::-1]):

@@ -74,7 +74,7 @@ def _kvpool(master_host: str, node_host: str, client_host: str, **client_options
         try:
             m = net[master_host]
             # A removed object keeps its space until its read lease ends: short leases (store_bench.py)
-            argv = procs.kvpool_argv("master", "--host", m.address, "--port", "0", "--lease-ttl-s", "2",
+            argv = procs.kvpool_argv("master", "--insecure", "--host", m.address, "--port", "0", "--lease-ttl-s", "2",
                                      "--max-lease-hold-s", "10")  # fmt: skip
             tag = "-".join([master_host, *client_options])
             master = procs.ManagedProcess(f"{tag}-master", m.wrap(argv), workdir)

@@ -14,6 +14,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "master": ("kvpool.master.cli", "run the metadata master (allocation, eviction, leases, health)"),
     "node": ("kvpool.node.cli", "run a storage node contributing DRAM to the pool"),
+    "auth": ("kvpool.master.auth_cli", "make the master's CURVE keys and the identities it trusts (nodes, tenants, admin)"),
     "status": ("kvpool.client.status_cli", "show the pool: nodes, capacity, objects, hit rate, evictions"),
     "trace": ("kvpool.workload.cli", "read, synthesize and analyze agentic traces"),
     "bench": ("kvpool.bench.cli", "benchmarks: replay traces against endpoints, store benchmarks"),

@@ -34,7 +34,7 @@ def cluster(tmp_path):
     started: list[procs.ManagedProcess] = []
     try:
         master_host = net["master"]
-        argv = procs.kvpool_argv("master", "--host", master_host.address, "--port", "0", "--node-ttl-s", "3")
+        argv = procs.kvpool_argv("master", "--insecure", "--host", master_host.address, "--port", "0", "--node-ttl-s", "3")
         master = procs.ManagedProcess("master", master_host.wrap(argv), tmp_path)
         started.append(master.start(30))
         nodes = {}

@@ -47,7 +47,7 @@ def test_render_shows_pool_and_nodes():
 
 
 def test_unreachable_master_exits_1_within_timeout(capsys):
-    args = argparse.Namespace(master="tcp://127.0.0.1:9", json=False, timeout_s=0.3)
+    args = argparse.Namespace(master="tcp://127.0.0.1:9", json=False, timeout_s=0.3, credential=None)
     started = time.monotonic()
     assert status_cli.run(args) == 1
     assert time.monotonic() - started < 2.0
@@ -55,5 +55,5 @@ def test_unreachable_master_exits_1_within_timeout(capsys):
 
 
 def test_bad_address_is_a_usage_exit():
-    args = argparse.Namespace(master="not-an-endpoint", json=True, timeout_s=0.3)
+    args = argparse.Namespace(master="not-an-endpoint", json=True, timeout_s=0.3, credential=None)
     assert status_cli.run(args) == 2

@@ -139,8 +139,10 @@ def kvpool_argv(*args: str) -> list[str]:
 
 
 def start_master(workdir: Path, *extra: str, name: str = "master", timeout_s: float = 30.0) -> ManagedProcess:
-    """A `kvpool master` on 127.0.0.1 with OS-chosen ports. `info["address"]` is its ZMQ endpoint."""
-    argv = kvpool_argv("master", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", *extra)
+    """A `kvpool master` on 127.0.0.1 with OS-chosen ports. `info["address"]` is its ZMQ endpoint.
+    Insecure (a local test or benchmark) unless `extra` names `--auth DIR`."""
+    secure = () if "--auth" in extra else ("--insecure",)
+    argv = kvpool_argv("master", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", *secure, *extra)
     return ManagedProcess(name, argv, workdir).start(timeout_s)
 
 

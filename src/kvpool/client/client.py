@@ -84,6 +84,7 @@ class ClientConfig:
     num_replicas: int = 1
     staging_bytes: int = 1 << 20  # initial bounce buffer for put/get of unregistered values
     checksums: bool = True  # send a checksum per object and verify every hit (see the module rules)
+    credential: str | None = None  # CURVE credential file (kvpool auth add); None: $KVPOOL_CREDENTIAL or none
 
     def __post_init__(self) -> None:
         parse_addresses(self.master_address)  # ValueError naming the malformed one
@@ -110,14 +111,17 @@ class Client:
         num_replicas: int = 1,
         staging_bytes: int = 1 << 20,
         checksums: bool = True,
+        credential: str | None = None,
         plane=None,
     ) -> None:
-        self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes, checksums)
+        self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes, checksums,
+                                   credential)
         from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
+        from kvpool.transfer.credentials import resolve_credential
 
         self._owns_plane = plane is None
         self.plane = DataPlane(path=path) if plane is None else plane
-        self._channel = MasterChannel(master_address, timeout_s=timeout_s)
+        self._channel = MasterChannel(master_address, timeout_s=timeout_s, credential=resolve_credential(credential))
         self._registered = RegisteredRanges()
         self._device_memory = RegisteredRanges()  # the GPU part of _registered
         self._kept_alive: list[object] = []  # registered objects must outlive their registration

@@ -15,6 +15,7 @@ import zmq
 from kvpool.core import protocol
 from kvpool.core.errors import KVPoolError
 from kvpool.transfer.control import MasterChannel
+from kvpool.transfer.credentials import resolve_credential
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ADDR",
         help="the master's ZMQ endpoint, e.g. tcp://127.0.0.1:5555 (the 'address' in its ready file)",
     )
+    parser.add_argument("--credential", default=None, metavar="FILE",
+                        help="an admin credential (Stats covers every tenant); default: $KVPOOL_CREDENTIAL, else none "
+                        "(enough for an --insecure master)")
     parser.add_argument("--json", action="store_true", help="print the raw stats as one JSON object instead of tables")
     parser.add_argument(
         "--timeout-s",
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"--timeout-s must be > 0, got {args.timeout_s}", file=sys.stderr)
         return 2
     try:
-        channel = MasterChannel(args.master, timeout_s=args.timeout_s)
+        channel = MasterChannel(args.master, timeout_s=args.timeout_s, credential=resolve_credential(args.credential))
     except ValueError as e:
         print(f"kvpool status: {e}", file=sys.stderr)
         return 2

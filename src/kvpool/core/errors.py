@@ -21,6 +21,19 @@ class ProtocolError(UsageError):
     kind = "protocol"
 
 
+class ForbiddenError(KVPoolError):
+    """The caller's identity may not make this call (wrong role, another tenant's or node's data)."""
+
+    kind = "forbidden"
+
+
+class AuthError(KVPoolError):
+    """The master did not accept this identity (unknown or missing key, or it needs CURVE and none
+    was given): nothing was sent. Fix the credential; retrying does not help."""
+
+    kind = "auth"
+
+
 class CapacityError(KVPoolError):
     """The pool cannot hold the object: larger than any segment, or full after eviction."""
 
@@ -58,6 +71,8 @@ _BY_KIND = {
         KVPoolError,
         UsageError,
         ProtocolError,
+        ForbiddenError,
+        AuthError,
         CapacityError,
         UnavailableError,
         TransferError,

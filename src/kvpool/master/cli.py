@@ -7,10 +7,13 @@ import json
 import logging
 import os
 import signal
+import sys
+import tomllib
 from pathlib import Path
 
 from kvpool.core.protocol import MAX_MESSAGE_BYTES
 from kvpool.master.config import MasterConfig
+from kvpool.master.quotas import QuotaTable, parse_quota, quota_table_from_toml
 
 _D = MasterConfig()
 
@@ -59,10 +62,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="object offsets inside segments are multiples of this (a power of two)")
     parser.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES,
                         help="control messages larger than this are answered with a protocol error")
+    secure = parser.add_mutually_exclusive_group()
+    secure.add_argument("--auth", type=Path, default=None, metavar="DIR",
+                        help="CURVE authentication with the keys and identities in DIR (`kvpool auth init DIR`). "
+                        "Without --auth or --insecure the master uses $KVPOOL_AUTH_DIR or ~/.config/kvpool/auth, "
+                        "creating it with admin.cred, node.cred and tenant-default.cred on first start")
+    secure.add_argument("--insecure", action="store_true",
+                        help="no authentication: any client may read and write every tenant's objects "
+                        "(a single-user machine or a test)")
+    parser.add_argument("--quota", action="append", default=[], metavar="TENANT=BYTES[:OBJECTS]",
+                        help="a tenant's quota of pool DRAM (object bytes x replicas) and objects, e.g. alice=64MiB:10000 "
+                        "(BYTES or OBJECTS 'none': no limit; TENANT '*': every tenant not listed). A tenant at its "
+                        "quota evicts its own least recently used objects, never another tenant's; when they do "
+                        "not make room its put fails with a CapacityError naming the quota. Repeatable; overrides "
+                        "--quota-file")
+    parser.add_argument("--quota-file", type=Path, default=None, metavar="PATH",
+                        help="quotas as TOML: [default] and [tenants.NAME] tables with max_bytes (a size such as "
+                        '"64MiB", or bytes) and/or max_objects; tenants in neither have no quota')
     parser.add_argument("--ready-file", type=Path, default=None,
                         help='once serving, write {"address", "metrics_port", "pid"} as JSON to this file')
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="logging verbosity")
+
+
+def _auth_dir(explicit: Path | None) -> str:
+    """The auth directory to serve with: --auth DIR (must be initialised), else the default one,
+    created with a first set of credentials if it does not exist yet."""
+    from kvpool.transfer.credentials import ROLE_ADMIN, ROLE_NODE, AuthDir, default_auth_dir
+
+    if explicit is not None:
+        AuthDir(explicit).master_keys()  # ValueError naming what is missing
+        return str(explicit)
+    auth = AuthDir(default_auth_dir())
+    for path in auth.init((ROLE_ADMIN, ROLE_NODE, "tenant:default")):
+        print(f"kvpool master: wrote {path}", file=sys.stderr)
+    print(f"kvpool master: CURVE authentication with {auth.path}; nodes: --credential {auth.path}/node.cred, "
+          f"clients: KVPOOL_CREDENTIAL={auth.path}/tenant-default.cred, status: --credential {auth.path}/admin.cred "
+          "(or start with --insecure)", file=sys.stderr)
+    return str(auth.path)
+
+
+def quota_table(quota_file: Path | None, quotas: list[str]) -> QuotaTable:
+    """The quotas of --quota-file (TOML, read here at the edge) with the --quota flags over them."""
+    table = QuotaTable()
+    if quota_file is not None:
+        try:
+            data = tomllib.loads(quota_file.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ValueError(f"--quota-file {quota_file}: {e}") from None
+        try:
+            table = quota_table_from_toml(data)
+        except ValueError as e:
+            raise ValueError(f"--quota-file {quota_file}: {e}") from None
+    return table.updated(parse_quota(text) for text in quotas)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        auth_dir = None if args.insecure else _auth_dir(args.auth)
         config = MasterConfig(
+            auth_dir=auth_dir,
             host=args.host,
             port=args.port,
             metrics_port=args.metrics_port,
@@ -86,18 +140,23 @@ def run(args: argparse.Namespace) -> int:
             alignment_bytes=args.alignment_bytes,
             max_promotions_per_lookup=args.max_promotions_per_lookup,
             max_message_bytes=args.max_message_bytes,
+            quotas=quota_table(args.quota_file, args.quota),
         )
     except ValueError as e:
         print(f"kvpool master: {e}")
         return 2
     service = MasterService(config)
+    if args.insecure:
+        print("kvpool master: --insecure: no authentication, every client may read and write every tenant",
+              file=sys.stderr)
     address = service.bind()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: service.request_stop())
     logging.getLogger("kvpool.master").info("serving on %s, metrics port %s", address, service.metrics_port)
     if args.ready_file is not None:
         tmp = args.ready_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"address": address, "metrics_port": service.metrics_port, "pid": os.getpid()}))
+        tmp.write_text(json.dumps({"address": address, "metrics_port": service.metrics_port, "pid": os.getpid(),
+                                   "auth_dir": config.auth_dir}))
         tmp.replace(args.ready_file)
     service.serve_forever()
     logging.getLogger("kvpool.master").info("stopped")

@@ -13,13 +13,19 @@ Rules:
 - Disk tiers (tiers.py): a mount with disk_bytes gets one; heartbeats carry the node's tier
   reports (applied before the reply's directory delta is cut, so the ops they cause go out at once).
 - `epoch` names this incarnation (ids.py); the service sends it with every reply.
+- Every request arrives with its caller's `Principal` (access.py): a call its role may not make is
+  refused before any work; a tenant's namespace is rewritten to its own before the handler sees it;
+  node calls act only on node ids the same identity mounted.
 """
 
 from __future__ import annotations
 
+import msgspec
+
 from kvpool.core import protocol as p
-from kvpool.core.errors import KVPoolError, UsageError
+from kvpool.core.errors import ForbiddenError, KVPoolError, UsageError
 from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
+from kvpool.master.access import OPEN, TENANT_CALLS, Principal, namespace_owner, refusal, scoped_tenant
 from kvpool.master.config import MasterConfig
 from kvpool.master.ids import IdSource, new_epoch
 from kvpool.master.index import ObjectIndex
@@ -52,6 +58,8 @@ class MasterCore:
                                      config.directory_max_ops)
         self.index = ObjectIndex(config, self.segments, self.ids)
         self.segments_expired = 0
+        self.forbidden = 0  # requests refused by the access policy
+        self._node_owners: dict[str, str] = {}  # node id -> public key of the identity that mounted it
         self._handlers = {
             p.MountSegment: self._mount,
             p.AnnounceObjects: self._announce,
@@ -69,14 +77,52 @@ class MasterCore:
             p.Stats: lambda req, now_s: self.stats(now_s),
         }
 
-    def handle(self, request: p.Request, now_s: float) -> p.Reply:
+    def handle(self, request: p.Request, now_s: float, principal: Principal = OPEN) -> p.Reply:
         handler = self._handlers.get(type(request))
         if handler is None:
             return p.ErrorReply(kind="protocol", message=f"unknown request type {type(request).__name__}")
         try:
+            reason = refusal(principal, request)
+            if reason is not None:
+                raise ForbiddenError(reason)
+            tenant = getattr(request, "tenant", None) if type(request) in TENANT_CALLS else None
+            if tenant is not None:
+                _check_tenant(tenant)
+                if principal.role == "tenant":
+                    request = msgspec.structs.replace(request, tenant=scoped_tenant(principal, tenant))
+            if principal.role == "node":
+                self._check_node_owner(request, principal)
+            elif principal.role == "tenant" and type(request) is p.GetSegments:
+                return self._get_segments_of(request, principal)
             return handler(request, now_s)
+        except ForbiddenError as e:
+            self.forbidden += 1
+            return p.ErrorReply(kind=e.kind, message=str(e))
         except KVPoolError as e:
             return p.ErrorReply(kind=e.kind, message=str(e))
+
+    def _check_node_owner(self, request: p.Request, principal: Principal) -> None:
+        """A node id belongs to the identity that mounted it while any of its segments is mounted."""
+        node_id = getattr(request, "node_id", None)
+        if node_id is None:  # UnmountSegment, AnnounceObjects name a segment
+            segment = self.segments.by_id.get(request.segment_id)
+            if segment is None:
+                return
+            node_id = segment.node_id
+        owner = self._node_owners.get(node_id)
+        mounted = owner is not None and any(s.node_id == node_id for s in self.segments.by_id.values())
+        if mounted and owner != principal.key:
+            raise ForbiddenError(f"node {node_id!r} was mounted by another identity; "
+                                 f"{type(request).__name__} refused")
+        if type(request) is p.MountSegment:
+            self._node_owners[node_id] = principal.key
+
+    def _get_segments_of(self, req: p.GetSegments, principal: Principal) -> p.SegmentsReply:
+        """Only segments holding this tenant's objects or pending puts (their metadata makes them reachable)."""
+        by_id = self.segments.by_id
+        index = self.index
+        readable = set().union(*(index.tenant_segments(t) for t in index.tenants if namespace_owner(t) == principal.name))
+        return p.SegmentsReply(segments=[by_id[i].info for i in req.segment_ids if i in by_id and i in readable])
 
     # ---- segments ------------------------------------------------------------------------------
 
@@ -148,7 +194,6 @@ class MasterCore:
     # ---- objects -------------------------------------------------------------------------------
 
     def _put_start(self, req: p.PutStart, now_s: float) -> p.PutStartReply:
-        _check_tenant(req.tenant)
         _check_keys(req.keys)
         n = len(req.keys)
         if len(req.sizes) != n or (req.parents and len(req.parents) != n):
@@ -167,7 +212,6 @@ class MasterCore:
                                tokens=tokens, put_timeout_s=self.config.put_timeout_s)
 
     def _put_end(self, req: p.PutEnd, now_s: float) -> p.PutEndReply:
-        _check_tenant(req.tenant)
         _check_same_length("put_end", req.keys, req.tokens, req.checksums)
         if req.checksums and (min(req.checksums) < 0 or max(req.checksums) >= 1 << 64):
             raise UsageError("checksums must be unsigned 64-bit integers (0: none)")
@@ -175,18 +219,15 @@ class MasterCore:
         return p.PutEndReply(ended=ended, refused=refused)
 
     def _put_revoke(self, req: p.PutRevoke, now_s: float) -> p.OkReply:
-        _check_tenant(req.tenant)
         _check_same_length("put_revoke", req.keys, req.tokens)
         if req.in_flight and (min(req.in_flight) < 0 or max(req.in_flight) >= len(req.keys)):
             raise UsageError(f"in_flight indices must be within 0..{len(req.keys) - 1}")
         return p.OkReply(count=self.index.put_revoke(req.tenant, req.keys, req.tokens, req.in_flight, now_s))
 
     def _end_quarantine(self, req: p.EndQuarantine, now_s: float) -> p.OkReply:
-        _check_tenant(req.tenant)
         return p.OkReply(count=self.index.end_quarantine(req.tenant, req.tokens))
 
     def _lookup_prefix(self, req: p.LookupPrefix, now_s: float) -> p.LookupReply:
-        _check_tenant(req.tenant)
         num_hit, lease_id, locations, counts, checksums = self.index.lookup_prefix(
             req.tenant, req.keys, req.lease, now_s
         )
@@ -194,15 +235,12 @@ class MasterCore:
                              self.index.last_num_promoting)
 
     def _release_leases(self, req: p.ReleaseLeases, now_s: float) -> p.OkReply:
-        _check_tenant(req.tenant)
         return p.OkReply(count=self.index.release_leases(req.tenant, req.lease_ids, now_s))
 
     def _exists(self, req: p.Exists, now_s: float) -> p.ExistsReply:
-        _check_tenant(req.tenant)
         return p.ExistsReply(exists=self.index.exists(req.tenant, req.keys))
 
     def _remove(self, req: p.Remove, now_s: float) -> p.OkReply:
-        _check_tenant(req.tenant)
         return p.OkReply(count=self.index.remove(req.tenant, req.keys, now_s))
 
     # ---- timed work and stats ------------------------------------------------------------------
@@ -249,6 +287,7 @@ class MasterCore:
                 used_bytes=s.used_bytes,
                 num_objects=s.num_objects,
                 last_heartbeat_age_s=max(0.0, now_s - s.last_heartbeat_s),
+                tenant=s.tenant,
             )
             for s in segments.by_id.values()
         ]
@@ -276,4 +315,5 @@ class MasterCore:
             recovered_objects=index.recovered_objects,
             rejected_announcements=index.rejected_announcements,
             tiers=index.tiers.stats(),
+            tenants=index.tenant_stats(),
         )

@@ -9,6 +9,9 @@ Rules:
 - Nothing a peer sends stops the loop: wrong frame counts, oversized frames, undecodable or unknown
   messages get ErrorReply(kind="protocol"); frames over twice the limit are dropped by ZMQ itself
   (MAXMSGSIZE, which closes that peer's connection) so a hostile peer cannot make us buffer them.
+- Authentication (auth.py): with `auth_dir` the socket is a CURVE server and every message's
+  User-Id (its proven public key) becomes a Principal that `MasterCore.handle` authorizes;
+  without it the master serves anyone (`--insecure`) and says so at start.
 - `MasterService` runs in-process too: `start()` serves from a background thread, `stop()` ends it.
 """
 
@@ -24,6 +27,7 @@ import msgspec
 import zmq
 
 from kvpool.core import protocol as p
+from kvpool.master.access import OPEN
 from kvpool.master.config import MasterConfig
 from kvpool.master.core import MasterCore
 from kvpool.master.metrics import serve_metrics
@@ -64,6 +68,19 @@ class MasterService:
         self._encode = p.reply_encoder.encode
         self._decode = p.request_decoder.decode
         self._epoch_frame = self.core.epoch.to_bytes(8, "little")
+        self._auth = None  # MasterAuth when config.auth_dir is set
+
+    def _secure(self, sock: zmq.Socket) -> None:
+        if self.config.auth_dir is None:
+            log.warning("serving WITHOUT authentication (insecure): any client can read and write every tenant")
+            return
+        from kvpool.master.auth import MasterAuth
+        from kvpool.transfer.credentials import AuthDir
+
+        self._auth = MasterAuth(AuthDir(self.config.auth_dir), self._context)
+        self._auth.apply_server(sock)
+        log.info("CURVE authentication on: master public key %s, identities in %s", self._auth.public_key,
+                 self.config.auth_dir)
 
     def bind(self) -> str:
         sock = self._context.socket(zmq.ROUTER)
@@ -71,6 +88,7 @@ class MasterService:
         sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.max_message_bytes)
         sock.setsockopt(zmq.SNDHWM, 100_000)
         sock.setsockopt(zmq.RCVHWM, 100_000)
+        self._secure(sock)
         port = "*" if self.config.port == 0 else str(self.config.port)
         sock.bind(f"tcp://{self.config.host}:{port}")
         self._socket = sock
@@ -97,13 +115,19 @@ class MasterService:
         try:
             while not self._stop.is_set():
                 timeout_ms = max(0, int(1000 * (next_tick_s - clock())) + 1)
-                if sock.poll(min(timeout_ms, 200), zmq.POLLIN):
-                    for _ in range(_BATCH):
-                        try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
+                # A blocking receive with a timeout waits inside libzmq: no Python poller per wake-up
+                # and no zmq.Again raised per batch (together ~25 % of a lookup's round trip here).
+                sock.setsockopt(zmq.RCVTIMEO, min(timeout_ms, 200))
+                try:
+                    frames = sock.recv_multipart(copy=False)
+                except zmq.Again:
+                    frames = None
+                if frames is not None:
+                    self._answer(frames)
+                    for _ in range(_BATCH - 1):
+                        if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                             break
-                        self._answer(frames)
+                        self._answer(sock.recv_multipart(zmq.NOBLOCK, copy=False))
                 now_s = clock()
                 if now_s >= next_tick_s:
                     try:
@@ -112,6 +136,8 @@ class MasterService:
                     except Exception:  # a bug in timed work must not end the loop that serves everyone
                         log.exception("internal error in the master's timed work")
                     self._snapshot = core.stats(now_s)
+                    if self._auth is not None:
+                        self._auth.identities.maybe_reload()
                     next_tick_s = now_s + tick_s
         finally:
             self._close()
@@ -143,8 +169,14 @@ class MasterService:
         except msgspec.DecodeError as e:
             self._send(identity, request_id, p.ErrorReply(kind="protocol", message=f"undecodable request: {e}"))
             return
+        principal = OPEN
+        if self._auth is not None:
+            principal = self._auth.identities.principal_of(payload.get("User-Id"))
+            if principal is None:
+                self._send(identity, request_id, p.ErrorReply(kind="auth", message="this key is no longer trusted"))
+                return
         try:
-            reply = self.core.handle(request, self.clock())
+            reply = self.core.handle(request, self.clock(), principal)
             if type(request) in _LOGGED:
                 _log_event(request, reply)
                 if isinstance(request, p.AnnounceObjects) and request.last:
@@ -166,6 +198,9 @@ class MasterService:
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

@@ -37,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--writeback-queue", type=int, default=4096, metavar="N",
                         help="objects waiting to be written to disk, at most; past it new ones are not cached on "
                              "disk (default: %(default)s)")
+    parser.add_argument("--tenant", default="", metavar="NAME",
+                        help="dedicate this node's segment to one tenant: it holds only that tenant's objects, and once "
+                        "a tenant has a dedicated segment its objects go only to its dedicated segments (hard isolation "
+                        "on the data plane: other tenants never need this segment's metadata); omit for a shared segment")
+    parser.add_argument("--credential", default=None, metavar="FILE",
+                        help="CURVE credential of a node identity (`kvpool auth add DIR node`); default: "
+                        "$KVPOOL_NODE_CREDENTIAL, else none (only an --insecure master accepts that)")
     parser.add_argument("--node-id", default=None, metavar="NAME",
                         help="name shown in `kvpool status` and metrics (default: HOSTNAME-PID)")
     parser.add_argument("--timeout-s", type=float, default=5.0,
@@ -90,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
             disk_path=args.disk,
             disk_bytes=disk_bytes,
             writeback_queue=args.writeback_queue,
+            tenant=args.tenant,
+            credential=args.credential,
         )
     except (ValueError, OSError) as e:
         print(f"kvpool node: {e}", file=sys.stderr)
@@ -115,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     disk = f" + disk tier {format_size(config.disk_bytes)} in {config.disk_path}" if config.disk_path else ""
-    print(f"kvpool node {node.node_id}: mounting {format_size(config.memory_bytes)}{disk} on {config.master_address}",
+    dedicated = f" dedicated to tenant {config.tenant!r}" if config.tenant else ""
+    print(f"kvpool node {node.node_id}: mounting {format_size(config.memory_bytes)}{disk}{dedicated} on "
+          f"{config.master_address}",
           flush=True)
     if args.exit_with_parent:
         parent = os.getppid()

@@ -40,6 +40,7 @@ from kvpool.node.directory import NodeDirectory
 from kvpool.node.disk_store import DiskError, DiskStore
 from kvpool.node.tier import DiskTierWorker
 from kvpool.transfer.control import MasterChannel
+from kvpool.transfer.credentials import ENV_NODE_CREDENTIAL, resolve_credential
 from kvpool.transfer.segment import SegmentMemory
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,8 @@ class StorageNode:
         self._started = True
         self._segment = SegmentMemory(self.config.memory_bytes, name=self.node_id)
         self.metrics.segment_bytes.set(self.config.memory_bytes)
-        self._channel = MasterChannel(self.config.master_address, timeout_s=self.config.timeout_s)
+        self._channel = MasterChannel(self.config.master_address, timeout_s=self.config.timeout_s,
+                                      credential=resolve_credential(self.config.credential, ENV_NODE_CREDENTIAL))
         try:
             if self.config.disk_path is not None:
                 self._open_disk_tier()
@@ -144,6 +146,8 @@ class StorageNode:
         request = self._segment.mount_request(self.node_id, recovering=recovering)
         if self.tier is not None:
             request = msgspec.structs.replace(request, disk_bytes=self.config.disk_bytes)
+        if self.config.tenant:
+            request = msgspec.structs.replace(request, tenant=self.config.tenant)
         reply = self._channel.call(request, timeout_s=remaining_s)
         if not isinstance(reply, MountReply):
             raise KVPoolError(f"master answered a mount with {type(reply).__name__}")

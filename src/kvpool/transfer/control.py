@@ -13,6 +13,10 @@ Rules:
 - Thread-safe by a lock: calls are short; batching, not concurrency, is how callers go fast.
 - A call that gets no reply within `timeout_s` raises UnavailableError and never hangs; an
   ErrorReply is raised as the matching KVPoolError class.
+- With a credential (credentials.py) the socket is a CURVE client: the control plane is encrypted
+  and the master knows who calls. A refused handshake (unknown key; or the master needs CURVE and
+  none was given) shows on the socket's monitor: the call raises AuthError saying so, instead of
+  waiting out its timeout as if the master were down.
 - `send` is fire-and-forget (a request whose answer nobody needs, e.g. ReleaseLeases): its reply
   arrives later and the next `call` drops it like any stale reply.
 """
@@ -27,13 +31,19 @@ from collections.abc import Callable
 
 import msgspec
 import zmq
+import zmq.utils.monitor
 
 from kvpool.core import protocol
-from kvpool.core.errors import ProtocolError, UnavailableError, error_from_reply
+from kvpool.core.errors import AuthError, ProtocolError, UnavailableError, error_from_reply
+from kvpool.transfer.credentials import Credential
 
 log = logging.getLogger(__name__)
 
 EpochListener = Callable[[int | None, int], None]  # (old epoch or None, new epoch)
+
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_POLL_SLICE_MS = 100  # a refused handshake is noticed within this, not at the call's timeout
 
 
 def parse_addresses(address: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -50,7 +60,8 @@ def parse_addresses(address: str | list[str] | tuple[str, ...]) -> list[str]:
 
 class MasterChannel:
     def __init__(
-        self, address: str | list[str], timeout_s: float = 5.0, context: zmq.Context | None = None
+        self, address: str | list[str], timeout_s: float = 5.0, context: zmq.Context | None = None,
+        credential: Credential | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -62,7 +73,9 @@ class MasterChannel:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._socket: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
         self._listeners: list[EpochListener] = []
+        self.credential = credential
 
     @property
     def address(self) -> str:
@@ -77,16 +90,43 @@ class MasterChannel:
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 1000)
+            if self.credential is not None:
+                self.credential.apply_client(sock)
+            self._monitor = sock.get_monitor_socket(_HANDSHAKE_FAILED)
             sock.connect(self.address)
             self._socket = sock
         return self._socket
 
+    def _close_socket(self) -> None:
+        if self._socket is not None:
+            self._socket.disable_monitor()
+            self._socket.close(linger=0)
+            self._socket = None
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
+
+    def _handshake_refusal(self) -> AuthError | None:
+        """AuthError if the monitor saw the master refuse our handshake (the socket is then reset)."""
+        if self._monitor is None or not self._monitor.poll(0, zmq.POLLIN):
+            return None
+        event = zmq.utils.monitor.recv_monitor_message(self._monitor)
+        address = self.address
+        self._close_socket()
+        if self.credential is None:
+            return AuthError(f"master {address} requires CURVE authentication and this client has no credential: "
+                             "pass one (--credential FILE, credential=..., or $KVPOOL_CREDENTIAL; "
+                             "`kvpool auth add DIR tenant:NAME` makes one)")
+        if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return AuthError(f"master {address} refused this client's key (role {self.credential.role}, public key "
+                             f"{self.credential.public_key}): it is not in the master's identities.json, or was revoked")
+        return AuthError(f"CURVE handshake with master {address} failed (event {event['event']:#x}): is the "
+                         "credential's master_public_key this master's, and does the master use CURVE?")
+
     def _fail_over(self) -> None:
         """No reply: the next call goes to the next address (with one address: a fresh socket)."""
         if len(self.addresses) > 1:
-            if self._socket is not None:
-                self._socket.close(linger=0)
-                self._socket = None
+            self._close_socket()
             self._current = (self._current + 1) % len(self.addresses)
             log.warning("master did not answer; trying %s next", self.address)
 
@@ -115,7 +155,12 @@ class MasterChannel:
             deadline = time.monotonic() + timeout_ms / 1000
             while True:
                 remaining_ms = max(0, int(1000 * (deadline - time.monotonic())))
-                if not sock.poll(remaining_ms, zmq.POLLIN):
+                if not sock.poll(min(remaining_ms, _POLL_SLICE_MS), zmq.POLLIN):
+                    refused = self._handshake_refusal()
+                    if refused is not None:
+                        raise refused
+                    if remaining_ms > _POLL_SLICE_MS:
+                        continue
                     address = self.address
                     self._fail_over()
                     raise UnavailableError(
@@ -147,6 +192,4 @@ class MasterChannel:
 
     def close(self) -> None:
         with self._lock:
-            if self._socket is not None:
-                self._socket.close(linger=0)
-                self._socket = None
+            self._close_socket()

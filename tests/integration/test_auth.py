@@ -1,0 +1,130 @@
+"""Authentication and authorization with real processes: a `kvpool master --auth DIR`, a node with
+its own credential, tenants' clients. Wrong, missing and revoked keys are refused with AuthError
+(quickly, not at a timeout); a tenant cannot reach another's objects through any call; a client
+cannot unmount a node's segment; the default start creates its keys where the README says."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from kvpool.bench import procs
+from kvpool.client import Client
+from kvpool.core import protocol as p
+from kvpool.core.errors import AuthError, ForbiddenError
+from kvpool.transfer.control import MasterChannel
+from kvpool.transfer.credentials import AuthDir, Credential
+
+
+@pytest.fixture
+def secure_pool(tmp_path):
+    """(master, node, auth dir) with tenants alice and bob."""
+    auth = AuthDir(tmp_path / "auth")
+    auth.init(("admin", "node"))
+    for tenant in ("alice", "bob"):
+        auth.add(f"tenant:{tenant}")
+    master = procs.start_master(tmp_path, "--auth", str(auth.path))
+    node = procs.start_node(tmp_path, master.info["address"], "16MiB", "--credential", str(auth.path / "node.cred"))
+    yield master, node, auth
+    node.stop(grace_s=5.0)
+    master.stop(grace_s=5.0)
+
+
+def client(master, auth, role, **kw) -> Client:
+    return Client(master.info["address"], credential=str(auth.path / f"{role.replace(':', '-')}.cred"), **kw)
+
+
+def refused_quickly(make_call) -> AuthError:
+    started = time.monotonic()
+    with pytest.raises(AuthError) as refused:
+        make_call()
+    assert time.monotonic() - started < 2.0  # the call's timeout is 5 s: the refusal was seen, not waited out
+    return refused.value
+
+
+def test_missing_unknown_and_revoked_keys_are_refused(secure_pool, tmp_path):
+    master, _, auth = secure_pool
+    address = master.info["address"]
+    with Client(address, timeout_s=5.0) as anonymous:
+        assert "requires CURVE authentication" in str(refused_quickly(lambda: anonymous.exists(["k"])))
+    stranger = AuthDir(tmp_path / "other")  # a key pair this master never trusted, for its real public key
+    stranger.init()
+    cred = Credential.load(stranger.add("tenant:alice"))
+    forged = Credential(cred.role, cred.public_key, cred.secret_key, auth.master_keys()[0])
+    forged.save(tmp_path / "forged.cred")
+    with Client(address, credential=str(tmp_path / "forged.cred"), timeout_s=5.0) as impostor:
+        assert "refused this client's key" in str(refused_quickly(lambda: impostor.exists(["k"])))
+    with client(master, auth, "tenant:bob") as bob:
+        assert bob.put("k", b"bob's bytes")
+        assert auth.revoke("tenant:bob") == 1
+        deadline = time.monotonic() + 5.0
+        while True:  # the master re-reads identities.json within about a second
+            try:
+                bob.exists(["k"])
+            except AuthError as e:
+                assert "no longer trusted" in str(e)
+                break
+            assert time.monotonic() < deadline, "a revoked key was still served after 5 s"
+            time.sleep(0.2)
+    assert "refused" in master.tail_log(200)
+
+
+def test_a_tenant_reaches_only_its_own_objects(secure_pool):
+    master, _, auth = secure_pool
+    value = os.urandom(100_000)
+    with client(master, auth, "tenant:alice") as alice, client(master, auth, "tenant:bob") as bob:
+        assert alice.put("secret", value) and alice.put("secret2", value, parent="secret")
+        # bob names the same keys in the same namespace string, and in alice's stored one
+        for spy in (bob, client(master, auth, "tenant:bob", tenant="alice/default")):
+            assert spy.get("secret") is None
+            assert spy.lookup_prefix(["secret", "secret2"]) == 0
+            assert spy.exists(["secret", "secret2"]) == [False, False]
+            assert spy.remove(["secret", "secret2"]) == 0
+            with pytest.raises(ForbiddenError):
+                spy.stats()  # sizes and counts of every tenant: admin only
+        assert alice.get("secret") == value and alice.get("secret2") == value
+        with client(master, auth, "admin", tenant="alice/default") as admin:
+            stats = admin.stats()
+            assert stats.num_objects == 2
+            assert admin.get("secret") == value  # admin reaches any namespace
+
+
+def test_no_client_can_unmount_or_impersonate_a_node(secure_pool):
+    master, node, auth = secure_pool
+    address = master.info["address"]
+    segment_id = node.info["segment_id"]
+    other_node = Credential.load(auth.add("node", auth.path / "node2.cred"))
+    for cred in (Credential.load(auth.path / "tenant-alice.cred"), Credential.load(auth.path / "admin.cred"),
+                 other_node):
+        channel = MasterChannel(address, timeout_s=5.0, credential=cred)
+        try:
+            with pytest.raises(ForbiddenError):
+                channel.call(p.UnmountSegment(segment_id))
+            with pytest.raises(ForbiddenError):
+                channel.call(p.Heartbeat(node.info["node_id"], [segment_id]))
+        finally:
+            channel.close()
+    with client(master, auth, "admin") as admin:
+        assert [n.segment_id for n in admin.stats().nodes] == [segment_id]
+    with client(master, auth, "tenant:alice") as alice:
+        assert alice.put("still", b"served")  # the node kept its segment throughout
+
+
+def test_default_start_creates_keys_in_the_documented_place(tmp_path):
+    auth_dir = tmp_path / "default-auth"
+    master = procs.ManagedProcess(
+        "master", procs.kvpool_argv("master", "--host", "127.0.0.1", "--port", "0"), tmp_path,
+        env={"KVPOOL_AUTH_DIR": str(auth_dir)},
+    ).start(30)
+    try:
+        assert sorted(f.name for f in auth_dir.glob("*.cred")) == ["admin.cred", "node.cred", "tenant-default.cred"]
+        assert (auth_dir / "tenant-default.cred").stat().st_mode & 0o777 == 0o600
+        assert master.info["auth_dir"] == str(auth_dir)
+        with Client(master.info["address"], timeout_s=5.0) as anonymous:
+            refused_quickly(lambda: anonymous.exists(["k"]))  # never silently open
+        with Client(master.info["address"], credential=str(auth_dir / "tenant-default.cred")) as tenant:
+            assert tenant.exists(["k"]) == [False]
+    finally:
+        master.stop(grace_s=5.0)
