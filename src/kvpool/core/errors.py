@@ -46,6 +46,12 @@ class UnavailableError(KVPoolError):
     kind = "unavailable"
 
 
+class RateLimitedError(UnavailableError):
+    """The master refused the call because this identity asks too much too fast; retry later."""
+
+    kind = "rate_limited"
+
+
 class TransferError(KVPoolError):
     """A data-plane transfer failed (dead peer, NIXL error). `in_flight` is None when nothing of
     it can land any more; otherwise the data plane's handle on a transfer that missed its deadline
@@ -75,6 +81,7 @@ _BY_KIND = {
         AuthError,
         CapacityError,
         UnavailableError,
+        RateLimitedError,
         TransferError,
         LeaseExpiredError,
     )

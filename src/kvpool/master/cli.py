@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-promotions-per-lookup", type=int, default=_D.max_promotions_per_lookup,
                         help="a lookup that reaches objects held only on a node's disk tier starts copying up to this "
                         "many of them back to DRAM (the reader looks up again a moment later and hits them)")
+    parser.add_argument("--rate-limit-keys-per-s", type=float, default=_D.rate_limit_keys_per_s,
+                        help="per identity: keys its lookups, puts, existence checks and removals may name per second; "
+                        "above it calls are refused (rate_limited) until its budget refills, so one flooding client "
+                        "cannot crowd out the others")
+    parser.add_argument("--rate-limit-burst-keys", type=float, default=_D.rate_limit_burst_keys,
+                        help="keys an identity may name at once after a quiet spell (also the largest single call)")
     parser.add_argument("--alignment-bytes", type=int, default=_D.alignment_bytes,
                         help="object offsets inside segments are multiples of this (a power of two)")
     parser.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES,
@@ -140,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
             alignment_bytes=args.alignment_bytes,
             max_promotions_per_lookup=args.max_promotions_per_lookup,
             max_message_bytes=args.max_message_bytes,
+            rate_limit_keys_per_s=args.rate_limit_keys_per_s,
+            rate_limit_burst_keys=args.rate_limit_burst_keys,
             quotas=quota_table(args.quota_file, args.quota),
         )
     except ValueError as e:

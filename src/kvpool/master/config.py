@@ -29,6 +29,8 @@ class MasterConfig:
     directory_ops_per_reply: int = 50_000  # directory ops in one heartbeat reply
     max_promotions_per_lookup: int = 256  # disk-only keys one lookup may start copying back to DRAM
     quotas: QuotaTable = field(default_factory=QuotaTable)  # per-tenant bytes / objects (quotas.py)
+    rate_limit_keys_per_s: float = 2_000_000.0  # per identity: keys named in lookups, puts, checks, removals
+    rate_limit_burst_keys: float = 1_000_000.0  # what one identity may ask at once after a quiet spell
     auth_dir: str | None = None  # CURVE keys and trusted identities (transfer/credentials.py); None: insecure
 
     def __post_init__(self) -> None:
@@ -43,7 +45,7 @@ class MasterConfig:
             )
         for name in ("lease_ttl_s", "node_ttl_s", "heartbeat_interval_s", "put_timeout_s", "tick_interval_s",
                      "quarantine_max_s", "recovery_timeout_s", "directory_max_ops", "directory_ops_per_reply",
-                     "max_promotions_per_lookup"):
+                     "max_promotions_per_lookup", "rate_limit_keys_per_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_lease_hold_s < self.lease_ttl_s:
@@ -60,5 +62,7 @@ class MasterConfig:
             raise ValueError(f"alignment_bytes must be a power of two, got {self.alignment_bytes}")
         if not isinstance(self.quotas, QuotaTable):
             raise ValueError(f"quotas must be a QuotaTable, got {type(self.quotas).__name__}")
+        if self.rate_limit_burst_keys < 1:
+            raise ValueError(f"rate_limit_burst_keys must be >= 1, got {self.rate_limit_burst_keys}")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")

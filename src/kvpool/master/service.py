@@ -12,6 +12,8 @@ Rules:
 - Authentication (auth.py): with `auth_dir` the socket is a CURVE server and every message's
   User-Id (its proven public key) becomes a Principal that `MasterCore.handle` authorizes;
   without it the master serves anyone (`--insecure`) and says so at start.
+- Rate limits (limits.py) per identity (its key; its connection when insecure), checked after
+  decoding and before any work: a flooding client is refused `rate_limited`, the others served.
 - `MasterService` runs in-process too: `start()` serves from a background thread, `stop()` ends it.
 """
 
@@ -29,6 +31,7 @@ import zmq
 from kvpool.core import protocol as p
 from kvpool.master.access import OPEN
 from kvpool.master.config import MasterConfig
+from kvpool.master.limits import RateLimiter
 from kvpool.master.core import MasterCore
 from kvpool.master.metrics import serve_metrics
 
@@ -69,6 +72,7 @@ class MasterService:
         self._decode = p.request_decoder.decode
         self._epoch_frame = self.core.epoch.to_bytes(8, "little")
         self._auth = None  # MasterAuth when config.auth_dir is set
+        self.limiter = RateLimiter(config.rate_limit_keys_per_s, config.rate_limit_burst_keys)
 
     def _secure(self, sock: zmq.Socket) -> None:
         if self.config.auth_dir is None:
@@ -138,6 +142,7 @@ class MasterService:
                     self._snapshot = core.stats(now_s)
                     if self._auth is not None:
                         self._auth.identities.maybe_reload()
+                    self.limiter.prune(now_s)
                     next_tick_s = now_s + tick_s
         finally:
             self._close()
@@ -175,8 +180,13 @@ class MasterService:
             if principal is None:
                 self._send(identity, request_id, p.ErrorReply(kind="auth", message="this key is no longer trusted"))
                 return
+        now_s = self.clock()
+        limited = self.limiter.refusal(principal.key or identity, request, now_s)
+        if limited is not None:
+            self._send(identity, request_id, p.ErrorReply(kind="rate_limited", message=limited))
+            return
         try:
-            reply = self.core.handle(request, self.clock(), principal)
+            reply = self.core.handle(request, now_s, principal)
             if type(request) in _LOGGED:
                 _log_event(request, reply)
                 if isinstance(request, p.AnnounceObjects) and request.last:
