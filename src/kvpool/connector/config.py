@@ -30,6 +30,9 @@ Keys (all optional except `master_address`):
                        a failed load, recomputed; costs in benchmarks/results/connector_ttft.md)
   retry_initial_s      first back-off after the pool became unreachable (default 1.0)
   retry_max_s          longest back-off (default 30.0)
+  credential           CURVE credential file of a tenant identity, for a master started with --auth
+                       (`kvpool auth add DIR tenant:NAME`); default: $KVPOOL_CREDENTIAL, else none
+  node_credential      the embedded node's credential (a node identity); default: $KVPOOL_NODE_CREDENTIAL
 """
 
 from __future__ import annotations
@@ -75,6 +78,8 @@ class ConnectorConfig:
     checksums: bool = True
     retry_initial_s: float = 1.0
     retry_max_s: float = 30.0
+    credential: str | None = None
+    node_credential: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.master_address, str) or not re.match(r"^(tcp|ipc)://.+", self.master_address):
@@ -110,6 +115,9 @@ class ConnectorConfig:
             raise ValueError(f"checksums must be true or false, got {self.checksums!r}")
         if self.transfer_path not in _PATHS:
             raise ValueError(f"transfer_path must be one of {_PATHS}, got {self.transfer_path!r}")
+        for name in ("credential", "node_credential"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be the path of a credential file, got {getattr(self, name)!r}")
         if not 0 < self.retry_initial_s <= self.retry_max_s:
             raise ValueError(
                 f"need 0 < retry_initial_s <= retry_max_s, got {self.retry_initial_s!r}, {self.retry_max_s!r}"

@@ -146,7 +146,7 @@ class KVPoolConnector(KVConnectorBase_V1):
 
         return Client(self.config.master_address, self.namespace, timeout_s=timeout_s,
                       path=self.config.transfer_path, num_replicas=self.config.num_replicas,
-                      checksums=self.config.checksums)
+                      checksums=self.config.checksums, credential=self.config.credential)
 
     # ---- worker side ---------------------------------------------------------------------------
 
@@ -165,6 +165,7 @@ class KVPoolConnector(KVConnectorBase_V1):
             self._node = EmbeddedNode(
                 self.config.master_address, self.config.pool_memory_bytes, node_id, timeout_s=self.config.timeout_s,
                 retry_initial_s=self.config.retry_initial_s, retry_max_s=self.config.retry_max_s,
+                credential=self.config.node_credential,
             ).start()
         log.info("kvpool: connector worker uses namespace %s at %s", self.namespace, self.config.master_address)
 

@@ -32,11 +32,11 @@ _STOP_GRACE_S = 5.0
 
 class EmbeddedNode:
     def __init__(self, master_address: str, memory_bytes: int, node_id: str, *,
-                 timeout_s: float, retry_initial_s: float, retry_max_s: float) -> None:
+                 timeout_s: float, retry_initial_s: float, retry_max_s: float, credential: str | None = None) -> None:
         self._argv = [
             sys.executable, "-m", "kvpool", "node", "--master", master_address, "--memory", str(memory_bytes),
             "--node-id", node_id, "--timeout-s", str(timeout_s), "--mount-timeout-s", str(_MOUNT_ATTEMPT_S),
-            "--exit-with-parent",
+            "--exit-with-parent", *(("--credential", credential) if credential else ()),
         ]
         self._node_id = node_id
         self._memory_bytes = memory_bytes
