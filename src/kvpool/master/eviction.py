@@ -30,7 +30,7 @@ Rules:
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Iterable
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
@@ -175,23 +175,26 @@ class Evictor:
             return 0
         return self.evict(now_s, used - int(capacity * self.index.config.low_watermark))
 
-    def evict_for(self, size_bytes: int, now_s: float, eligible: "Collection[Segment] | None" = None,
+    def evict_for(self, size_bytes: int, now_s: float, eligible: "Iterable[Segment] | None" = None,
                   space: "TenantSpace | None" = None) -> bool:
         """An allocation failed: evict down to the low watermark, then on until some segment has a
         free range for `size_bytes` (LRU frees space anywhere; a fit needs it in one range).
         `eligible`: the segments the object may go to (None: all); `space`: evict only this tenant's
         objects (it places on its dedicated segments, or is at its quota), and only until it fits."""
         segments = self.index.segments
-        capacity = segments.capacity_bytes
-        candidates = segments.by_id.values() if eligible is None else eligible
+        candidates = list(segments.by_id.values() if eligible is None else eligible)
+        capacity = sum(s.capacity_bytes for s in candidates)
+        used = sum(s.used_bytes for s in candidates)
         shared_only = eligible is not None and space is None and bool(segments.dedicated_tenants)
+        # only records with a replica where the room is needed (when that is not everywhere)
+        on_segments = {s.segment_id for s in candidates} if space is not None or shared_only else None
         freed = 0
         if space is None:
-            freed = self.evict(now_s, max(0, segments.used_bytes - int(capacity * self.index.config.low_watermark)),
-                               shared_only=shared_only)
+            freed = self._evict(now_s, _at_least(max(0, used - int(capacity * self.index.config.low_watermark))),
+                                None, shared_only, on_segments)
         step = max(size_bytes, capacity // 100)
         while not any(not s.recovering and s.allocator.can_allocate(size_bytes) for s in candidates):
-            more = self.evict(now_s, step, space, shared_only)
+            more = self._evict(now_s, _at_least(step), space, shared_only, on_segments)
             if more == 0:
                 break
             freed += more
@@ -209,10 +212,10 @@ class Evictor:
               shared_only: bool = False) -> int:
         """Evict LRU candidates until `bytes_to_free` bytes are free; returns the bytes freed.
         `space`: only that tenant's objects; `shared_only`: none of tenants with dedicated segments."""
-        return self._evict(now_s, lambda freed: freed >= bytes_to_free, space, shared_only)
+        return self._evict(now_s, _at_least(bytes_to_free), space, shared_only)
 
     def _evict(self, now_s: float, enough: Callable[[int], bool], space: "TenantSpace | None" = None,
-               shared_only: bool = False) -> int:
+               shared_only: bool = False, on_segments: set[int] | None = None) -> int:
         index = self.index
         max_hold_s = index.config.max_lease_hold_s
         freed = 0
@@ -228,8 +231,9 @@ class Evictor:
             if self._moved(rec, now_s):
                 self.push(rec)  # used since it was pushed: take its place by the new time
                 continue
-            if (space is not None and rec.space is not space) or (shared_only and rec.space.dedicated):
-                set_aside.append(rec)  # another tenant's (only under the session order: one queue for all)
+            if ((space is not None and rec.space is not space) or (shared_only and rec.space.dedicated)
+                    or (on_segments is not None and not _on_any(rec.locations, on_segments))):
+                set_aside.append(rec)  # another tenant's (only under the session order), or not where room is needed
                 continue
             lease_until = rec.lease_until_s
             if lease_until is not None:
@@ -270,6 +274,17 @@ class Evictor:
             if len(live) < len(heap):
                 heapify(live)
                 heap[:] = live
+
+
+def _at_least(bytes_to_free: int) -> Callable[[int], bool]:
+    return lambda freed: freed >= bytes_to_free
+
+
+def _on_any(locations: bytes, segment_ids: set[int]) -> bool:
+    for start in range(0, len(locations), REPLICA_BYTES):
+        if int.from_bytes(locations[start : start + 8], "little", signed=True) in segment_ids:
+            return True
+    return False
 
 
 class SessionAwareOrder:

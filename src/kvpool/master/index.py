@@ -142,7 +142,8 @@ class ObjectIndex:
             own_only = space.dedicated  # eviction for it takes only its own objects
             if not space.fits(size, num_replicas):
                 own_only = True
-                if not self.evictor.evict_for_quota(space, size, num_replicas, now_s):
+                if not space.fits_when_empty(size, num_replicas) or not self.evictor.evict_for_quota(
+                        space, size, num_replicas, now_s):
                     space.quota_refusals += 1
                     placed, why = _NO_REPLICAS, space.refusal_message(size, num_replicas)
                 else:

@@ -92,6 +92,27 @@ class MasterCollector(Collector):
                 counters[name].add_metric(values, value)
         yield from gauges.values()
         yield from counters.values()
+        yield from _tenant_metrics(s)
+
+
+def _tenant_metrics(s: StatsReply) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Per tenant (label `tenant`): usage, quota (0: none) and what the quota cost it."""
+    gauges = [GaugeMetricFamily(f"kvpool_master_tenant_{name}", doc, labels=["tenant"]) for name, doc in (
+        ("used_bytes", "Object bytes x replicas the tenant holds in pool DRAM (pending and complete)"),
+        ("objects", "Objects the tenant holds in pool DRAM (pending and complete)"),
+        ("quota_bytes", "The tenant's byte quota (0: none)"),
+        ("quota_objects", "The tenant's object quota (0: none)"),
+        ("segments", "Segments holding the tenant's objects"))]
+    counters = [CounterMetricFamily(f"kvpool_master_tenant_{name}", doc, labels=["tenant"]) for name, doc in (
+        ("quota_refusals", "Keys refused: the tenant's quota was full even after evicting its own objects"),
+        ("quota_evictions", "The tenant's objects evicted to make room under its quota"))]
+    for t in s.tenants:
+        for family, value in zip(gauges, (t.used_bytes, t.num_objects, t.max_bytes, t.max_objects, t.num_segments)):
+            family.add_metric([t.tenant], value)
+        for family, value in zip(counters, (t.quota_refusals, t.quota_evictions)):
+            family.add_metric([t.tenant], value)
+    yield from gauges
+    yield from counters
 
 
 def serve_metrics(host: str, port: int, snapshot: Callable[[], StatsReply | None]) -> tuple[object, int]:

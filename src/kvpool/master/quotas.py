@@ -194,6 +194,11 @@ class TenantSpace(dict):
         return ((quota.max_bytes is None or self.used_bytes + size_bytes * num_replicas <= quota.max_bytes)
                 and (quota.max_objects is None or self.num_objects + 1 <= quota.max_objects))
 
+    def fits_when_empty(self, size_bytes: int, num_replicas: int) -> bool:
+        """Whether evicting its objects could ever make room for this one (else it is refused at once)."""
+        quota = self.quota
+        return quota is None or quota.max_bytes is None or size_bytes * num_replicas <= quota.max_bytes
+
     def refusal_message(self, size_bytes: int, num_replicas: int) -> str:
         quota = self.quota
         held = f"it holds {self.used_bytes} bytes in {self.num_objects} objects"
