@@ -50,15 +50,15 @@ def keys_of(core, tenant) -> set[str]:
 
 
 def usage(core, tenant) -> tuple[int, int]:
-    space = core.index.tenants[tenant]
-    return space.used_bytes, space.num_objects
+    account = core.index.accounts[tenant]
+    return account.used_bytes, account.num_objects
 
 
 def check_usage(core) -> None:
-    """Every tenant's counters equal a scan of its records (the accounting is exact)."""
+    """Every tenant's counters equal a scan of its namespaces' records (the accounting is exact)."""
+    expected: dict[str, tuple[int, int, dict[int, int]]] = {}
     for space in core.index.tenants.values():
-        used = objects = 0
-        per_segment: dict[int, int] = {}
+        used, objects, per_segment = expected.setdefault(space.account.name, (0, 0, {}))
         for rec in space.values():
             if rec.locations:
                 replicas = rec.replicas
@@ -66,7 +66,9 @@ def check_usage(core) -> None:
                 objects += 1
                 for r in replicas:
                     per_segment[r.segment_id] = per_segment.get(r.segment_id, 0) + 1
-        assert (space.used_bytes, space.num_objects, space.segment_replicas) == (used, objects, per_segment), space.name
+        expected[space.account.name] = (used, objects, per_segment)
+    for name, account in core.index.accounts.items():
+        assert (account.used_bytes, account.num_objects, account.segment_replicas) == expected.get(name, (0, 0, {})), name
 
 
 # ---- configuration ---------------------------------------------------------------------------
@@ -145,7 +147,7 @@ def test_quota_full_of_leased_and_pinned_objects_refuses_with_tenant_and_quota_i
     assert reply.statuses == [NO_SPACE, NO_SPACE]
     assert "tenant 'b'" in reply.message and "2 objects" in reply.message and "--quota b=" in reply.message
     assert keys_of(core, "a") == {"a0"} and keys_of(core, "b") == {"b0", "b1"}
-    assert core.index.tenants["b"].quota_refusals == 2
+    assert core.index.accounts["b"].quota_refusals == 2
     # the lease released, b1 is b's only candidate: the next put takes its place
     core.handle(p.ReleaseLeases("b", [leased.lease_id]), 5.0)
     assert put(core, "b", ["b2"], 6.0).statuses == [ALLOC]
@@ -161,7 +163,7 @@ def test_object_larger_than_the_quota_is_refused_without_evicting():
     assert reply.statuses == [NO_SPACE]
     assert "larger than its quota of 128 bytes" in reply.message
     assert keys_of(core, "b") == {"b0"}  # evicting it would not have made room: kept
-    assert core.index.tenants["b"].quota_evictions == 0
+    assert core.index.accounts["b"].quota_evictions == 0
 
 
 def test_quota_spares_the_prefix_of_the_object_being_put():
@@ -257,7 +259,7 @@ def test_demotion_to_disk_frees_quota_and_promotion_charges_it_again():
     assert usage(core, "t") == (4 * SLOT, 4)
     put_chain(core, ["c0", "c1"], 3.0)  # at its quota: its own LRU chain a goes to disk
     assert [where(core, k) for k in ("a0", "a1")] == ["disk", "disk"]
-    assert usage(core, "t") == (4 * SLOT, 4) and core.index.tenants["t"].quota_evictions == 2
+    assert usage(core, "t") == (4 * SLOT, 4) and core.index.accounts["t"].quota_evictions == 2
     check_usage(core)
     reply = core.handle(p.LookupPrefix("t", ["a0", "a1"], lease=False), 4.0)
     assert reply.num_promoting == 2
@@ -345,3 +347,30 @@ def test_tenant_segments_follows_puts_removals_and_segment_loss():
     assert core.index.tenant_segments("t") == {s1}
     core.handle(p.Remove("t", ["x"]), 4.0)
     assert core.index.tenant_segments("t") == set()
+
+
+def test_namespaces_of_one_tenant_share_its_quota_and_segments():
+    # authenticated tenants' namespaces are stored as <name>/<namespace> (master/access.py)
+    core = make_core({"alice": TenantQuota(max_objects=3)})
+    s1 = mount(core, "n1", 16)
+    put(core, "alice/m1", ["x0"], 1.0)
+    put(core, "bob/m1", ["y0"], 1.5)
+    put(core, "alice/m2", ["x1"], 2.0)
+    put(core, "alice/m1", ["x2"], 3.0)
+    assert usage(core, "alice") == (3 * SLOT, 3) and usage(core, "bob") == (SLOT, 1)
+    # alice is at her quota: her LRU object goes, in whichever namespace it is; bob's older one stays
+    assert put(core, "alice/m2", ["x3"], 4.0).statuses == [ALLOC]
+    assert keys_of(core, "alice/m1") == {"x2"} and keys_of(core, "alice/m2") == {"x1", "x3"}
+    assert keys_of(core, "bob/m1") == {"y0"}
+    assert core.index.tenant_segments("alice") == core.index.tenant_segments("alice/m1") == {s1}
+    assert {t.tenant for t in core.stats(4.0).tenants} == {"alice", "bob"}
+    check_usage(core)
+
+
+def test_dedicated_segment_takes_every_namespace_of_its_tenant():
+    core = make_core()
+    shared = mount(core, "s1", 8)
+    ded = mount(core, "d1", 8, tenant="alice")
+    assert placed_on(put(core, "alice/m1", ["x"], 1.0)) == [[ded]]
+    assert placed_on(put(core, "alice/m2", ["x"], 1.0)) == [[ded]]
+    assert placed_on(put(core, "bob/m1", ["x"], 1.0)) == [[shared]]

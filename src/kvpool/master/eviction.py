@@ -14,7 +14,7 @@ Rules:
 - Opt-in `SessionAwareOrder` (below) replaces LRU among the tails by predicted session return,
   from session hints; the default stays LRU.
 - Tenants (quotas.py): a tenant with a quota or dedicated segments keeps its candidates in its
-  own heap (`TenantSpace.heap`); the others share `heap`. Each record is in one heap, and the
+  own heap (`TenantAccount.heap`, over all its namespaces); the others share `heap`. Each record is in one heap, and the
   global order pops the oldest top among all heaps (O(heaps) per pop, heaps = such tenants + 1),
   so watermark eviction is the same LRU as with one heap. Scoped eviction pops one tenant's heap
   only: a tenant at its quota (`evict_for_quota`) or placing on its dedicated segments evicts its
@@ -38,7 +38,7 @@ from kvpool.core.protocol import REPLICA_BYTES, Replica, unpack_replicas
 
 if TYPE_CHECKING:
     from kvpool.master.index import ObjectIndex
-    from kvpool.master.quotas import TenantSpace
+    from kvpool.master.quotas import TenantAccount
     from kvpool.master.segments import Segment
 
 # record flags
@@ -104,13 +104,13 @@ class Evictor:
         self.evictions = 0
         self.evicted_bytes = 0
         self.order: SessionAwareOrder | None = None  # None: LRU over tails (the default)
-        self.own: list[TenantSpace] = []  # tenants with their own heap (a quota, or dedicated segments)
+        self.own: list[TenantAccount] = []  # tenants with their own heap (a quota, or dedicated segments)
 
     def set_order(self, order: "SessionAwareOrder | None") -> None:
         """Choose among tails by another order (the records now in the heap move over)."""
         waiting = []
         if self.order is None:
-            for heap in [self.heap, *(space.heap for space in self.own)]:
+            for heap in [self.heap, *(account.heap for account in self.own)]:
                 waiting += [rec for rec in heap if not rec.flags & DEAD]
                 heap.clear()
         self.order = order
@@ -118,17 +118,17 @@ class Evictor:
         for rec in waiting:
             self.push(rec)
 
-    def give_own_heap(self, space: "TenantSpace") -> None:
+    def give_own_heap(self, account: "TenantAccount") -> None:
         """From now on keep this tenant's candidates apart (its shared-heap entries move over, once)."""
-        if space.heap is not None:
+        if account.heap is not None:
             return
-        mine = [rec for rec in self.heap if rec.space is space]
+        mine = [rec for rec in self.heap if rec.space.account is account]
         if mine:
-            self.heap = [rec for rec in self.heap if rec.space is not space]
+            self.heap = [rec for rec in self.heap if rec.space.account is not account]
             heapify(self.heap)
             heapify(mine)
-        space.heap = mine
-        self.own.append(space)
+        account.heap = mine
+        self.own.append(account)
 
     def push(self, rec: ObjectRecord) -> None:
         rec.flags |= IN_HEAP
@@ -136,23 +136,23 @@ class Evictor:
             self.order.push(rec)
             return
         rec.heap_access_s = rec.last_access_s
-        heap = rec.space.heap
+        heap = rec.space.account.heap
         if heap is None:
             heappush(self.heap, rec)
             return
         heappush(heap, rec)
-        if len(heap) > 2 * len(rec.space) + 1024:
+        if len(heap) > 2 * rec.space.account.num_objects + 1024:
             live = [r for r in heap if not r.flags & DEAD]
             heapify(live)
             heap[:] = live
 
-    def _pop(self, now_s: float, space: "TenantSpace | None" = None, shared_only: bool = False) -> ObjectRecord | None:
-        """The next candidate: of `space` only when given (its own heap), else the oldest top of all
+    def _pop(self, now_s: float, account: "TenantAccount | None" = None, shared_only: bool = False) -> ObjectRecord | None:
+        """The next candidate: of `account` only when given (its own heap), else the oldest top of all
         heaps (with `shared_only`, not those of tenants with dedicated segments)."""
         if self.order is not None:
             return self.order.pop(now_s)
-        if space is not None and space.heap is not None:
-            return heappop(space.heap) if space.heap else None
+        if account is not None and account.heap is not None:
+            return heappop(account.heap) if account.heap else None
         best = self.heap if self.heap else None
         for other in self.own:
             heap = other.heap
@@ -176,52 +176,52 @@ class Evictor:
         return self.evict(now_s, used - int(capacity * self.index.config.low_watermark))
 
     def evict_for(self, size_bytes: int, now_s: float, eligible: "Iterable[Segment] | None" = None,
-                  space: "TenantSpace | None" = None) -> bool:
+                  account: "TenantAccount | None" = None) -> bool:
         """An allocation failed: evict down to the low watermark, then on until some segment has a
         free range for `size_bytes` (LRU frees space anywhere; a fit needs it in one range).
-        `eligible`: the segments the object may go to (None: all); `space`: evict only this tenant's
+        `eligible`: the segments the object may go to (None: all); `account`: evict only this tenant's
         objects (it places on its dedicated segments, or is at its quota), and only until it fits."""
         segments = self.index.segments
         candidates = list(segments.by_id.values() if eligible is None else eligible)
         capacity = sum(s.capacity_bytes for s in candidates)
         used = sum(s.used_bytes for s in candidates)
-        shared_only = eligible is not None and space is None and bool(segments.dedicated_tenants)
+        shared_only = eligible is not None and account is None and bool(segments.dedicated_tenants)
         # only records with a replica where the room is needed (when that is not everywhere)
-        on_segments = {s.segment_id for s in candidates} if space is not None or shared_only else None
+        on_segments = {s.segment_id for s in candidates} if account is not None or shared_only else None
         freed = 0
-        if space is None:
+        if account is None:
             freed = self._evict(now_s, _at_least(max(0, used - int(capacity * self.index.config.low_watermark))),
                                 None, shared_only, on_segments)
         step = max(size_bytes, capacity // 100)
         while not any(not s.recovering and s.allocator.can_allocate(size_bytes) for s in candidates):
-            more = self._evict(now_s, _at_least(step), space, shared_only, on_segments)
+            more = self._evict(now_s, _at_least(step), account, shared_only, on_segments)
             if more == 0:
                 break
             freed += more
         return freed > 0
 
-    def evict_for_quota(self, space: "TenantSpace", size_bytes: int, num_replicas: int, now_s: float) -> bool:
+    def evict_for_quota(self, account: "TenantAccount", size_bytes: int, num_replicas: int, now_s: float) -> bool:
         """The tenant is at its quota: evict its own LRU candidates until one more object of
         `size_bytes` x `num_replicas` fits (quotas.py). False: it still does not."""
         evictions = self.evictions
-        self._evict(now_s, lambda _freed: space.fits(size_bytes, num_replicas), space)
-        space.quota_evictions += self.evictions - evictions
-        return space.fits(size_bytes, num_replicas)
+        self._evict(now_s, lambda _freed: account.fits(size_bytes, num_replicas), account)
+        account.quota_evictions += self.evictions - evictions
+        return account.fits(size_bytes, num_replicas)
 
-    def evict(self, now_s: float, bytes_to_free: int, space: "TenantSpace | None" = None,
+    def evict(self, now_s: float, bytes_to_free: int, account: "TenantAccount | None" = None,
               shared_only: bool = False) -> int:
         """Evict LRU candidates until `bytes_to_free` bytes are free; returns the bytes freed.
-        `space`: only that tenant's objects; `shared_only`: none of tenants with dedicated segments."""
-        return self._evict(now_s, _at_least(bytes_to_free), space, shared_only)
+        `account`: only that tenant's objects; `shared_only`: none of tenants with dedicated segments."""
+        return self._evict(now_s, _at_least(bytes_to_free), account, shared_only)
 
-    def _evict(self, now_s: float, enough: Callable[[int], bool], space: "TenantSpace | None" = None,
+    def _evict(self, now_s: float, enough: Callable[[int], bool], account: "TenantAccount | None" = None,
                shared_only: bool = False, on_segments: set[int] | None = None) -> int:
         index = self.index
         max_hold_s = index.config.max_lease_hold_s
         freed = 0
         set_aside: list[ObjectRecord] = []
         while not enough(freed):
-            rec = self._pop(now_s, space, shared_only)
+            rec = self._pop(now_s, account, shared_only)
             if rec is None:
                 break
             flags = rec.flags & ~IN_HEAP
@@ -231,7 +231,8 @@ class Evictor:
             if self._moved(rec, now_s):
                 self.push(rec)  # used since it was pushed: take its place by the new time
                 continue
-            if ((space is not None and rec.space is not space) or (shared_only and rec.space.dedicated)
+            owner = rec.space.account
+            if ((account is not None and owner is not account) or (shared_only and owner.dedicated)
                     or (on_segments is not None and not _on_any(rec.locations, on_segments))):
                 set_aside.append(rec)  # another tenant's (only under the session order), or not where room is needed
                 continue
@@ -269,7 +270,7 @@ class Evictor:
         if self.order is not None:
             self.order.compact()
             return
-        for heap in [self.heap, *(space.heap for space in self.own)]:
+        for heap in [self.heap, *(account.heap for account in self.own)]:
             live = [rec for rec in heap if not rec.flags & DEAD]
             if len(live) < len(heap):
                 heapify(live)

@@ -6,11 +6,12 @@ Rules:
 - Object states: pending (space allocated, writer copying) -> complete (readable) -> gone (evicted,
   removed, revoked, reclaimed, or its last replica's segment died). A key that exists in either
   state answers PUT_EXISTS without new space; unknown keys are misses, never errors.
-- Tenants are separate dicts (quotas.TenantSpace): no call can reach another tenant's keys. Each
-  also keeps its usage (bytes, objects, replicas per segment) through `TenantSpace.charge`, called
-  wherever a record gains or loses DRAM replicas; a tenant at its quota evicts only its own objects
-  and is refused when they do not make room (quotas.py). Placement goes to the segments the tenant
-  may use (segments.placeable: its dedicated ones, else the shared ones).
+- Tenants are separate dicts (quotas.TenantSpace, one per stored namespace): no call can reach
+  another tenant's keys. The tenant owning a namespace (access.namespace_owner) has an account
+  (quotas.TenantAccount) with its usage (bytes, objects, replicas per segment), kept by
+  `TenantAccount.charge` wherever a record gains or loses DRAM replicas; a tenant at its quota
+  evicts only its own objects and is refused when they do not make room (quotas.py). Placement goes
+  to the segments the tenant may use (segments.placeable: its dedicated ones, else the shared ones).
 - Space is freed only when no reader can still hold it: a removed object that is leased keeps its
   space until the lease ends (`_zombies`); eviction never picks a leased object.
 - One record per object, with __slots__, sharing what can be shared (a batch's `now_s` float, the
@@ -62,7 +63,8 @@ from kvpool.master.config import MasterConfig
 from kvpool.master.eviction import COMPLETE, DEAD, DRAINING, IN_HEAP, NO_CHECKSUM, PINNED, Evictor, ObjectRecord
 from kvpool.master.ids import IdSource
 from kvpool.master.placement import choose_segments
-from kvpool.master.quotas import TenantSpace
+from kvpool.master.access import namespace_owner
+from kvpool.master.quotas import TenantAccount, TenantSpace
 from kvpool.master.recovery import Recovery
 from kvpool.master.replicas import keep_other_replicas, on_segment
 from kvpool.master.segments import Segment, SegmentTable
@@ -78,7 +80,8 @@ class ObjectIndex:
         self.config = config
         self.segments = segments
         self.ids = ids
-        self.tenants: dict[str, TenantSpace] = {}
+        self.tenants: dict[str, TenantSpace] = {}  # stored namespace -> its objects
+        self.accounts: dict[str, TenantAccount] = {}  # owning tenant -> usage and quota
         self.evictor = Evictor(self)
         self.tiers = Tiers(self)
         self.recovery = Recovery(self)
@@ -120,6 +123,7 @@ class ObjectIndex:
         now_s: float,
     ) -> tuple[list[int], list[tuple[Replica, ...]], str, list[int]]:
         space = self.space_of(tenant)
+        account = space.account
         statuses: list[int] = []
         replicas: list[tuple[Replica, ...]] = []
         tokens: list[int] = []
@@ -139,17 +143,17 @@ class ObjectIndex:
             parent = space.get(parent_key) if parent_key is not None else None
             if parent is not None:
                 parent.num_children += 1  # before placing: eviction for this put must spare its prefix
-            own_only = space.dedicated  # eviction for it takes only its own objects
-            if not space.fits(size, num_replicas):
+            own_only = account.dedicated  # eviction for it takes only its own objects
+            if not account.fits(size, num_replicas):
                 own_only = True
-                if not space.fits_when_empty(size, num_replicas) or not self.evictor.evict_for_quota(
-                        space, size, num_replicas, now_s):
-                    space.quota_refusals += 1
-                    placed, why = _NO_REPLICAS, space.refusal_message(size, num_replicas)
+                if not account.fits_when_empty(size, num_replicas) or not self.evictor.evict_for_quota(
+                        account, size, num_replicas, now_s):
+                    account.quota_refusals += 1
+                    placed, why = _NO_REPLICAS, account.refusal_message(size, num_replicas)
                 else:
-                    placed, why = self._place(space, size, num_replicas, now_s, own_only)
+                    placed, why = self._place(account, size, num_replicas, now_s, own_only)
             else:
-                placed, why = self._place(space, size, num_replicas, now_s, own_only)
+                placed, why = self._place(account, size, num_replicas, now_s, own_only)
             if not placed:
                 if parent is not None:
                     self._release_child(parent)
@@ -162,7 +166,7 @@ class ObjectIndex:
             rec = TieredRecord(space, key, pack_replicas(placed), base_flags, now_s, token)
             rec.parent = parent
             space[key] = rec
-            space.charge(rec, 1)
+            account.charge(rec, 1)
             self.num_pending += 1
             self._pending.append(rec)
             statuses.append(PUT_ALLOCATED)
@@ -171,20 +175,20 @@ class ObjectIndex:
         self.evictor.maybe_evict(now_s)
         return statuses, replicas, message, tokens
 
-    def _place(self, space: TenantSpace, size: int, num_replicas: int, now_s: float,
+    def _place(self, account: TenantAccount, size: int, num_replicas: int, now_s: float,
                own_only: bool) -> tuple[tuple[Replica, ...], str]:
         """Allocate replicas on the segments the tenant may use; `own_only`: eviction for room
         takes only its own objects (it is at its quota, or places on its dedicated segments)."""
-        placeable = self.segments.placeable(space.name)
+        placeable = self.segments.placeable(account.name)
         chosen = choose_segments(placeable.values(), size, num_replicas)
         if not chosen:
-            why = self._why_nowhere(space, placeable, size)
+            why = self._why_nowhere(account, placeable, size)
             if why:
                 return _NO_REPLICAS, why
-            if self.evictor.evict_for(size, now_s, placeable.values(), space if own_only else None):
+            if self.evictor.evict_for(size, now_s, placeable.values(), account if own_only else None):
                 chosen = choose_segments(placeable.values(), size, num_replicas)
             if not chosen:
-                where = f"tenant {space.name!r}'s dedicated segments" if space.dedicated else "pool"
+                where = f"tenant {account.name!r}'s dedicated segments" if account.dedicated else "pool"
                 used = sum(s.used_bytes for s in placeable.values())
                 capacity = sum(s.capacity_bytes for s in placeable.values())
                 return _NO_REPLICAS, (
@@ -199,16 +203,16 @@ class ObjectIndex:
             placed.append(Replica(segment.segment_id, offset, size))
         return tuple(placed), ""
 
-    def _why_nowhere(self, space: TenantSpace, placeable: dict[int, Segment], size: int) -> str:
+    def _why_nowhere(self, account: TenantAccount, placeable: dict[int, Segment], size: int) -> str:
         """Why no eviction can make room for the object ("" if one may)."""
         if not self.segments.by_id:
             return "no segment is mounted: start a `kvpool node` (or embed one)"
         if not placeable:
-            if space.dedicated:
-                return (f"tenant {space.name!r} places only on segments dedicated to it and none is mounted now: "
-                        f"start a `kvpool node --tenant {space.name}`")
+            if account.dedicated:
+                return (f"tenant {account.name!r} places only on segments dedicated to it and none is mounted now: "
+                        f"start a `kvpool node --tenant {account.name}`")
             return (f"every mounted segment is dedicated to a tenant: start a `kvpool node` without --tenant for "
-                    f"tenant {space.name!r}'s objects")
+                    f"tenant {account.name!r}'s objects")
         if all(s.recovering for s in placeable.values()):
             return ("no segment can take it yet: every segment is recovering (its node is announcing what it "
                     "holds to this master); retry in a moment")
@@ -475,7 +479,7 @@ class ObjectIndex:
         rec.flags = flags | DEAD
         space = rec.space
         del space[rec.key]
-        space.charge(rec, -1)
+        space.account.charge(rec, -1)
         if flags & COMPLETE:
             self.num_complete -= 1
             self._log_removal(rec)
@@ -575,22 +579,31 @@ class ObjectIndex:
     # ---- tenants (quotas.py) -------------------------------------------------------------------
 
     def space_of(self, tenant: str) -> TenantSpace:
-        """The tenant's namespace, made on first use with its quota (a quota gets its own eviction heap)."""
+        """The namespace's dict, made on first use in the account of the tenant that owns it (made
+        with its quota on first use; a quota or a dedicated segment gives it its own eviction heap)."""
         space = self.tenants.get(tenant)
         if space is None:
-            space = self.tenants[tenant] = TenantSpace(tenant, self.config.quotas.quota_of(tenant))
-            if space.quota is not None:
-                self.evictor.give_own_heap(space)
-        if not space.dedicated and tenant in self.segments.dedicated_tenants:
-            space.dedicated = True  # from now on it places only on its dedicated segments
-            self.evictor.give_own_heap(space)
+            space = self.tenants[tenant] = TenantSpace(tenant, self.account_of(namespace_owner(tenant)))
+        account = space.account
+        if not account.dedicated and account.name in self.segments.dedicated_tenants:
+            account.dedicated = True  # from now on it places only on its dedicated segments
+            self.evictor.give_own_heap(account)
         return space
 
+    def account_of(self, owner: str) -> TenantAccount:
+        account = self.accounts.get(owner)
+        if account is None:
+            account = self.accounts[owner] = TenantAccount(owner, self.config.quotas.quota_of(owner))
+            if account.quota is not None:
+                self.evictor.give_own_heap(account)
+        return account
+
     def tenant_segments(self, tenant: str) -> set[int]:
-        """Ids of the segments holding a replica of any pending or complete object of `tenant`
-        (kept per put and drop, not scanned)."""
-        space = self.tenants.get(tenant)
-        return space.segments() if space is not None else set()
+        """Ids of the segments holding a replica of any pending or complete object of `tenant`, in
+        any of its namespaces (a stored namespace `<tenant>/<ns>` names its owner too). Kept per put
+        and drop (quotas.TenantAccount.charge), not scanned."""
+        account = self.accounts.get(namespace_owner(tenant))
+        return account.segments() if account is not None else set()
 
     def tenant_stats(self) -> list[TenantStats]:
-        return [space.stats() for space in self.tenants.values()]
+        return [account.stats() for account in self.accounts.values()]

@@ -8,7 +8,10 @@ Rules:
   range of the pool). Disk-only objects (tiers.py) count nothing, so a DRAM eviction that demotes
   an object frees its quota; removed-but-leased objects and quarantined allocations count nothing
   either (no longer the tenant's objects; their space ends with a lease TTL / quarantine_max_s).
-- Only `TenantSpace.charge` changes usage. The index calls it with +1 when a record gains DRAM
+- Quotas, usage and dedicated segments belong to the tenant that owns a namespace (`TenantAccount`,
+  keyed by access.namespace_owner: an authenticated tenant's namespaces are stored as
+  `<name>/<namespace>`, all counted in `<name>`'s account); each namespace is a `TenantSpace`.
+- Only `TenantAccount.charge` changes usage. The index calls it with +1 when a record gains DRAM
   replicas (put_start, announce, a promotion done) and with -1 before it loses them (drop, demotion,
   one replica's segment gone, an overlapping announced range), so usage is exact after every call
   (tests compare it with a scan of the index). The same call keeps `segment_replicas`, the tenant's
@@ -152,14 +155,24 @@ def quota_table_from_toml(data: Mapping[str, object]) -> QuotaTable:
 
 
 class TenantSpace(dict):
-    """A tenant's namespace (key -> record) with its usage and quota: the one state object per tenant.
-    A dict itself, so lookups on the hot path stay plain dict lookups."""
+    """One stored namespace (key -> record): a plain dict on the hot path, with its name as stored
+    and the account of the tenant that owns it (several namespaces of one tenant share one)."""
+
+    __slots__ = ("name", "account")
+
+    def __init__(self, name: str, account: "TenantAccount") -> None:
+        super().__init__()
+        self.name = name
+        self.account = account
+
+
+class TenantAccount:
+    """A tenant's usage and quota, over all its namespaces: the one state object per tenant."""
 
     __slots__ = ("name", "quota", "used_bytes", "num_objects", "segment_replicas", "heap", "dedicated",
                  "quota_refusals", "quota_evictions")
 
     def __init__(self, name: str, quota: TenantQuota | None) -> None:
-        super().__init__()
         self.name = name
         self.quota = quota
         self.used_bytes = 0

@@ -62,15 +62,15 @@ class Recovery:
                         or len(rec.locations) >= REPLICA_BYTES * MAX_REPLICAS):
                     rejected.append(offset)
                     continue
-                space.charge(rec, -1)
+                space.account.charge(rec, -1)
                 rec.locations += packed
-                space.charge(rec, 1)
+                space.account.charge(rec, 1)
             else:
                 last_access_s = now_s - (ages_s[i] if i < len(ages_s) and ages_s[i] > 0 else 0.0)
                 rec = TieredRecord(space, key, packed, COMPLETE, last_access_s)
                 rec.checksum = checksum
                 space[key] = rec
-                space.charge(rec, 1)
+                space.account.charge(rec, 1)
                 index.num_complete += 1
                 self.link(rec, tenant, entry.parent)  # it joins the eviction heap in finish_recovery
             recovered[offset] = (size, rec)
@@ -124,9 +124,9 @@ class Recovery:
             segment.num_objects -= 1
             rest = [r for r in rec.replicas if not (r.segment_id == segment_id and r.offset == offset)]
             if rest:
-                rec.space.charge(rec, -1)
+                rec.space.account.charge(rec, -1)
                 rec.locations = pack_replicas(rest)
-                rec.space.charge(rec, 1)
+                rec.space.account.charge(rec, 1)
                 segment.log.append(DirEntry(offset, 0))
             else:
                 index.drop(rec, free_space=False)  # logs the removal

@@ -23,8 +23,8 @@ def keep_other_replicas(rec, segment_id: int, charged: bool = True) -> bool:
     rest = [r for r in rec.replicas if r.segment_id != segment_id]
     if rest:
         if charged:
-            rec.space.charge(rec, -1)
+            rec.space.account.charge(rec, -1)
         rec.locations = pack_replicas(rest)
         if charged:
-            rec.space.charge(rec, 1)
+            rec.space.account.charge(rec, 1)
     return bool(rest)

@@ -211,7 +211,7 @@ class Tiers:
         tier.promotions += 1
         tier.num_disk_only -= 1
         rec.locations = pack_replicas([Replica(segment.segment_id, offset, size)])
-        rec.space.charge(rec, 1)
+        rec.space.account.charge(rec, 1)
         parent = rec.parent
         if parent is not None:
             parent.disk_children -= 1
@@ -229,7 +229,7 @@ class Tiers:
         index = self.index
         index._free_replicas(rec.replicas)
         index._log_removal(rec)
-        rec.space.charge(rec, -1)  # disk-only objects do not count in the tenant's quota (quotas.py)
+        rec.space.account.charge(rec, -1)  # disk-only objects do not count in the tenant's quota (quotas.py)
         rec.locations = b""
         tier.num_disk_only += 1
         tier.demotions += 1
