@@ -25,7 +25,7 @@ import msgspec
 from kvpool.core import protocol as p
 from kvpool.core.errors import ForbiddenError, KVPoolError, UsageError
 from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
-from kvpool.master.access import OPEN, TENANT_CALLS, Principal, namespace_owner, refusal, scoped_tenant
+from kvpool.master.access import OPEN, TENANT_CALLS, Principal, refusal, scoped_tenant
 from kvpool.master.config import MasterConfig
 from kvpool.master.ids import IdSource, new_epoch
 from kvpool.master.index import ObjectIndex
@@ -120,8 +120,7 @@ class MasterCore:
     def _get_segments_of(self, req: p.GetSegments, principal: Principal) -> p.SegmentsReply:
         """Only segments holding this tenant's objects or pending puts (their metadata makes them reachable)."""
         by_id = self.segments.by_id
-        index = self.index
-        readable = set().union(*(index.tenant_segments(t) for t in index.tenants if namespace_owner(t) == principal.name))
+        readable = self.index.tenant_segments(principal.name)
         return p.SegmentsReply(segments=[by_id[i].info for i in req.segment_ids if i in by_id and i in readable])
 
     # ---- segments ------------------------------------------------------------------------------
