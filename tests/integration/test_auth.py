@@ -69,6 +69,8 @@ def test_missing_unknown_and_revoked_keys_are_refused(secure_pool, tmp_path):
             assert time.monotonic() < deadline, "a revoked key was still served after 5 s"
             time.sleep(0.2)
     assert "refused" in master.tail_log(200)
+    with client(master, auth, "admin") as admin:
+        assert admin.stats().refused_handshakes >= 1  # the impostor (the keyless client fails before ZAP)
 
 
 def test_a_tenant_reaches_only_its_own_objects(secure_pool):
@@ -88,6 +90,7 @@ def test_a_tenant_reaches_only_its_own_objects(secure_pool):
         with client(master, auth, "admin", tenant="alice/default") as admin:
             stats = admin.stats()
             assert stats.num_objects == 2
+            assert stats.forbidden == 2  # the two spies' Stats calls
             assert admin.get("secret") == value  # admin reaches any namespace
 
 

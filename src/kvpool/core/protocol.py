@@ -246,6 +246,12 @@ class Stats(Struct, tag="stats", frozen=True):
     pass
 
 
+class LaneQuery(Struct, tag="lane_query", frozen=True):
+    """Does the master serve the plain TCP lane (transfer/lane.py)? Answered by its service shell."""
+
+
+
+
 Request = (
     MountSegment
     | AnnounceObjects
@@ -261,6 +267,7 @@ Request = (
     | Exists
     | Remove
     | Stats
+    | LaneQuery
 )
 
 
@@ -426,7 +433,14 @@ class StatsReply(Struct, tag="stats_ok", frozen=True):
     rejected_announcements: int = 0  # directory entries refused on recovery (conflicts, overlaps)
     tiers: list[TierStats] = []  # one per segment with a disk tier
     tenants: list[TenantStats] = []  # per tenant: usage and quota
+    forbidden: int = 0  # requests refused by the access policy (a role's call it may not make)
+    rate_limited: int = 0  # requests refused by an identity's rate limit
+    refused_handshakes: int = 0  # connections whose CURVE key the master does not trust
 
+
+
+class LaneOffer(Struct, tag="lane_offer", frozen=True):
+    port: int  # the lane's TCP port on the master's host; 0: no lane (authentication is on)
 
 
 Reply = (
@@ -441,6 +455,7 @@ Reply = (
     | LookupReply
     | ExistsReply
     | StatsReply
+    | LaneOffer
 )
 
 CHECKSUM_BYTES = 8  # one checksum in LookupReply.checksums

@@ -314,5 +314,6 @@ class MasterCore:
             recovered_objects=index.recovered_objects,
             rejected_announcements=index.rejected_announcements,
             tiers=index.tiers.stats(),
+            forbidden=self.forbidden,
             tenants=index.tenant_stats(),
         )

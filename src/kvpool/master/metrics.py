@@ -55,6 +55,9 @@ class MasterCollector(Collector):
              s.quarantine_expiries),
             ("recovered_objects", "Objects taken back from node directories after a (re)mount", s.recovered_objects),
             ("rejected_announcements", "Directory entries refused on recovery", s.rejected_announcements),
+            ("forbidden", "Requests refused by the access policy (role, namespace or node ownership)", s.forbidden),
+            ("rate_limited", "Requests refused by their identity's rate limit", s.rate_limited),
+            ("refused_handshakes", "Connections refused: CURVE key not trusted", s.refused_handshakes),
         ):
             yield CounterMetricFamily(f"kvpool_master_{name}", doc, value=value)
         labels = ["node_id", "segment_id", "state"]

@@ -34,6 +34,7 @@ from kvpool.master.config import MasterConfig
 from kvpool.master.limits import RateLimiter
 from kvpool.master.core import MasterCore
 from kvpool.master.metrics import serve_metrics
+from kvpool.transfer.lane import LaneFrame, LaneServer
 
 log = logging.getLogger("kvpool.master")
 
@@ -72,6 +73,8 @@ class MasterService:
         self._decode = p.request_decoder.decode
         self._epoch_frame = self.core.epoch.to_bytes(8, "little")
         self._auth = None  # MasterAuth when config.auth_dir is set
+        self._lane: LaneServer | None = None  # the plain TCP lane (transfer/lane.py): only without auth
+        self._poller: zmq.Poller | None = None  # with a lane: polls the ROUTER socket and the lane's fds
         self.limiter = RateLimiter(config.rate_limit_keys_per_s, config.rate_limit_burst_keys)
 
     def _secure(self, sock: zmq.Socket) -> None:
@@ -98,12 +101,26 @@ class MasterService:
         self._socket = sock
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         log.info("master epoch %016x serving on %s", self.core.epoch, self.address)
-        self._snapshot = self.core.stats(self.clock())
+        if self._auth is None:
+            self._poller = zmq.Poller()
+            self._poller.register(sock, zmq.POLLIN)
+            host = "0.0.0.0" if self.config.host == "*" else self.config.host
+            self._lane = LaneServer(host, self._poller, 2 * self.config.max_message_bytes)
+            log.info("plain TCP lane (unauthenticated, like this master) on port %d", self._lane.port)
+        self._snapshot = self._stats(self.clock())
         if self.config.metrics_port is not None:
             self._metrics_server, self.metrics_port = serve_metrics(
                 self.config.host, self.config.metrics_port, lambda: self._snapshot
             )
         return self.address
+
+    def _stats(self, now_s: float) -> p.StatsReply:
+        return self._with_service_counts(self.core.stats(now_s))
+
+    def _with_service_counts(self, stats: p.StatsReply) -> p.StatsReply:
+        """The core's stats plus what only this shell sees (handshakes, rate limits)."""
+        refused = self._auth.identities.refused_handshakes if self._auth is not None else 0
+        return msgspec.structs.replace(stats, rate_limited=self.limiter.refused, refused_handshakes=refused)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -119,19 +136,10 @@ class MasterService:
         try:
             while not self._stop.is_set():
                 timeout_ms = max(0, int(1000 * (next_tick_s - clock())) + 1)
-                # A blocking receive with a timeout waits inside libzmq: no Python poller per wake-up
-                # and no zmq.Again raised per batch (together ~25 % of a lookup's round trip here).
-                sock.setsockopt(zmq.RCVTIMEO, min(timeout_ms, 200))
-                try:
-                    frames = sock.recv_multipart(copy=False)
-                except zmq.Again:
-                    frames = None
-                if frames is not None:
-                    self._answer(frames)
-                    for _ in range(_BATCH - 1):
-                        if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                            break
-                        self._answer(sock.recv_multipart(zmq.NOBLOCK, copy=False))
+                if self._lane is not None:
+                    self._serve_with_lane(min(timeout_ms, 200))
+                elif self._receive(sock, min(timeout_ms, 200)):
+                    self._drain(sock)
                 now_s = clock()
                 if now_s >= next_tick_s:
                     try:
@@ -139,7 +147,7 @@ class MasterService:
                             log.warning("%s", event)
                     except Exception:  # a bug in timed work must not end the loop that serves everyone
                         log.exception("internal error in the master's timed work")
-                    self._snapshot = core.stats(now_s)
+                    self._snapshot = self._stats(now_s)
                     if self._auth is not None:
                         self._auth.identities.maybe_reload()
                     self.limiter.prune(now_s)
@@ -147,23 +155,56 @@ class MasterService:
         finally:
             self._close()
 
-    def _answer(self, frames: list[zmq.Frame]) -> None:
+    def _receive(self, sock: zmq.Socket, timeout_ms: int) -> bool:
+        """Wait for one message and answer it. A blocking receive with a timeout waits inside libzmq:
+        no Python poller per wake-up and no zmq.Again raised per batch (~25 % of a lookup here)."""
+        sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+        try:
+            frames = sock.recv_multipart(copy=False)
+        except zmq.Again:
+            return False
+        self._answer(frames)
+        return True
+
+    def _drain(self, sock: zmq.Socket) -> None:
+        for _ in range(_BATCH):
+            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                break
+            self._answer(sock.recv_multipart(zmq.NOBLOCK, copy=False))
+
+    def _serve_with_lane(self, timeout_ms: int) -> None:
+        """One wake-up of the loop when the lane is served: ZMQ messages and lane frames alike."""
+        lane, sock = self._lane, self._socket
+        for what, events in self._poller.poll(timeout_ms):
+            if what is sock:
+                self._drain(sock)
+            elif lane.owns(what):
+                for key, request_id, payload in lane.handle(what, events):
+                    self._answer([LaneFrame(key), LaneFrame(request_id), LaneFrame(payload)], self._lane_send)
+
+    def _lane_send(self, key: bytes, request_id: bytes, reply: p.Reply) -> None:
+        self._lane.reply(key, request_id, self._epoch_frame, self._encode(reply))
+
+    def _answer(self, frames: list[zmq.Frame], send: Callable | None = None) -> None:
+        """Check, decode, handle and answer one request ([identity, request_id, payload] frames);
+        `send(identity, request_id, reply)` answers (default: over the ROUTER socket)."""
+        send = self._send if send is None else send
         identity = frames[0].bytes
         if len(frames) != 3:
             request_id = frames[1].bytes[:8] if len(frames) > 1 else b""
-            self._send(identity, request_id, p.ErrorReply(
+            send(identity, request_id, p.ErrorReply(
                 kind="protocol", message=f"expected 2 frames [request_id, payload], got {len(frames) - 1}"
             ))
             return
         request_id = frames[1].bytes
         payload = frames[2]
         if len(request_id) != 8:
-            self._send(identity, request_id[:8], p.ErrorReply(
+            send(identity, request_id[:8], p.ErrorReply(
                 kind="protocol", message=f"request id must be 8 bytes, got {len(request_id)}"
             ))
             return
         if len(payload) > self.config.max_message_bytes:
-            self._send(identity, request_id, p.ErrorReply(
+            send(identity, request_id, p.ErrorReply(
                 kind="protocol",
                 message=f"message of {len(payload)} bytes exceeds the {self.config.max_message_bytes}-byte limit: "
                 "split the batch",
@@ -172,21 +213,26 @@ class MasterService:
         try:
             request = self._decode(payload.buffer)
         except msgspec.DecodeError as e:
-            self._send(identity, request_id, p.ErrorReply(kind="protocol", message=f"undecodable request: {e}"))
+            send(identity, request_id, p.ErrorReply(kind="protocol", message=f"undecodable request: {e}"))
             return
         principal = OPEN
         if self._auth is not None:
             principal = self._auth.identities.principal_of(payload.get("User-Id"))
             if principal is None:
-                self._send(identity, request_id, p.ErrorReply(kind="auth", message="this key is no longer trusted"))
+                send(identity, request_id, p.ErrorReply(kind="auth", message="this key is no longer trusted"))
                 return
         now_s = self.clock()
         limited = self.limiter.refusal(principal.key or identity, request, now_s)
         if limited is not None:
-            self._send(identity, request_id, p.ErrorReply(kind="rate_limited", message=limited))
+            send(identity, request_id, p.ErrorReply(kind="rate_limited", message=limited))
             return
         try:
-            reply = self.core.handle(request, now_s, principal)
+            if type(request) is p.LaneQuery:  # the shell's own business: the core knows no sockets
+                reply = p.LaneOffer(self._lane.port if self._lane is not None else 0)
+            else:
+                reply = self.core.handle(request, now_s, principal)
+            if type(reply) is p.StatsReply:
+                reply = self._with_service_counts(reply)
             if type(request) in _LOGGED:
                 _log_event(request, reply)
                 if isinstance(request, p.AnnounceObjects) and request.last:
@@ -196,7 +242,7 @@ class MasterService:
         except Exception:  # a bug in the master must not take the pool down; it is logged in full
             log.exception("internal error handling %s", type(request).__name__)
             reply = p.ErrorReply(kind="internal", message=f"master failed on {type(request).__name__}; see its log")
-        self._send(identity, request_id, reply)
+        send(identity, request_id, reply)
 
     def _send(self, identity: bytes, request_id: bytes, reply: p.Reply) -> None:
         try:
@@ -205,6 +251,9 @@ class MasterService:
             log.warning("reply to a slow peer dropped (send queue full)")
 
     def _close(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
+            self._lane = None
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
