@@ -35,7 +35,9 @@ class KvpoolAdapter:
         self.plane = None
         if "nixl_progress_thread" in spec:  # a variant of the data plane (before/after a fix)
             self.plane = DataPlane(path=path, nixl_progress_thread=spec["nixl_progress_thread"])
-        self.client = Client(spec["master"], spec["tenant"], timeout_s=30.0, path=path, plane=self.plane)
+        # lane=False: master round trips over ZMQ only, as before the lane (transfer/lane.py)
+        self.client = Client(spec["master"], spec["tenant"], timeout_s=30.0, path=path, plane=self.plane,
+                             lane=spec.get("lane", True))
 
     def register(self, buf: np.ndarray) -> None:
         self.client.register(buf)

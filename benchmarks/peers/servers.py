@@ -174,6 +174,9 @@ PEERS: dict[str, Peer] = {
         # the client as before this session's first fix: NIXL's progress thread on (A/B for it)
         Peer("kvpool-nixl-pt", "kvpool NIXL cross-host, progress thread (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", nixl_progress_thread=True)),
+        # master round trips over ZMQ instead of the lane (A/B for the lane, issue 14)
+        Peer("kvpool-nixl-zmq", "kvpool NIXL cross-host, ZMQ control (before)", "cross-host",
+             _kvpool("kvmaster", "kvnode", "client", lane=False)),
         Peer("mooncake-tcp", "Mooncake TCP cross-host", "cross-host", _mooncake_tcp, needs=("mooncake",)),
         Peer("redis", "Redis cross-host", "cross-host", _redis, needs=("redis",)),
     ]

@@ -45,6 +45,7 @@ from kvpool.core.errors import CapacityError, KVPoolError, ProtocolError, Transf
 from kvpool.core.protocol import PUT_ALLOCATED, PUT_EXISTS, PUT_NO_SPACE, Replica
 from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
 from kvpool.transfer.control import MasterChannel, parse_addresses
+from kvpool.transfer.lane import LaneChannel
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class ClientConfig:
     staging_bytes: int = 1 << 20  # initial bounce buffer for put/get of unregistered values
     checksums: bool = True  # send a checksum per object and verify every hit (see the module rules)
     credential: str | None = None  # CURVE credential file (kvpool auth add); None: $KVPOOL_CREDENTIAL or none
+    lane: bool = True  # without a credential: master round trips over its plain TCP lane when it offers one
 
     def __post_init__(self) -> None:
         parse_addresses(self.master_address)  # ValueError naming the malformed one
@@ -112,16 +114,20 @@ class Client:
         staging_bytes: int = 1 << 20,
         checksums: bool = True,
         credential: str | None = None,
+        lane: bool = True,
         plane=None,
     ) -> None:
         self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes, checksums,
-                                   credential)
+                                   credential, lane)
         from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
         from kvpool.transfer.credentials import resolve_credential
 
         self._owns_plane = plane is None
         self.plane = DataPlane(path=path) if plane is None else plane
-        self._channel = MasterChannel(master_address, timeout_s=timeout_s, credential=resolve_credential(credential))
+        resolved = resolve_credential(credential)
+        self._channel = MasterChannel(master_address, timeout_s=timeout_s, credential=resolved)
+        if lane and resolved is None:  # the lane has no CURVE: an authenticated master offers none anyway
+            self._channel = LaneChannel(self._channel)
         self._registered = RegisteredRanges()
         self._device_memory = RegisteredRanges()  # the GPU part of _registered
         self._kept_alive: list[object] = []  # registered objects must outlive their registration

@@ -1,0 +1,374 @@
+"""The lane: a plain TCP request/reply channel to the master, beside its ZMQ socket (issue 14).
+
+Why: a ZMQ message crosses two threads on each side (the caller's and libzmq's I/O thread), so
+one round trip is six thread wake-ups instead of two. On the 2-core VM this was measured on, a
+Python ZMQ echo took ~125 us P50 across hosts and a plain TCP echo ~26 us; the lane is that
+plain socket, with the caller's own thread doing the I/O on both sides.
+
+Wire format (little endian), one frame per request and per reply, in order on one connection:
+    request: u32 payload length | u64 request id | msgpack Request
+    reply:   u32 payload length | u64 request id | u64 master epoch | msgpack Reply
+Same request ids and epochs as the ZMQ channel (control.py), so the same rules hold: a reply whose
+id is not the call's is a late one and is dropped; a new epoch empties the caller's caches first.
+
+Rules:
+- Served only without authentication: the lane has no CURVE, so a master with an auth dir offers
+  port 0 and every client stays on ZMQ. Found through the ZMQ channel (LaneQuery -> LaneOffer), so
+  a master without a lane (older, or authenticated) costs one round trip once, then nothing.
+- Master side (`LaneServer`): non-blocking sockets polled by the master's own loop (zmq.Poller
+  takes plain fds); a frame announcing more than `max_frame_bytes` closes that connection (as
+  ZMQ's MAXMSGSIZE does), and so does a peer whose unsent replies pass `max_pending_bytes`.
+- Client side (`LaneChannel`): wraps a MasterChannel and has its interface. A lane that breaks
+  (reset, EOF: the master went away or restarted) is closed and the call is made again over ZMQ,
+  which reconnects and fails over as before; a lane call that times out raises UnavailableError
+  like a ZMQ one. After a failure the lane is looked for again at most every `_REDISCOVER_S`.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import socket
+import struct
+import threading
+import time
+
+import msgspec
+import zmq
+
+from kvpool.core import protocol
+from kvpool.core.errors import ProtocolError, UnavailableError, error_from_reply
+from kvpool.transfer.control import MasterChannel
+
+log = logging.getLogger(__name__)
+
+_REQUEST_HEAD = struct.Struct("<IQ")
+_REPLY_HEAD = struct.Struct("<IQQ")
+_REDISCOVER_S = 5.0
+_RECV_CHUNK = 1 << 16
+
+
+# ---- master side ----------------------------------------------------------------------------------
+
+
+class LaneFrame:
+    """What MasterService._answer reads of a zmq.Frame (`.bytes`, `.buffer`, `len`)."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self, data) -> None:
+        self.bytes = data
+
+    @property
+    def buffer(self):
+        return self.bytes
+
+    def __len__(self) -> int:
+        return len(self.bytes)
+
+
+class _Connection:
+    __slots__ = ("sock", "fd", "key", "inbox", "outbox")
+
+    def __init__(self, sock: socket.socket, key: bytes) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.key = key  # the peer's identity for the master (rate limits): unique per connection
+        self.inbox = bytearray()
+        self.outbox = bytearray()
+
+
+class LaneServer:
+    """The lane's listener and connections; the master's loop polls them with `poller`."""
+
+    def __init__(self, host: str, poller: zmq.Poller, max_frame_bytes: int, max_pending_bytes: int = 256 << 20) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((host, 0))
+        self._listener.listen(512)
+        self._listener.setblocking(False)
+        self.port = self._listener.getsockname()[1]
+        self._poller = poller
+        self._max_frame = max_frame_bytes
+        self._max_pending = max_pending_bytes
+        self._connections: dict[int, _Connection] = {}  # by fd
+        self._by_key: dict[bytes, _Connection] = {}
+        self._serial = itertools.count(1)
+        poller.register(self._listener.fileno(), zmq.POLLIN)
+
+    def owns(self, fd) -> bool:
+        return fd == self._listener.fileno() or fd in self._connections
+
+    def handle(self, fd: int, events: int) -> list[tuple[bytes, bytes, bytes]]:
+        """Accept, read or flush for `fd`; the complete requests read: (connection key, id, payload)."""
+        if fd == self._listener.fileno():
+            self._accept()
+            return []
+        conn = self._connections.get(fd)
+        if conn is None:
+            return []
+        if events & zmq.POLLOUT:
+            self._flush(conn)
+        if not events & (zmq.POLLIN | zmq.POLLERR) or conn.fd not in self._connections:
+            return []
+        try:
+            data = conn.sock.recv(_RECV_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return []
+        inbox = conn.inbox
+        inbox += data
+        out = []
+        start, end = 0, len(inbox)
+        while end - start >= _REQUEST_HEAD.size:
+            length, request_id = _REQUEST_HEAD.unpack_from(inbox, start)
+            if length > self._max_frame:
+                log.warning("lane peer sent a %d-byte frame (limit %d): connection closed", length, self._max_frame)
+                self._drop(conn)
+                return out
+            frame_end = start + _REQUEST_HEAD.size + length
+            if frame_end > end:
+                break
+            out.append((conn.key, request_id.to_bytes(8, "little"), bytes(inbox[start + _REQUEST_HEAD.size : frame_end])))
+            start = frame_end
+        if start:
+            del inbox[:start]
+        return out
+
+    def reply(self, key: bytes, request_id: bytes, epoch_frame: bytes, payload: bytes) -> None:
+        conn = self._by_key.get(key)
+        if conn is None:
+            return  # the peer went away while we worked on its request
+        frame = _REPLY_HEAD.pack(len(payload), int.from_bytes(request_id, "little"),
+                                 int.from_bytes(epoch_frame, "little")) + payload  # fmt: skip
+        if conn.outbox:
+            conn.outbox += frame
+        else:
+            try:
+                sent = conn.sock.send(frame)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self._drop(conn)
+                return
+            if sent == len(frame):
+                return
+            conn.outbox += frame[sent:]
+            self._poller.modify(conn.fd, zmq.POLLIN | zmq.POLLOUT)
+        if len(conn.outbox) > self._max_pending:
+            log.warning("lane peer does not read its replies (%d bytes pending): connection closed", len(conn.outbox))
+            self._drop(conn)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # e.g. out of file descriptors: keep serving the others
+                if e.errno not in (errno.ECONNABORTED, errno.EPROTO):
+                    log.warning("lane accept failed: %s", e)
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Connection(sock, b"lane-%d" % next(self._serial))
+            self._connections[conn.fd] = conn
+            self._by_key[conn.key] = conn
+            self._poller.register(conn.fd, zmq.POLLIN)
+
+    def _flush(self, conn: _Connection) -> None:
+        try:
+            sent = conn.sock.send(conn.outbox)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        del conn.outbox[:sent]
+        if not conn.outbox:
+            self._poller.modify(conn.fd, zmq.POLLIN)
+
+    def _drop(self, conn: _Connection) -> None:
+        if self._connections.pop(conn.fd, None) is not None:
+            del self._by_key[conn.key]
+            self._poller.unregister(conn.fd)
+            conn.sock.close()
+
+    def close(self) -> None:
+        for conn in list(self._connections.values()):
+            self._drop(conn)
+        self._poller.unregister(self._listener.fileno())
+        self._listener.close()
+
+
+# ---- client side ----------------------------------------------------------------------------------
+
+
+def _host_of(address: str) -> str:
+    """'tcp://HOST:PORT' -> HOST (brackets of an IPv6 address removed)."""
+    host = address.split("://", 1)[1].rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host
+
+
+def _next_id(channel: MasterChannel) -> int:
+    """The channel's next request id: one sequence for both paths, so ids never repeat."""
+    return next(channel._ids)
+
+
+def _see_epoch(channel: MasterChannel, frame: bytes) -> None:
+    """The channel's epoch rule for a lane reply (its listeners run under its lock, as for ZMQ)."""
+    with channel._lock:
+        channel._see_epoch(frame)
+
+
+class _LaneBroken(Exception):
+    """The lane's connection is gone (reset, EOF): the call can go over ZMQ instead."""
+
+
+class LaneChannel:
+    """A MasterChannel (same interface) whose calls go over the lane when the master offers one."""
+
+    def __init__(self, channel: MasterChannel) -> None:
+        self.channel = channel
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._next_look_s = 0.0  # monotonic time of the next LaneQuery
+        self._inbox = bytearray()
+
+    # the MasterChannel interface
+    @property
+    def address(self) -> str:
+        return self.channel.address
+
+    @property
+    def epoch(self) -> int | None:
+        return self.channel.epoch
+
+    @property
+    def timeout_s(self) -> float:
+        return self.channel.timeout_s
+
+    @property
+    def on_lane(self) -> bool:
+        return self._sock is not None
+
+    def add_epoch_listener(self, listener) -> None:
+        self.channel.add_epoch_listener(listener)
+
+    def call(self, request: protocol.Request, timeout_s: float | None = None) -> protocol.Reply:
+        timeout = self.channel.timeout_s if timeout_s is None else timeout_s
+        started = time.monotonic()
+        with self._lock:
+            sock = self._lane(timeout)
+            if sock is not None:
+                try:
+                    return self._lane_call(sock, request, started + timeout)
+                except _LaneBroken as e:
+                    log.info("lane to master %s broke (%s): going over ZMQ", self.address, e)
+                    self._close_lane()
+        return self.channel.call(request, max(1e-3, started + timeout - time.monotonic()))
+
+    def send(self, request: protocol.Request) -> None:
+        with self._lock:
+            if self._sock is not None:
+                payload = protocol.request_encoder.encode(request)
+                try:
+                    self._sock.sendall(_REQUEST_HEAD.pack(len(payload), _next_id(self.channel)) + payload)
+                    return
+                except OSError:
+                    self._close_lane()
+        self.channel.send(request)
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_lane()
+        self.channel.close()
+
+    # internals (the caller holds self._lock)
+    def _lane(self, timeout_s: float) -> socket.socket | None:
+        if self._sock is not None or time.monotonic() < self._next_look_s:
+            return self._sock
+        self._next_look_s = time.monotonic() + _REDISCOVER_S
+        try:
+            offer = self.channel.call(protocol.LaneQuery(), timeout_s)
+        except ProtocolError:  # a master without the lane (older): never ask it again
+            self._next_look_s = float("inf")
+            return None
+        except UnavailableError:
+            return None  # the ZMQ call that follows will say so too
+        if not isinstance(offer, protocol.LaneOffer) or not offer.port:
+            return None
+        host = _host_of(self.channel.address)
+        try:
+            sock = socket.create_connection((host, offer.port), timeout=min(timeout_s, 2.0))
+        except OSError as e:
+            log.info("master %s offers a lane on port %d but it cannot be reached (%s): using ZMQ", self.address,
+                     offer.port, e)
+            return None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        self._inbox = bytearray()
+        return sock
+
+    def _close_lane(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._inbox = bytearray()
+
+    def _lane_call(self, sock: socket.socket, request: protocol.Request, deadline_s: float) -> protocol.Reply:
+        payload = protocol.request_encoder.encode(request)
+        request_id = _next_id(self.channel)
+        try:
+            sock.settimeout(max(1e-3, deadline_s - time.monotonic()))
+            sock.sendall(_REQUEST_HEAD.pack(len(payload), request_id) + payload)
+        except TimeoutError:
+            self._close_lane()
+            raise UnavailableError(f"master {self.address} does not take requests (lane send timed out)") from None
+        except OSError as e:
+            raise _LaneBroken(e) from None
+        while True:
+            reply_id, epoch, body = self._read_frame(sock, deadline_s, request)
+            if reply_id == request_id:
+                break
+            # a reply to a `send` or to a call that gave up: dropped
+        _see_epoch(self.channel, epoch)
+        try:
+            reply = protocol.reply_decoder.decode(body)
+        except msgspec.DecodeError as e:
+            raise ProtocolError(f"undecodable reply from master {self.address}: {e}") from None
+        if isinstance(reply, protocol.ErrorReply):
+            raise error_from_reply(reply.kind, reply.message)
+        return reply
+
+    def _read_frame(self, sock: socket.socket, deadline_s: float, request) -> tuple[int, bytes, bytes]:
+        inbox = self._inbox
+        while True:
+            if len(inbox) >= _REPLY_HEAD.size:
+                length, reply_id, epoch = _REPLY_HEAD.unpack_from(inbox)
+                end = _REPLY_HEAD.size + length
+                if len(inbox) >= end:
+                    body = bytes(inbox[_REPLY_HEAD.size : end])
+                    del inbox[:end]
+                    return reply_id, epoch.to_bytes(8, "little"), body
+            remaining = deadline_s - time.monotonic()
+            if remaining <= 0:
+                self._close_lane()
+                raise UnavailableError(f"master {self.address} did not answer {type(request).__name__} in time (lane)")
+            sock.settimeout(remaining)
+            try:
+                data = sock.recv(_RECV_CHUNK)
+            except TimeoutError:
+                continue
+            except OSError as e:
+                raise _LaneBroken(e) from None
+            if not data:
+                raise _LaneBroken("connection closed by the master")
+            inbox += data
+

@@ -1,0 +1,128 @@
+"""The plain TCP lane to the master (transfer/lane.py) against a real in-process MasterService:
+calls go over it, late replies are dropped by id, a restart is seen (epoch listeners) and the call
+goes over ZMQ while the lane is gone, bad frames close only the sender's connection, and a master
+with authentication offers no lane."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+
+from kvpool.core import protocol as p
+from kvpool.master.config import MasterConfig
+from kvpool.master.service import MasterService
+from kvpool.transfer.control import MasterChannel
+from kvpool.transfer.credentials import AuthDir
+from kvpool.transfer.lane import LaneChannel
+
+
+@pytest.fixture
+def master():
+    service = MasterService(MasterConfig(port=0)).start()
+    yield service
+    service.stop()
+
+
+def lookup(channel, keys=("a",)) -> p.LookupReply:
+    return channel.call(p.LookupPrefix("t", list(keys), lease=False))
+
+
+def test_calls_go_over_the_lane_and_late_replies_are_dropped(master):
+    channel = LaneChannel(MasterChannel(master.address, timeout_s=5.0))
+    try:
+        assert isinstance(lookup(channel), p.LookupReply)
+        assert channel.on_lane
+        assert channel.epoch == master.core.epoch
+        channel.send(p.Stats())  # its reply arrives first and must not answer the next call
+        reply = channel.call(p.Exists("t", ["a", "b", "c"]))
+        assert isinstance(reply, p.ExistsReply) and reply.exists == [False, False, False]
+    finally:
+        channel.close()
+
+
+def test_the_master_offers_its_lane_over_zmq(master):
+    plain = MasterChannel(master.address, timeout_s=5.0)
+    assert isinstance(lookup(plain), p.LookupReply)  # a client that never asks for the lane
+    offer = plain.call(p.LaneQuery())
+    assert isinstance(offer, p.LaneOffer) and offer.port > 0
+    plain.close()
+
+
+def test_a_restart_is_seen_and_the_call_goes_over_zmq_meanwhile(tmp_path):
+    first = MasterService(MasterConfig(port=0)).start()
+    port = int(first.address.rsplit(":", 1)[1])
+    channel = LaneChannel(MasterChannel(first.address, timeout_s=5.0))
+    seen = []
+    channel.add_epoch_listener(lambda old, new: seen.append((old, new)))
+    try:
+        lookup(channel)
+        assert channel.on_lane and seen == [(None, first.core.epoch)]
+        first.stop()
+        second = MasterService(MasterConfig(port=port)).start()
+        try:
+            assert isinstance(lookup(channel), p.LookupReply)  # the lane broke: answered over ZMQ
+            assert seen[-1] == (first.core.epoch, second.core.epoch)
+            assert channel.epoch == second.core.epoch
+        finally:
+            second.stop()
+    finally:
+        channel.close()
+
+
+def raw_lane(master) -> socket.socket:
+    offer = MasterChannel(master.address).call(p.LaneQuery())
+    host = master.address.split("://")[1].rsplit(":", 1)[0]
+    return socket.create_connection((host, offer.port), timeout=5.0)
+
+
+def read_reply(sock: socket.socket) -> tuple[int, p.Reply]:
+    head = b""
+    while len(head) < 20:
+        head += sock.recv(20 - len(head))
+    length, request_id, _epoch = struct.unpack("<IQQ", head)
+    body = b""
+    while len(body) < length:
+        body += sock.recv(length - len(body))
+    return request_id, p.reply_decoder.decode(body)
+
+
+def test_undecodable_and_oversized_frames_hurt_only_their_sender(master):
+    bad = raw_lane(master)
+    bad.sendall(struct.pack("<IQ", 3, 7) + b"\xc1\xc1\xc1")  # 0xc1 is never valid msgpack
+    request_id, reply = read_reply(bad)
+    assert request_id == 7 and isinstance(reply, p.ErrorReply) and reply.kind == "protocol"
+    bad.sendall(struct.pack("<IQ", 2 * master.config.max_message_bytes + 1, 8))  # announces too much
+    bad.settimeout(5.0)
+    assert bad.recv(100) == b""  # the master closed this connection
+    bad.close()
+    channel = LaneChannel(MasterChannel(master.address, timeout_s=5.0))
+    try:
+        assert isinstance(lookup(channel), p.LookupReply) and channel.on_lane  # others are served
+    finally:
+        channel.close()
+
+
+def test_a_peer_that_vanishes_mid_request_does_not_stop_the_master(master):
+    gone = raw_lane(master)
+    payload = p.request_encoder.encode(p.LookupPrefix("t", ["a"], lease=False))
+    gone.sendall(struct.pack("<IQ", len(payload), 1) + payload[:-1])  # half a frame, then away
+    gone.close()
+    time.sleep(0.05)
+    channel = LaneChannel(MasterChannel(master.address, timeout_s=5.0))
+    try:
+        assert isinstance(lookup(channel), p.LookupReply)
+    finally:
+        channel.close()
+
+
+def test_an_authenticated_master_offers_no_lane(tmp_path):
+    auth = AuthDir(tmp_path / "auth")
+    auth.init(("admin",))
+    service = MasterService(MasterConfig(port=0, auth_dir=str(auth.path))).start()
+    try:
+        assert service._lane is None
+    finally:
+        service.stop()
