@@ -13,7 +13,7 @@ import pytest
 from kvpool.bench import procs
 from kvpool.client import Client
 from kvpool.core import protocol as p
-from kvpool.core.errors import AuthError, ForbiddenError
+from kvpool.core.errors import AuthError, ForbiddenError, UsageError
 from kvpool.transfer.control import MasterChannel
 from kvpool.transfer.credentials import AuthDir, Credential
 
@@ -131,3 +131,18 @@ def test_default_start_creates_keys_in_the_documented_place(tmp_path):
             assert tenant.exists(["k"]) == [False]
     finally:
         master.stop(grace_s=5.0)
+
+
+def test_a_read_only_client_maps_segments_read_only_and_cannot_put(secure_pool):
+    master, _, auth = secure_pool
+    with client(master, auth, "tenant:alice") as alice:
+        assert alice.put("doc", b"alice wrote this")
+    with client(master, auth, "tenant:alice", read_only=True, path="shm") as reader:
+        assert reader.get("doc") == b"alice wrote this"
+        mappings = [r.mapping for r in reader.plane._routes.values() if r.mapping is not None]
+        assert mappings, "the same-host path was not used"
+        with open("/proc/self/maps") as maps:  # the segment's mapping has no write permission
+            modes = [line.split()[1] for line in maps if "memfd:" in line]
+        assert modes and all(mode.startswith("r-") for mode in modes), modes
+        with pytest.raises(UsageError):
+            reader.put("doc2", b"x")

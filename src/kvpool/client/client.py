@@ -87,6 +87,7 @@ class ClientConfig:
     checksums: bool = True  # send a checksum per object and verify every hit (see the module rules)
     credential: str | None = None  # CURVE credential file (kvpool auth add); None: $KVPOOL_CREDENTIAL or none
     lane: bool = True  # without a credential: master round trips over its plain TCP lane when it offers one
+    read_only: bool = False  # a reader: puts refused, same-host segments mapped read-only (PROT_READ)
 
     def __post_init__(self) -> None:
         parse_addresses(self.master_address)  # ValueError naming the malformed one
@@ -115,15 +116,16 @@ class Client:
         checksums: bool = True,
         credential: str | None = None,
         lane: bool = True,
+        read_only: bool = False,
         plane=None,
     ) -> None:
         self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes, checksums,
-                                   credential, lane)
+                                   credential, lane, read_only)
         from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
         from kvpool.transfer.credentials import resolve_credential
 
         self._owns_plane = plane is None
-        self.plane = DataPlane(path=path) if plane is None else plane
+        self.plane = DataPlane(path=path, read_only=read_only) if plane is None else plane
         resolved = resolve_credential(credential)
         self._channel = MasterChannel(master_address, timeout_s=timeout_s, credential=resolved)
         if lane and resolved is None:  # the lane has no CURVE: an authenticated master offers none anyway
@@ -193,6 +195,9 @@ class Client:
 
     def _put_from(self, keys, addrs, sizes, parents, pinned: bool = False, on_written=None) -> tuple[list[int], str]:
         once = _Once(on_written)
+        if self.config.read_only:
+            once()
+            raise UsageError("this client is read-only (read_only=True): it cannot put")
         try:
             return self._put_from_inner(keys, addrs, sizes, parents, pinned, once)
         finally:

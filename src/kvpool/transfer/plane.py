@@ -69,14 +69,17 @@ class _Checked:
 
 
 class DataPlane:
-    def __init__(self, name: str | None = None, path: str = "auto", *, nixl_progress_thread: bool = False) -> None:
+    def __init__(self, name: str | None = None, path: str = "auto", *, nixl_progress_thread: bool = False,
+                 read_only: bool = False) -> None:
         """`nixl_progress_thread`: also run NIXL's UCX progress thread (off: this process only
-        initiates transfers and progresses them while it waits; see NixlEndpoint)."""
+        initiates transfers and progresses them while it waits; see NixlEndpoint). `read_only`:
+        WRITE is refused and same-host segments are mapped read-only (a reader-only client)."""
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {path!r}")
         self.name = name or f"kvpool-client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.path = path
         self.nixl_progress_thread = nixl_progress_thread
+        self.read_only = read_only
         self._lock = threading.Lock()
         self._regions: dict[int, _Region] = {}  # by start addr
         self._starts = np.zeros(0, dtype=np.int64)
@@ -166,7 +169,8 @@ class DataPlane:
                 why_not_shm = f"segment is on host {segment.host_id}, this is {host_id()}"
             else:
                 try:
-                    mapping = PeerMapping(segment.shm_path, segment.size_bytes, segment.agent_name)
+                    mapping = PeerMapping(segment.shm_path, segment.size_bytes, segment.agent_name,
+                                          writable=not self.read_only)
                     return _Route(segment.agent_name, mapping=mapping)
                 except (OSError, ValueError) as e:
                     why_not_shm = f"cannot map {segment.shm_path}: {e}"
@@ -222,6 +226,8 @@ class DataPlane:
         shared-memory copies run while they progress. Returns one error or None per job."""
         if op not in OPS:
             raise UsageError(f"op must be READ or WRITE, got {op!r}")
+        if op == "WRITE" and self.read_only:
+            raise UsageError("this data plane is read-only (a reader-only client): it cannot write segments")
         if not timeout_s > 0:
             raise UsageError(f"timeout_s must be > 0, got {timeout_s!r}")
         deadline = time.monotonic() + timeout_s

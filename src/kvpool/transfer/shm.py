@@ -5,8 +5,13 @@ Rules:
   and every client that mapped it let go, even after SIGKILL, so nothing leaks and no restart has
   to clean up. Clients open it as /proc/<node pid>/fd/<fd> (same user, same PID namespace).
   Rejected: /dev/shm files (leak after SIGKILL), SCM_RIGHTS fd passing (needs a socket per node).
-- Both sides map with MAP_POPULATE, once, and keep the mapping: first-touch page faults cost ~30x
-  the copy itself (notes/nixl.md).
+- The node populates its whole mapping at start (its RAM is taken then, not on the first put) and
+  asks for transparent huge pages (MADV_HUGEPAGE: used where the kernel allows them for shmem,
+  /sys/kernel/mm/transparent_hugepage/shmem_enabled; `never` on the machine measured). A client
+  maps once and keeps the mapping, but populates its page tables per 64 MiB chunk on the first copy
+  that touches the chunk (MADV_POPULATE_*: one call instead of a fault per 4 KiB page, which costs
+  ~30x the copy, notes/nixl.md); mapping a 16 GiB segment whole cost every client its time and
+  32 MiB of page tables before the first byte (benchmarks/results/peers/segment_first_access.md).
 - A client's mapping outlives a killed node, but the master will drop that node's objects, so a
   mapping watches its node through a pidfd and a copy that ends after the node died is reported
   failed. The memfd name carries the segment's token (its NIXL agent name), checked on open, so a
@@ -23,10 +28,30 @@ import re
 import select
 import threading
 
+import numpy as np
+
 from kvpool.core.errors import TransferError
 
 _PROC_FD_PATH = re.compile(r"^/proc/(\d+)/fd/(\d+)$")
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+_CHUNK = 64 << 20  # a client populates its mapping this much at a time
+
+
+def _ask_huge_pages(mm: mmap.mmap) -> None:
+    if _MADV_HUGEPAGE is not None:
+        try:
+            mm.madvise(_MADV_HUGEPAGE)
+        except OSError:
+            pass  # not offered for shmem here: 4 KiB pages
+
+
+def _populate(mm: mmap.mmap, advice: int, start: int = 0, length: int | None = None) -> None:
+    try:
+        mm.madvise(advice, start, len(mm) - start if length is None else length)
+    except OSError:
+        pass  # a kernel before 5.14: page faults map it instead
 
 
 def _memfd_name(token: str) -> str:
@@ -34,9 +59,9 @@ def _memfd_name(token: str) -> str:
 
 
 def _address_of(mm: mmap.mmap) -> int:
-    view = ctypes.c_char.from_buffer(mm)
+    view = np.frombuffer(mm, dtype=np.uint8, count=1)  # ctypes' from_buffer needs a writable mapping
     try:
-        return ctypes.addressof(view)
+        return view.ctypes.data
     finally:
         del view  # release the buffer export so the mapping can be closed later
 
@@ -51,7 +76,9 @@ class SharedSegmentFile:
         self._fd = os.memfd_create(_memfd_name(token), os.MFD_CLOEXEC)
         try:
             os.ftruncate(self._fd, size_bytes)
-            self._mmap = mmap.mmap(self._fd, size_bytes, flags=mmap.MAP_SHARED | _MAP_POPULATE)
+            self._mmap = mmap.mmap(self._fd, size_bytes, flags=mmap.MAP_SHARED)
+            _ask_huge_pages(self._mmap)  # before populating, so that huge pages (where allowed) back it
+            _populate(self._mmap, _MADV_POPULATE_WRITE)
         except OSError:
             os.close(self._fd)
             raise
@@ -73,7 +100,9 @@ class PeerMapping:
     Safe against a concurrent `close()`: copies hold the mapping; the unmap waits for the last one.
     """
 
-    def __init__(self, path: str, size_bytes: int, token: str) -> None:
+    def __init__(self, path: str, size_bytes: int, token: str, writable: bool = True) -> None:
+        """`writable=False`: opened O_RDONLY and mapped PROT_READ, so this process cannot write the
+        node's memory through the mapping, whatever it does (a reader-only client)."""
         match = _PROC_FD_PATH.match(path)
         if match is None:
             raise ValueError(f"not a /proc/<pid>/fd/<fd> path: {path!r}")
@@ -82,20 +111,25 @@ class PeerMapping:
         # pidfd first: if the pid was recycled after this, the name check below fails
         self._pidfd = os.pidfd_open(self.pid)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
             try:
                 target = os.readlink(f"/proc/self/fd/{fd}")
                 if not target.startswith(f"/memfd:{_memfd_name(token)}"):
                     raise ValueError(f"{path} is {target!r}, not the segment of agent {token!r}")
                 if os.fstat(fd).st_size < size_bytes:
                     raise ValueError(f"{path} is smaller than the segment's {size_bytes} bytes")
-                self._mmap = mmap.mmap(fd, size_bytes, flags=mmap.MAP_SHARED | _MAP_POPULATE)
+                self._mmap = mmap.mmap(fd, size_bytes, flags=mmap.MAP_SHARED,
+                                       prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
             finally:
                 os.close(fd)
         except BaseException:
             os.close(self._pidfd)
             raise
+        _ask_huge_pages(self._mmap)
         self.base_addr = _address_of(self._mmap)
+        self._advice = _MADV_POPULATE_WRITE if writable else _MADV_POPULATE_READ
+        self._unpopulated = bytearray(b"\x01") * ((size_bytes + _CHUNK - 1) // _CHUNK)  # 1: not mapped yet
+        self._populate_lock = threading.Lock()
         self._exit_watch = select.poll()  # the pidfd turns readable when the node exits
         self._exit_watch.register(self._pidfd, select.POLLIN)
         self._lock = threading.Lock()
@@ -116,6 +150,8 @@ class PeerMapping:
                 raise TransferError("segment mapping was dropped (forget_segment) during the transfer")
             self._users += 1
         try:
+            if self._unpopulated is not None:
+                self._populate(remote_offsets, sizes)
             if device is not None:
                 self._pinned().copy(op, device, local_addrs, remote_offsets, sizes)
             elif op == "READ":
@@ -134,6 +170,21 @@ class PeerMapping:
                 self._release()
         if not self.node_alive():
             raise TransferError(f"node process {self.pid} holding the segment has exited")
+
+    def _populate(self, offsets: list[int], sizes: list[int]) -> None:
+        """Map the chunks these ranges touch that no earlier copy touched (see the module rules)."""
+        with self._populate_lock:
+            todo = self._unpopulated
+            if todo is None:
+                return
+            for offset, size in zip(offsets, sizes):
+                for chunk in range(offset // _CHUNK, (offset + max(size, 1) - 1) // _CHUNK + 1):
+                    if todo[chunk]:
+                        start = chunk * _CHUNK
+                        _populate(self._mmap, self._advice, start, min(_CHUNK, self.size_bytes - start))
+                        todo[chunk] = 0
+            if not any(todo):
+                self._unpopulated = None  # all mapped: copies skip this from now on
 
     def _pinned(self):
         with self._lock:
