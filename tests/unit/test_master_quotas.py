@@ -374,3 +374,23 @@ def test_dedicated_segment_takes_every_namespace_of_its_tenant():
     assert placed_on(put(core, "alice/m1", ["x"], 1.0)) == [[ded]]
     assert placed_on(put(core, "alice/m2", ["x"], 1.0)) == [[ded]]
     assert placed_on(put(core, "bob/m1", ["x"], 1.0)) == [[shared]]
+
+
+def test_promotion_on_a_dedicated_segment_makes_room_from_its_tenant_only():
+    core = make_core()
+    mount(core, "shared", 4)
+    for i in range(4):  # the pool's oldest objects, on the shared segment, no disk copy
+        put(core, "u", [f"u{i}"], 0.1 + i / 10)
+    node = FakeNode(core, dram_slots=4, node_id="ded", tenant="t")
+    put_chain(core, ["a0", "a1"], 1.0)
+    put_chain(core, ["b0", "b1"], 2.0)
+    node.sync(2.5)
+    put_chain(core, ["c0", "c1"], 3.0)  # t's segment full: t's LRU chain a goes to disk
+    assert [where(core, k) for k in ("a0", "a1")] == ["disk", "disk"]
+    reply = core.handle(p.LookupPrefix("t", ["a0", "a1"], lease=False), 4.0)
+    assert reply.num_promoting == 2  # room made on t's segment from t's chain b, not from u's older objects
+    assert [where(core, k) for k in ("b0", "b1")] == ["disk", "disk"]
+    assert keys_of(core, "u") == {"u0", "u1", "u2", "u3"}
+    node.sync(4.1)
+    assert [where(core, k) for k in ("a0", "a1")] == ["dram+disk", "dram+disk"]
+    check_usage(core)

@@ -22,10 +22,11 @@ class FakeNode:
     """Heartbeats like node/service.py + node/tier.py: writes back every committed object (unless
     told to skip some), does promotions and drops, and reports them."""
 
-    def __init__(self, core: MasterCore, dram_slots=4, disk_slots=6, node_id="n0") -> None:
+    def __init__(self, core: MasterCore, dram_slots=4, disk_slots=6, node_id="n0", tenant="") -> None:
         self.core = core
         self.node_id = node_id
-        msg = p.MountSegment(node_id, "host", dram_slots * SLOT, 0, "agent", b"", disk_bytes=disk_slots * DISK_SLOT)
+        msg = p.MountSegment(node_id, "host", dram_slots * SLOT, 0, f"agent-{node_id}", b"",
+                             disk_bytes=disk_slots * DISK_SLOT, tenant=tenant)
         self.segment_id = core.handle(msg, 0.0).segment_id
         self.applied = 0
         self.disk: dict[str, int] = {}  # key -> checksum

@@ -209,10 +209,11 @@ class Evictor:
         return account.fits(size_bytes, num_replicas)
 
     def evict(self, now_s: float, bytes_to_free: int, account: "TenantAccount | None" = None,
-              shared_only: bool = False) -> int:
+              shared_only: bool = False, on_segments: set[int] | None = None) -> int:
         """Evict LRU candidates until `bytes_to_free` bytes are free; returns the bytes freed.
-        `account`: only that tenant's objects; `shared_only`: none of tenants with dedicated segments."""
-        return self._evict(now_s, _at_least(bytes_to_free), account, shared_only)
+        `account`: only that tenant's objects; `shared_only`: none of tenants with dedicated segments;
+        `on_segments`: only objects with a replica on one of these segments."""
+        return self._evict(now_s, _at_least(bytes_to_free), account, shared_only, on_segments)
 
     def _evict(self, now_s: float, enough: Callable[[int], bool], account: "TenantAccount | None" = None,
                shared_only: bool = False, on_segments: set[int] | None = None) -> int:

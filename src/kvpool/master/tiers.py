@@ -264,7 +264,11 @@ class Tiers:
         size = rec.disk_size
         offset = segment.allocator.allocate(size)
         if offset is None:
-            self.index.evictor.evict(now_s, segment.allocator.aligned(size))
+            if segment.tenant:  # a dedicated segment: room only from its tenant's objects there
+                self.index.evictor.evict(now_s, segment.allocator.aligned(size), rec.space.account,
+                                         on_segments={segment.segment_id})
+            else:
+                self.index.evictor.evict(now_s, segment.allocator.aligned(size))
             offset = segment.allocator.allocate(size)
             if offset is None:
                 return False
