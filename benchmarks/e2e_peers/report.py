@@ -119,7 +119,7 @@ def _loads(saved: list[dict]) -> str:
     return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "n/a"
 
 
-def markdown(saved: list[dict], runs: list[RunRecord], settings: dict, code: dict, load_note: str) -> str:
+def markdown(saved: list[dict], runs: list[RunRecord], settings: dict | list, code: dict | list, load_note: str) -> str:
     machine = saved[0].get("machine_at_start") or {}
     best, ratio_body = ratio_rows(runs)
     lines = [
@@ -134,12 +134,12 @@ def markdown(saved: list[dict], runs: list[RunRecord], settings: dict, code: dic
         "",
     ]  # fmt: skip
     lines += _md_table(COLUMNS, rows(runs)) + [""]
-    if best is not None:
+    if best is not None and ratio_body:
         lines += [f"Ratios to the best LMCache configuration ({CONFIGS[best].label}, lowest median P50 TTFT): "
                   "ratio of the medians; per round: the same round's pair, median (min-max).", ""]  # fmt: skip
         lines += _md_table(RATIO_COLUMNS, ratio_body) + [""]
     else:
-        lines += ["No LMCache configuration has a usable run: no ratios.", ""]
+        lines += ["No ratios: no usable run of " + ("kvpool." if best else "any LMCache configuration."), ""]
     breakdown = breakdown_rows(saved, runs)
     if breakdown:
         lines += ["Where the time goes: per-request means from the servers' own histograms (vLLM's queue, prefill, "
@@ -192,7 +192,7 @@ def plot(runs: list[RunRecord], path: Path) -> Path:
     return path
 
 
-def write(out_dir: Path, saved: list[dict], runs: list[RunRecord], settings: dict, code: dict,
+def write(out_dir: Path, saved: list[dict], runs: list[RunRecord], settings: dict | list, code: dict | list,
           load_note: str) -> list[Path]:  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / "results.md"

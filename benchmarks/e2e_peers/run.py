@@ -195,11 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     out_dir: Path = args.out_dir
     if args.report_only:
-        return _write_report(args, console, code=reports.code_version())
+        return _write_report(args, console)
     if not args.resume and any((out_dir / "runs").glob("r*-*.json")):
         console.print(f"[red]{out_dir}/runs/ holds earlier runs: pass --resume to keep them, or move them away[/]")
         return 2
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    code = reports.code_version()
     lock = HeavyLock(args.lock, args.max_hold_min * 60, lambda m: console.print(f"[dim]{m}[/]"))
     t0 = time.monotonic()
     try:
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[bold][{i + 1}/{len(plan)}] round {k + 1}: {CONFIGS[name].label}[/]")
             workdir = args.workdir / f"r{k}-{name}"
             outcome = run_one(name, k, setup, sessions, args, workdir, console)
-            outcome["trace"] = _trace_info(sessions)
+            outcome["trace"], outcome["settings"], outcome["code"] = _trace_info(sessions), _settings(args), code
             if outcome.get("interrupted"):
                 console.print("[red]interrupted: this run is not saved[/]")
                 raise KeyboardInterrupt
@@ -253,16 +254,24 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
         procs.stop_all()
         lock.release()
-    return _write_report(args, console, code=reports.code_version())
+    return _write_report(args, console)
 
 
-def _write_report(args: argparse.Namespace, console: Console, code: dict) -> int:
+def _unique(values: list) -> list:
+    return [v for i, v in enumerate(values) if v not in values[:i]]
+
+
+def _write_report(args: argparse.Namespace, console: Console) -> int:
     saved = load_runs(args.out_dir)
     if not saved:
         console.print(f"[red]no runs under {args.out_dir}/runs/[/]")
         return 1
     runs = [RunRecord(r["config"], r["round"], r["summary"], r["error"]) for r in saved]
-    paths = report.write(args.out_dir, saved, runs, settings=_settings(args), code=code, load_note=args.load_note)
+    settings, codes = _unique([r.get("settings") for r in saved]), _unique([r.get("code") for r in saved])
+    if len(settings) > 1:
+        console.print("[yellow]the saved runs were made with different settings: the report lists them all[/]")
+    paths = report.write(args.out_dir, saved, runs, settings=settings[0] if len(settings) == 1 else settings,
+                         code=codes[0] if len(codes) == 1 else codes, load_note=args.load_note)  # fmt: skip
     console.print(report.console_table(runs))
     console.print(f"results: {', '.join(str(p) for p in paths)}")
     return 0
@@ -271,7 +280,8 @@ def _write_report(args: argparse.Namespace, console: Console, code: dict) -> int
 def _settings(args: argparse.Namespace) -> dict:
     keys = ("configs", "rounds", "sessions", "max_turns", "scale", "time_scale", "sessions_file", "sessions_scale",
             "seed", "kv_cache_mib", "extra_mib", "max_model_len")  # fmt: skip
-    return {k: (str(v) if isinstance(v, Path) else v) for k in keys if (v := getattr(args, k)) is not None}
+    out = {k: (str(v) if isinstance(v, Path) else v) for k in keys if (v := getattr(args, k)) is not None}
+    return out | {"kv_cache_mib": args.kv_cache_mib >> 20, "extra_mib": args.extra_mib >> 20}
 
 
 def _trace_info(sessions) -> str:
