@@ -40,3 +40,12 @@ def test_identities_do_not_share_a_bucket_and_idle_ones_are_forgotten():
 def test_a_call_larger_than_the_burst_is_told_to_split():
     limiter = RateLimiter(keys_per_s=1000.0, burst_keys=100.0)
     assert "split it" in limiter.refusal("a", lookup(101), 0.0)
+
+
+def test_an_empty_bucket_is_exhausted_until_one_token_refills():
+    limiter = RateLimiter(keys_per_s=100.0, burst_keys=100.0)
+    assert not limiter.exhausted("a", 0.0)  # never seen: a full bucket
+    assert limiter.admit("a", 100, 0.0) == 0.0
+    assert limiter.exhausted("a", 0.005)  # half a token back
+    assert not limiter.exhausted("a", 0.01)  # one token back
+    assert limiter.refused == 1

@@ -5,6 +5,8 @@ Rules:
   keys: a lookup, put, existence check or removal costs one token per key it names, every other
   call one. A call that finds too few tokens is refused whole (`rate_limited`, nothing done), and
   the caller is told how long until its bucket holds enough again.
+- A caller whose bucket is empty is refused before its message is even decoded (`exhausted`):
+  a flood of big requests then costs the loop a dictionary lookup each, not a decode.
 - One message's size is bounded elsewhere (max_message_bytes, checked before decoding); a bucket
   bounds what an identity asks per second, so a flood from one client costs the others at most
   its fair share of the loop (ZeroMQ already takes messages from connections in turn).
@@ -57,6 +59,21 @@ class RateLimiter:
             return 0.0
         self.refused += 1
         return (cost - bucket.tokens) / self.keys_per_s
+
+    def exhausted(self, identity: bytes | str, now_s: float) -> bool:
+        """True when the identity's bucket holds less than one token: its next call is refused
+        whatever it asks, so the service need not even decode it."""
+        bucket = self._buckets.get(identity)
+        if bucket is None:
+            return False
+        if bucket.tokens + (now_s - bucket.updated_s) * self.keys_per_s >= 1:
+            return False
+        self.refused += 1
+        return True
+
+    @property
+    def exhausted_message(self) -> str:
+        return f"rate limited: this identity asks for more than {self.keys_per_s:g} keys/s; retry in a moment"
 
     def refusal(self, identity: bytes | str, request: p.Request, now_s: float) -> str | None:
         """None if admitted, else the message for the refused caller."""

@@ -210,11 +210,6 @@ class MasterService:
                 "split the batch",
             ))
             return
-        try:
-            request = self._decode(payload.buffer)
-        except msgspec.DecodeError as e:
-            send(identity, request_id, p.ErrorReply(kind="protocol", message=f"undecodable request: {e}"))
-            return
         principal = OPEN
         if self._auth is not None:
             principal = self._auth.identities.principal_of(payload.get("User-Id"))
@@ -222,7 +217,16 @@ class MasterService:
                 send(identity, request_id, p.ErrorReply(kind="auth", message="this key is no longer trusted"))
                 return
         now_s = self.clock()
-        limited = self.limiter.refusal(principal.key or identity, request, now_s)
+        caller = principal.key or identity
+        if self.limiter.exhausted(caller, now_s):  # refused before the decode: a flood costs little
+            send(identity, request_id, p.ErrorReply(kind="rate_limited", message=self.limiter.exhausted_message))
+            return
+        try:
+            request = self._decode(payload.buffer)
+        except msgspec.DecodeError as e:
+            send(identity, request_id, p.ErrorReply(kind="protocol", message=f"undecodable request: {e}"))
+            return
+        limited = self.limiter.refusal(caller, request, now_s)
         if limited is not None:
             send(identity, request_id, p.ErrorReply(kind="rate_limited", message=limited))
             return
