@@ -62,7 +62,7 @@ from kvpool.core.protocol import (
 from kvpool.master.config import MasterConfig
 from kvpool.master.eviction import COMPLETE, DEAD, DRAINING, IN_HEAP, NO_CHECKSUM, PINNED, Evictor, ObjectRecord
 from kvpool.master.ids import IdSource
-from kvpool.master.placement import choose_segments
+from kvpool.master.placement import choose_segments, why_nowhere
 from kvpool.master.access import namespace_owner
 from kvpool.master.quotas import TenantAccount, TenantSpace
 from kvpool.master.recovery import Recovery
@@ -182,7 +182,7 @@ class ObjectIndex:
         placeable = self.segments.placeable(account.name)
         chosen = choose_segments(placeable.values(), size, num_replicas)
         if not chosen:
-            why = self._why_nowhere(account, placeable, size)
+            why = why_nowhere(self.segments, placeable, account.name, account.dedicated, size)
             if why:
                 return _NO_REPLICAS, why
             if self.evictor.evict_for(size, now_s, placeable.values(), account if own_only else None):
@@ -202,25 +202,6 @@ class ObjectIndex:
             segment.num_objects += 1
             placed.append(Replica(segment.segment_id, offset, size))
         return tuple(placed), ""
-
-    def _why_nowhere(self, account: TenantAccount, placeable: dict[int, Segment], size: int) -> str:
-        """Why no eviction can make room for the object ("" if one may)."""
-        if not self.segments.by_id:
-            return "no segment is mounted: start a `kvpool node` (or embed one)"
-        if not placeable:
-            if account.dedicated:
-                return (f"tenant {account.name!r} places only on segments dedicated to it and none is mounted now: "
-                        f"start a `kvpool node --tenant {account.name}`")
-            return (f"every mounted segment is dedicated to a tenant: start a `kvpool node` without --tenant for "
-                    f"tenant {account.name!r}'s objects")
-        if all(s.recovering for s in placeable.values()):
-            return ("no segment can take it yet: every segment is recovering (its node is announcing what it "
-                    "holds to this master); retry in a moment")
-        largest = max(s.capacity_bytes for s in placeable.values())
-        if next(iter(placeable.values())).allocator.aligned(size) > largest:
-            return (f"an object of {size} bytes is larger than the largest segment ({largest} bytes): "
-                    "use smaller objects or mount larger segments")
-        return ""
 
     def _pending_with_token(self, space: dict | None, key: str, token: int) -> ObjectRecord | None:
         rec = space.get(key) if space is not None else None
