@@ -14,10 +14,11 @@ SLOT = 64
 ALLOC, EXISTS, NO_SPACE = p.PUT_ALLOCATED, p.PUT_EXISTS, p.PUT_NO_SPACE
 
 
-def make_core(quotas: dict | None = None, default: TenantQuota | None = None, **overrides) -> MasterCore:
+def make_core(quotas: dict | None = None, default: TenantQuota | None = None, dedicated=frozenset(),
+              **overrides) -> MasterCore:
     config = {"alignment_bytes": SLOT, "node_ttl_s": 1000.0, "put_timeout_s": 1000.0, "lease_ttl_s": 5.0,
               "max_lease_hold_s": 5.0, "high_watermark": 1.0, "low_watermark": 0.5,
-              "quotas": QuotaTable(quotas or {}, default), **overrides}
+              "quotas": QuotaTable(quotas or {}, default, dedicated), **overrides}
     core = MasterCore(MasterConfig(**config), epoch=(5 << 32) | 1)
     handle = core.handle
     core.handle = lambda req, now_s: p.reply_decoder.decode(p.reply_encoder.encode(handle(req, now_s)))
@@ -107,6 +108,12 @@ def test_master_cli_reads_the_quota_file_and_flags_over_it(tmp_path):
         TenantQuota(64 << 10, 8), TenantQuota(2048, None), TenantQuota(1 << 20, None))
     path.write_text("[tenants.a\n")
     with pytest.raises(ValueError, match="quotas.toml"):
+        quota_table(path, [])
+    path.write_text("[tenants.a]\ndedicated = true\n[tenants.b]\nmax_objects = 2\ndedicated = false\n")
+    table = quota_table(path, [], ["c"])
+    assert (table.dedicated, table.quota_of("a"), table.quota_of("b")) == (frozenset({"a", "c"}), None, TenantQuota(None, 2))
+    path.write_text("[tenants.a]\ndedicated = 1\n")
+    with pytest.raises(ValueError, match="dedicated must be true or false"):
         quota_table(path, [])
 
 
@@ -394,3 +401,13 @@ def test_promotion_on_a_dedicated_segment_makes_room_from_its_tenant_only():
     node.sync(4.1)
     assert [where(core, k) for k in ("a0", "a1")] == ["dram+disk", "dram+disk"]
     check_usage(core)
+
+
+def test_tenant_declared_dedicated_never_places_on_shared_segments_even_before_its_node_mounts():
+    core = make_core(dedicated=frozenset({"alice"}))
+    shared = mount(core, "s1", 8)
+    reply = put(core, "alice/m", ["x"], 1.0)  # e.g. right after a master restart, before her node remounted
+    assert reply.statuses == [NO_SPACE] and "places only on segments dedicated to it" in reply.message
+    assert placed_on(put(core, "bob/m", ["y"], 1.0)) == [[shared]]
+    ded = mount(core, "d1", 8, tenant="alice")
+    assert placed_on(put(core, "alice/m", ["x"], 2.0)) == [[ded]]

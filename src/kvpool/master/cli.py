@@ -84,7 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--quota-file")
     parser.add_argument("--quota-file", type=Path, default=None, metavar="PATH",
                         help="quotas as TOML: [default] and [tenants.NAME] tables with max_bytes (a size such as "
-                        '"64MiB", or bytes) and/or max_objects; tenants in neither have no quota')
+                        '"64MiB", or bytes) and/or max_objects, and dedicated = true (as --dedicated-tenant); '
+                        "tenants in neither have no quota")
+    parser.add_argument("--dedicated-tenant", action="append", default=[], metavar="NAME",
+                        help="NAME's objects go only to segments of nodes started with --tenant NAME, from this "
+                        "master's start on (without it, from when the first such node mounts: puts before that, "
+                        "e.g. right after a restart, would land on shared segments). Repeatable")
     parser.add_argument("--ready-file", type=Path, default=None,
                         help='once serving, write {"address", "metrics_port", "pid"} as JSON to this file')
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -108,8 +113,9 @@ def _auth_dir(explicit: Path | None) -> str:
     return str(auth.path)
 
 
-def quota_table(quota_file: Path | None, quotas: list[str]) -> QuotaTable:
-    """The quotas of --quota-file (TOML, read here at the edge) with the --quota flags over them."""
+def quota_table(quota_file: Path | None, quotas: list[str], dedicated: list[str] = ()) -> QuotaTable:
+    """The quotas of --quota-file (TOML, read here at the edge) with the --quota and
+    --dedicated-tenant flags over them."""
     table = QuotaTable()
     if quota_file is not None:
         try:
@@ -120,7 +126,7 @@ def quota_table(quota_file: Path | None, quotas: list[str]) -> QuotaTable:
             table = quota_table_from_toml(data)
         except ValueError as e:
             raise ValueError(f"--quota-file {quota_file}: {e}") from None
-    return table.updated(parse_quota(text) for text in quotas)
+    return table.updated([parse_quota(text) for text in quotas], dedicated)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             max_message_bytes=args.max_message_bytes,
             rate_limit_keys_per_s=args.rate_limit_keys_per_s,
             rate_limit_burst_keys=args.rate_limit_burst_keys,
-            quotas=quota_table(args.quota_file, args.quota),
+            quotas=quota_table(args.quota_file, args.quota, args.dedicated_tenant),
         )
     except ValueError as e:
         print(f"kvpool master: {e}")

@@ -85,6 +85,7 @@ class ObjectIndex:
         self.evictor = Evictor(self)
         self.tiers = Tiers(self)
         self.recovery = Recovery(self)
+        segments.dedicated_tenants.update(config.quotas.dedicated)  # dedicated before their segments mount
         self.last_num_promoting = 0  # of the last lookup: disk-only keys after its hits, being promoted
         # pending records in put order; a pending record's last_access_s is its put_start time
         self._pending: deque[ObjectRecord] = deque()

@@ -67,12 +67,19 @@ class TenantQuota:
 
 @dataclass(frozen=True)
 class QuotaTable:
-    """Quotas by tenant; `default` applies to tenants not listed (None: they have no quota)."""
+    """Quotas by tenant; `default` applies to tenants not listed (None: they have no quota).
+    `dedicated`: tenants that place only on segments dedicated to them from the master's start,
+    before any such segment has mounted (segments.py), so no put of theirs lands on shared memory
+    while their nodes are still (re)mounting."""
 
     tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
     default: TenantQuota | None = None
+    dedicated: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
+        for tenant in self.dedicated:
+            if not isinstance(tenant, str) or not tenant or len(tenant) > MAX_TENANT_LENGTH:
+                raise ValueError(f"dedicated tenant names must be 1..{MAX_TENANT_LENGTH} characters, got {tenant!r}")
         for tenant, quota in self.tenants.items():
             if not isinstance(tenant, str) or not tenant or len(tenant) > MAX_TENANT_LENGTH or tenant == DEFAULT_TENANT:
                 raise ValueError(f"quota tenant names must be 1..{MAX_TENANT_LENGTH} characters (not "
@@ -84,8 +91,9 @@ class QuotaTable:
         quota = self.tenants.get(tenant, self.default)
         return quota if quota is not None and quota.limited else None
 
-    def updated(self, entries: Iterable[tuple[str, TenantQuota]]) -> "QuotaTable":
-        """This table with `entries` (from parse_quota) replacing what it says for those tenants."""
+    def updated(self, entries: Iterable[tuple[str, TenantQuota]], dedicated: Iterable[str] = ()) -> "QuotaTable":
+        """This table with `entries` (from parse_quota) replacing what it says for those tenants,
+        and `dedicated` tenants added."""
         tenants = dict(self.tenants)
         default = self.default
         for tenant, quota in entries:
@@ -93,7 +101,7 @@ class QuotaTable:
                 default = quota
             else:
                 tenants[tenant] = quota
-        return QuotaTable(tenants, default)
+        return QuotaTable(tenants, default, self.dedicated | frozenset(dedicated))
 
 
 def parse_quota(text: str) -> tuple[str, TenantQuota]:
@@ -116,12 +124,12 @@ def parse_quota(text: str) -> tuple[str, TenantQuota]:
     return tenant, quota
 
 
-def _quota_from_toml(where: str, table: object) -> TenantQuota:
+def _quota_from_toml(where: str, table: object, known: tuple[str, ...] = ("max_bytes", "max_objects")) -> TenantQuota:
     if not isinstance(table, dict):
         raise ValueError(f"{where} must be a table with max_bytes and/or max_objects, got {table!r}")
-    unknown = set(table) - {"max_bytes", "max_objects"}
+    unknown = set(table) - set(known)
     if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)} (known: max_bytes, max_objects)")
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)} (known: {', '.join(known)})")
     max_bytes = table.get("max_bytes")
     if isinstance(max_bytes, str):
         max_bytes = parse_size(max_bytes)
@@ -129,7 +137,7 @@ def _quota_from_toml(where: str, table: object) -> TenantQuota:
         quota = TenantQuota(max_bytes, table.get("max_objects"))
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    if not quota.limited:
+    if not quota.limited and "dedicated" not in table:
         raise ValueError(f"{where} limits nothing: give max_bytes and/or max_objects")
     return quota
 
@@ -142,6 +150,7 @@ def quota_table_from_toml(data: Mapping[str, object]) -> QuotaTable:
         [tenants.alice]
         max_bytes = "64MiB"
         max_objects = 100000
+        dedicated = true          # alice places only on `kvpool node --tenant alice` segments
     """
     unknown = set(data) - {"default", "tenants"}
     if unknown:
@@ -150,8 +159,19 @@ def quota_table_from_toml(data: Mapping[str, object]) -> QuotaTable:
     tenants_table = data.get("tenants", {})
     if not isinstance(tenants_table, dict):
         raise ValueError("quota file: [tenants] must hold one table per tenant ([tenants.NAME])")
-    tenants = {name: _quota_from_toml(f"[tenants.{name}]", t) for name, t in tenants_table.items()}
-    return QuotaTable(tenants, default)
+    tenants: dict[str, TenantQuota] = {}
+    dedicated: set[str] = set()
+    for name, table in tenants_table.items():
+        where = f"[tenants.{name}]"
+        quota = _quota_from_toml(where, table, ("max_bytes", "max_objects", "dedicated"))
+        flag = table.get("dedicated", False)
+        if not isinstance(flag, bool):
+            raise ValueError(f"{where}: dedicated must be true or false, got {flag!r}")
+        if flag:
+            dedicated.add(name)
+        if quota.limited:
+            tenants[name] = quota
+    return QuotaTable(tenants, default, frozenset(dedicated))
 
 
 class TenantSpace(dict):
