@@ -6,7 +6,9 @@ import time
 from rich.console import Console
 
 from kvpool.client import status_cli
-from kvpool.core.protocol import NodeStats, StatsReply
+import msgspec
+
+from kvpool.core.protocol import NodeStats, StatsReply, TenantStats
 
 
 def _stats() -> StatsReply:
@@ -44,6 +46,21 @@ def test_render_shows_pool_and_nodes():
     assert "12.5 %" in text  # fragmentation
     assert text.index("node-a") < text.index("node-b")  # sorted by node id
     assert "dead" in text and "12.5 s" in text
+    assert "tenants" not in text  # no tenant table without tenants
+
+
+def test_render_shows_tenants_and_refusals():
+    stats = msgspec.structs.replace(_stats(), forbidden=3, rate_limited=5, refused_handshakes=1, tenants=[
+        TenantStats("bob", 16 * 2**20, 4, max_bytes=16 * 2**20, quota_refusals=2, num_segments=1),
+        TenantStats("alice", 2**20, 1),
+    ])
+    console = Console(record=True, width=200)
+    console.print(status_cli.render(stats, "tcp://127.0.0.1:1"))
+    text = console.export_text()
+    assert "3 / 5 / 1" in text
+    assert text.index("alice") < text.index("bob")
+    bob = next(line for line in text.splitlines() if "bob" in line)
+    assert "16.0 MiB" in bob and " 2 " in bob
 
 
 def test_unreachable_master_exits_1_within_timeout(capsys):

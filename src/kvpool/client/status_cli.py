@@ -76,6 +76,8 @@ def render(stats: protocol.StatsReply, master: str):
         ("evictions", f"{stats.evictions} ({_human_bytes(stats.evicted_bytes)})"),
         ("leases granted / expired", f"{stats.lease_grants} / {stats.lease_expiries}"),
         ("fragmentation", f"{100 * stats.fragmentation:.1f} %"),
+        ("refused: forbidden / rate limited / handshakes",
+         f"{stats.forbidden} / {stats.rate_limited} / {stats.refused_handshakes}"),
     ]
     for what, value in rows:
         pool.add_row(what, value)
@@ -104,7 +106,23 @@ def render(stats: protocol.StatsReply, master: str):
             str(n.num_objects),
             f"{n.last_heartbeat_age_s:.1f} s",
         )
-    return Group(pool, nodes)
+    parts = [pool, nodes]
+    if stats.tenants:
+        parts.append(_tenants_table(stats.tenants))
+    return Group(*parts)
+
+
+def _tenants_table(tenants: list[protocol.TenantStats]):
+    from rich.table import Table
+
+    table = Table(title="tenants", title_justify="left")
+    for column in ("tenant", "used", "quota", "objects", "object quota", "segments", "refusals", "quota evictions"):
+        table.add_column(column, justify="left" if column == "tenant" else "right")
+    for t in sorted(tenants, key=lambda t: t.tenant):
+        table.add_row(t.tenant, _human_bytes(t.used_bytes), _human_bytes(t.max_bytes) if t.max_bytes else "-",
+                      str(t.num_objects), str(t.max_objects) if t.max_objects else "-", str(t.num_segments),
+                      str(t.quota_refusals), str(t.quota_evictions))
+    return table
 
 
 def run(args: argparse.Namespace) -> int:
