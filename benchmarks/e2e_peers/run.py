@@ -111,17 +111,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class HeavyLock:
-    """An flock held across consecutive runs, given back once held `max_hold_s` (others interleave)."""
+    """An flock held across consecutive runs, given back before a run that would end past `max_hold_s`
+    of holding (judged by the previous run's length), so others interleave."""
 
     def __init__(self, path: Path | None, max_hold_s: float, status) -> None:
         self.path, self.max_hold_s, self.status = path, max_hold_s, status
         self._file = None
         self._since = 0.0
 
-    def before_run(self) -> None:
+    def before_run(self, expected_s: float = 0.0) -> None:
         if self.path is None:
             return
-        if self._file is not None and time.monotonic() - self._since > self.max_hold_s:
+        if self._file is not None and time.monotonic() - self._since + expected_s > self.max_hold_s:
             self.release()
             time.sleep(5.0)  # let a waiting job take it
         if self._file is None:
@@ -222,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                       max_model_len=args.max_model_len, lmcache_python=lmcache_python,
                       redis_server=find_redis_server())  # fmt: skip
         plan = schedule(args.configs, args.rounds)
+        last_run_s = 0.0
         console.print(f"trace: {_trace_info(sessions)}; {len(plan)} runs ({args.rounds} rounds x {len(args.configs)} "
                       f"configurations); workdir {args.workdir}; results {out_dir}")  # fmt: skip
         for i, (k, name) in enumerate(plan):
@@ -231,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.stop_after_min is not None and time.monotonic() - t0 > args.stop_after_min * 60:
                 console.print(f"[yellow]--stop-after-min reached: {len(plan) - i} runs not started[/]")
                 break
-            lock.before_run()
+            lock.before_run(expected_s=last_run_s)
+            started = time.monotonic()
             console.print(f"[bold][{i + 1}/{len(plan)}] round {k + 1}: {CONFIGS[name].label}[/]")
             workdir = args.workdir / f"r{k}-{name}"
             outcome = run_one(name, k, setup, sessions, args, workdir, console)
@@ -240,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                 console.print("[red]interrupted: this run is not saved[/]")
                 raise KeyboardInterrupt
             reports.write_json(path, outcome)
+            last_run_s = time.monotonic() - started
             if outcome["error"]:
                 console.print(f"[red]{outcome['label']}: {outcome['error'][-2000:]}[/]")
             else:
