@@ -190,7 +190,10 @@ requests = st.one_of(
     st.builds(p.Exists, tenant=read_tenant, keys=keys),
     st.builds(p.Remove, tenant=write_tenant, keys=keys),
     st.just(p.Stats()),
+    st.just(p.LaneQuery()),
 )
+FUZZED_TYPES = {p.MountSegment, p.AnnounceObjects, p.UnmountSegment, p.Heartbeat, p.GetSegments, p.PutStart, p.PutEnd,
+                p.PutRevoke, p.EndQuarantine, p.LookupPrefix, p.ReleaseLeases, p.Exists, p.Remove, p.Stats, p.LaneQuery}
 
 REQUEST_TYPES = [t for t in p.Request.__args__]  # type: ignore[attr-defined]
 TAGS = [t.__struct_config__.tag for t in REQUEST_TYPES]
@@ -351,6 +354,10 @@ def _oversized(sock: zmq.Socket, tally: Tally) -> None:
         assert isinstance(reply, p.ErrorReply) and reply.kind == "protocol", reply
         tally.sent += 1
         tally.answered += 1
+
+
+def test_every_request_type_has_a_strategy():
+    assert set(REQUEST_TYPES) == FUZZED_TYPES, "a new request type needs its strategy in `requests`"
 
 
 @pytest.fixture
