@@ -324,6 +324,47 @@ def case_plain(store, tag: str, size: int, count: int, passes: int) -> dict:
     return {"put_gbps": statistics.median(puts), "get_gbps": statistics.median(gets), "value_bytes": size}
 
 
+def case_agent(store, tag: str, loops: int, start_at: float, chunk: int = 256 * KiB, prefix: int = 8,
+               tail: int = 2, sessions: int = 8) -> dict:
+    """One of several concurrent clients running an agent-like loop: each loop looks up a session's
+    chain (prefix + 1 keys: the prefix hits, the next misses), gets the prefix zero-copy, and puts
+    a tail of new chunks; sessions are taken in turn, so each loop's prefix was written earlier by
+    this client. Starts at the wall-clock `start_at` (all clients together); bytes verified."""
+    slots = prefix + tail
+    src = np.random.default_rng(abs(hash(tag)) % 2**32).integers(0, 256, sessions * slots * chunk, dtype=np.uint8)
+    dst = np.zeros(prefix * chunk, dtype=np.uint8)
+    _KEEP.extend([src, dst])
+    store.register(src)
+    store.register(dst)
+    base, dbase = int(src.ctypes.data), int(dst.ctypes.data)
+    chains = [[f"{tag}/s{s}/c{i}" for i in range(prefix)] for s in range(sessions)]
+    for s, keys in enumerate(chains):
+        store.put_from(keys, [[base + (s * slots + i) * chunk] for i in range(prefix)], [[chunk]] * prefix)
+    dst_addrs, sizes = [[dbase + i * chunk] for i in range(prefix)], [[chunk]] * prefix
+    while time.time() < start_at:
+        time.sleep(0.001)
+    latencies, written = np.empty(loops), []
+    t_start = time.perf_counter()
+    for n in range(loops):
+        s = n % sessions
+        tail_keys = [f"{tag}/s{s}/t{n}/{j}" for j in range(tail)]
+        t = time.perf_counter()
+        if store.exists_batch(chains[s] + [tail_keys[0]]) != prefix:
+            raise RuntimeError("agent loop: prefix lookup missed")
+        if store.get_into(chains[s], dst_addrs, sizes) != prefix:
+            raise RuntimeError("agent loop: prefix get missed")
+        store.put_from(tail_keys, [[base + (s * slots + prefix + j) * chunk] for j in range(tail)], [[chunk]] * tail)
+        latencies[n] = time.perf_counter() - t
+        written.extend(tail_keys)
+        if n < sessions and not np.array_equal(dst, src[s * slots * chunk : (s * slots + prefix) * chunk]):
+            raise RuntimeError("agent loop: prefix bytes differ")
+    elapsed = time.perf_counter() - t_start
+    store.remove(written)
+    for keys in chains:
+        store.remove(keys)
+    return {"loops": loops, "elapsed_s": elapsed, "latencies_s": latencies.tolist()}
+
+
 def run(spec: dict) -> dict:
     store = ADAPTERS[spec["adapter"]](spec)
     q = spec.get("quick", False)
@@ -343,6 +384,8 @@ def run(spec: dict) -> dict:
                 out[case] = case_lookups(store, f"{tag}/lk", 300 if q else 2000)
             elif case == "plain_64k":
                 out[case] = case_plain(store, f"{tag}/plain", 64 * KiB, 64 if q else 256, 3)
+            elif case == "agent_worker":
+                out[case] = case_agent(store, f"{tag}/agent{spec['worker']}", 50 if q else 200, spec["start_at"])
             else:
                 raise ValueError(f"unknown case {case!r}")
         out["route"] = store.route()

@@ -20,6 +20,8 @@ METRICS = [
     ("lookup", "rtt_p99_us", "single-key lookup round trip, P99", "us", False),
     ("plain_64k", "get_gbps", "plain get of 64 KiB values (bytes)", "GB/s", True),
     ("plain_64k", "put_gbps", "plain put of 64 KiB values (bytes)", "GB/s", True),
+    ("agent", "loops_per_s", "4 clients, agent-like loop (lookup 9, get 8 x 256 KiB, put 2): loops/s", "loops/s", True),
+    ("agent", "p99_ms", "4 clients, agent-like loop: P99 per loop", "ms", False),
 ]
 GOALS = [  # (case, field, against, factor): kvpool-nixl's value / the peer's, per round
     ("get_1m", "get_gbps", "mooncake-tcp", 1.5),
@@ -28,6 +30,8 @@ GOALS = [  # (case, field, against, factor): kvpool-nixl's value / the peer's, p
     ("bw_16m", "put_gbps", "mooncake-tcp", 1.5),
     ("sg", "get_gbps", "mooncake-tcp", 1.5),
     ("lookup", "rtt_p50_us", "mooncake-tcp", 1.0),
+    ("agent", "p99_ms", "mooncake-tcp", 1.0),
+    ("agent", "p99_ms", "redis", 1.0),
 ]
 SUBJECT = "kvpool-nixl"
 
@@ -39,8 +43,10 @@ def _values(results: dict, peer: str, case: str, field: str) -> dict[int, float]
 def _fmt(value: float, unit: str) -> str:
     if unit == "M keys/s":
         return f"{value / 1e6:.2f}"
-    if unit == "us":
+    if unit in ("us", "loops/s"):
         return f"{value:.0f}"
+    if unit == "ms":
+        return f"{value:.1f}"
     return f"{value:.2f}"
 
 

@@ -41,7 +41,8 @@ from servers import PEERS, PeerUnavailable, run_client  # noqa: E402
 from kvpool.bench import hosts, procs  # noqa: E402
 
 MiB = 1024 * 1024
-CASES = ["get_1m", "bw_16m", "sg", "lookup", "plain_64k"]
+CASES = ["get_1m", "bw_16m", "sg", "lookup", "plain_64k", "agent"]
+AGENT_CLIENTS = 4  # the agent-like loop: this many client processes at once
 PIP_PACKAGES = {"mooncake": ["mooncake-transfer-engine-non-cuda==0.3.13.post1"], "redis": ["redis", "hiredis"]}
 IMPORTS = {"mooncake": "mooncake.store", "redis": "redis"}
 DEBIAN = {"mooncake": ["libibverbs1", "librdmacm1", "libnuma1"], "redis": ["redis-server"]}
@@ -189,10 +190,13 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                 for r in range(1, args.rounds + 1):
                     order = live[r % len(live):] + live[: r % len(live)]  # rotated: nobody always goes first
                     for name in order:
-                        spec = {**running[name].spec, "tag": f"r{r}", "cases": cases, "quick": args.quick}
+                        spec = {**running[name].spec, "tag": f"r{r}", "cases": [c for c in cases if c != "agent"],
+                                "quick": args.quick}  # fmt: skip
                         t = time.monotonic()
                         try:
-                            out = run_client(running[name], spec)
+                            out = run_client(running[name], spec) if spec["cases"] else {}
+                            if "agent" in cases:
+                                out["agent"] = run_agents(running[name], {**spec, "tag": f"r{r}"})
                             out["round"], out["elapsed_s"], out["load_avg"] = r, time.monotonic() - t, os.getloadavg()
                             results["rounds"][name].append(out)
                         except (RuntimeError, subprocess.TimeoutExpired) as e:
@@ -204,6 +208,24 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     results["load_avg_end"] = os.getloadavg()
     shutil.rmtree(workdir, ignore_errors=True)
     return results
+
+
+def run_agents(running, spec: dict) -> dict:
+    """AGENT_CLIENTS client processes running the agent-like loop at once (clients.case_agent):
+    loops per second over all of them and the per-loop latency percentiles."""
+    import numpy as np
+    from concurrent.futures import ThreadPoolExecutor
+
+    start_at = time.time() + 8.0  # every process imports its client and writes its prefixes first
+    specs = [{**spec, "cases": ["agent_worker"], "worker": w, "start_at": start_at} for w in range(AGENT_CLIENTS)]
+    with ThreadPoolExecutor(AGENT_CLIENTS) as pool:
+        outs = list(pool.map(lambda s: run_client(running, s), specs))
+    if time.time() < start_at:
+        raise RuntimeError("agent loop: a client finished before the common start")
+    lat = np.concatenate([o["agent_worker"]["latencies_s"] for o in outs]) * 1e3
+    loops = sum(o["agent_worker"]["loops"] for o in outs)
+    return {"loops_per_s": loops / max(o["agent_worker"]["elapsed_s"] for o in outs), "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": float(np.percentile(lat, 99)), "clients": AGENT_CLIENTS, "loops": loops}  # fmt: skip
 
 
 def servers_hosts() -> list[str]:

@@ -5,13 +5,17 @@ Rules:
   and every client that mapped it let go, even after SIGKILL, so nothing leaks and no restart has
   to clean up. Clients open it as /proc/<node pid>/fd/<fd> (same user, same PID namespace).
   Rejected: /dev/shm files (leak after SIGKILL), SCM_RIGHTS fd passing (needs a socket per node).
-- The node populates its whole mapping at start (its RAM is taken then, not on the first put) and
-  asks for transparent huge pages (MADV_HUGEPAGE: used where the kernel allows them for shmem,
-  /sys/kernel/mm/transparent_hugepage/shmem_enabled; `never` on the machine measured). A client
-  maps once and keeps the mapping, but populates its page tables per 64 MiB chunk on the first copy
-  that touches the chunk (MADV_POPULATE_*: one call instead of a fault per 4 KiB page, which costs
-  ~30x the copy, notes/nixl.md); mapping a 16 GiB segment whole cost every client its time and
-  32 MiB of page tables before the first byte (benchmarks/results/peers/segment_first_access.md).
+- The node asks for transparent huge pages (MADV_HUGEPAGE: used where the kernel allows them for
+  shmem, /sys/kernel/mm/transparent_hugepage/shmem_enabled; `never` on the machine measured) and
+  populates the whole segment from a background thread, 64 MiB per call (MADV_POPULATE_WRITE
+  through ctypes, which releases the GIL): its RAM is taken seconds after start, not on the first
+  put, yet the node mounts at once (a 16 GiB segment took ~30 s to populate here). A write that
+  reaches a page before the thread does just faults it in. close() stops the thread first.
+- A client maps once and keeps the mapping, but populates its page tables per 2 MiB chunk on the
+  first copy that touches the chunk (MADV_POPULATE_READ: one call instead of a fault per 4 KiB
+  page; read-populated shared pages are mapped writable, so writes do not fault again). Mapping a
+  16 GiB segment whole (MAP_POPULATE) cost every client 1.7 s and 32 MiB of page tables before its
+  first byte (benchmarks/results/peers/segment_first_access.md).
 - A client's mapping outlives a killed node, but the master will drop that node's objects, so a
   mapping watches its node through a pidfd and a copy that ends after the node died is reported
   failed. The memfd name carries the segment's token (its NIXL agent name), checked on open, so a
@@ -36,7 +40,10 @@ _PROC_FD_PATH = re.compile(r"^/proc/(\d+)/fd/(\d+)$")
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
-_CHUNK = 64 << 20  # a client populates its mapping this much at a time
+_CHUNK = 2 << 20  # a client populates its mapping this much at a time
+_NODE_CHUNK = 64 << 20  # the node's background thread, per call
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 
 def _ask_huge_pages(mm: mmap.mmap) -> None:
@@ -45,13 +52,6 @@ def _ask_huge_pages(mm: mmap.mmap) -> None:
             mm.madvise(_MADV_HUGEPAGE)
         except OSError:
             pass  # not offered for shmem here: 4 KiB pages
-
-
-def _populate(mm: mmap.mmap, advice: int, start: int = 0, length: int | None = None) -> None:
-    try:
-        mm.madvise(advice, start, len(mm) - start if length is None else length)
-    except OSError:
-        pass  # a kernel before 5.14: page faults map it instead
 
 
 def _memfd_name(token: str) -> str:
@@ -67,7 +67,8 @@ def _address_of(mm: mmap.mmap) -> int:
 
 
 class SharedSegmentFile:
-    """Node side: `size_bytes` of pre-faulted shared memory at `base_addr`, reachable as `path`."""
+    """Node side: `size_bytes` of shared memory at `base_addr`, reachable as `path`, populated by a
+    background thread (`wait_populated`)."""
 
     def __init__(self, size_bytes: int, token: str) -> None:
         if size_bytes <= 0:
@@ -78,16 +79,33 @@ class SharedSegmentFile:
             os.ftruncate(self._fd, size_bytes)
             self._mmap = mmap.mmap(self._fd, size_bytes, flags=mmap.MAP_SHARED)
             _ask_huge_pages(self._mmap)  # before populating, so that huge pages (where allowed) back it
-            _populate(self._mmap, _MADV_POPULATE_WRITE)
         except OSError:
             os.close(self._fd)
             raise
         self.base_addr = _address_of(self._mmap)
         self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
+        self._stop_populating = threading.Event()
+        self._populator = threading.Thread(target=self._populate_all, name="kvpool-segment-populate", daemon=True)
+        self._populator.start()
+
+    def _populate_all(self) -> None:
+        for start in range(0, self.size_bytes, _NODE_CHUNK):
+            if self._stop_populating.is_set():
+                return
+            length = min(_NODE_CHUNK, self.size_bytes - start)
+            if _libc.madvise(self.base_addr + start, length, _MADV_POPULATE_WRITE) != 0:
+                return  # a kernel before 5.14 (EINVAL): writes fault the pages in instead
+
+    def wait_populated(self, timeout_s: float | None = None) -> bool:
+        """True once the background thread has populated the whole segment (or given up)."""
+        self._populator.join(timeout_s)
+        return not self._populator.is_alive()
 
     def close(self) -> None:
         if self._fd < 0:
             return
+        self._stop_populating.set()
+        self._populator.join()  # never madvise a range that munmap gave back (it could be reused)
         self._mmap.close()
         os.close(self._fd)
         self._fd = -1
@@ -127,8 +145,8 @@ class PeerMapping:
             raise
         _ask_huge_pages(self._mmap)
         self.base_addr = _address_of(self._mmap)
-        self._advice = _MADV_POPULATE_WRITE if writable else _MADV_POPULATE_READ
         self._unpopulated = bytearray(b"\x01") * ((size_bytes + _CHUNK - 1) // _CHUNK)  # 1: not mapped yet
+        self._left = len(self._unpopulated)
         self._populate_lock = threading.Lock()
         self._exit_watch = select.poll()  # the pidfd turns readable when the node exits
         self._exit_watch.register(self._pidfd, select.POLLIN)
@@ -181,9 +199,11 @@ class PeerMapping:
                 for chunk in range(offset // _CHUNK, (offset + max(size, 1) - 1) // _CHUNK + 1):
                     if todo[chunk]:
                         start = chunk * _CHUNK
-                        _populate(self._mmap, self._advice, start, min(_CHUNK, self.size_bytes - start))
+                        # an error (a kernel before 5.14) is no harm: page faults map the chunk instead
+                        _libc.madvise(self.base_addr + start, min(_CHUNK, self.size_bytes - start), _MADV_POPULATE_READ)
                         todo[chunk] = 0
-            if not any(todo):
+                        self._left -= 1
+            if not self._left:
                 self._unpopulated = None  # all mapped: copies skip this from now on
 
     def _pinned(self):

@@ -1,0 +1,55 @@
+"""A node segment (transfer/shm.py) is populated by the node in the background; a client's mapping
+is populated per chunk on first use, not whole at map time, and copies across chunk borders read
+and write the right bytes."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from kvpool.transfer import shm
+
+MiB = 1 << 20
+
+
+def mapped_kib(addr: int) -> int:
+    """Rss of the mapping that starts at `addr` in this process (its page tables' share)."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    for i, line in enumerate(lines):
+        if line.split("-", 1)[0] == f"{addr:x}":
+            for follow in lines[i + 1 :]:
+                if follow.startswith("Rss:"):
+                    return int(follow.split()[1])
+    raise AssertionError(f"no mapping at {addr:#x}")
+
+
+def test_client_mapping_is_populated_per_chunk_on_first_use():
+    size = 4 * shm._CHUNK
+    segment = shm.SharedSegmentFile(size, "lazytest")
+    try:
+        assert segment.wait_populated(30.0)
+        assert mapped_kib(segment.base_addr) >= size // 1024 * 0.99  # the node's side: all of it, at start
+        pattern = np.random.default_rng(3).integers(0, 256, 2 * MiB, dtype=np.uint8)
+        border = 2 * shm._CHUNK - MiB  # straddles chunks 1 and 2
+        ctypes.memmove(segment.base_addr + border, pattern.ctypes.data, pattern.nbytes)
+        mapping = shm.PeerMapping(segment.path, size, "lazytest")
+        try:
+            assert mapped_kib(mapping.base_addr) < 1024  # nothing mapped before the first copy
+            out = np.zeros_like(pattern)
+            mapping.copy("READ", [out.ctypes.data], [border], [out.nbytes])
+            assert np.array_equal(out, pattern)
+            touched = mapped_kib(mapping.base_addr)
+            # chunks 1 and 2 only (plus at most the kernel's read fault-around window, 64 KiB, past an edge)
+            assert 2 * shm._CHUNK // 1024 <= touched <= 2 * shm._CHUNK // 1024 + 128
+            mapping.copy("WRITE", [pattern.ctypes.data], [0], [MiB])  # chunk 0: mapped now, written through
+            back = np.frombuffer(ctypes.string_at(segment.base_addr, MiB), dtype=np.uint8)
+            assert np.array_equal(back, pattern[:MiB])
+            mapping.copy("READ", [out.ctypes.data], [size - 4096], [4096])  # the last chunk
+            assert mapping._unpopulated is None  # every chunk mapped: later copies skip the bookkeeping
+            assert np.array_equal(out[:4096], np.frombuffer(ctypes.string_at(segment.base_addr + size - 4096, 4096),
+                                                            dtype=np.uint8))  # fmt: skip
+        finally:
+            mapping.close()
+    finally:
+        segment.close()
