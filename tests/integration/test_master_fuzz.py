@@ -13,10 +13,13 @@ Every message must be answered, never with kind "internal"; the good client (kvp
 must get correct bytes within its timeout throughout; at the end the master is alive, exits 0 on
 SIGTERM and its log holds no internal error.
 
-What the fuzzer does not do, because without authentication (issue 16) it is allowed and would
-legitimately hurt the good client: remove or start puts in the good tenant's namespace, mount
-segments large enough to take the good client's objects (a fake segment would be chosen for its
-puts and its reads would fail), unmount or heartbeat the real node's segment.
+Two masters: `--insecure`, and `--auth` with the fuzzer holding a tenant's credential of its
+own. Without authentication the fuzzer leaves out what is allowed there and would legitimately
+hurt the good client: removing or starting puts in the good tenant's namespace, mounting segments
+large enough to take the good client's objects (a fake segment would be chosen for its puts and
+its reads would fail), unmounting or heartbeating the real node's segment. With authentication it
+does all of that too (`THREATS`): node calls and Stats must be refused as forbidden, and the good
+tenant's names reach only the fuzzer's own namespace.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from hypothesis import strategies as st
 from kvpool.bench import procs
 from kvpool.client import Client
 from kvpool.core import protocol as p
+from kvpool.transfer.credentials import AuthDir, Credential
 from pool_worker import pattern
 
 MAX_MESSAGE_BYTES = 1 << 20  # the master's limit here, so oversized frames are cheap to send
@@ -195,6 +199,23 @@ requests = st.one_of(
 FUZZED_TYPES = {p.MountSegment, p.AnnounceObjects, p.UnmountSegment, p.Heartbeat, p.GetSegments, p.PutStart, p.PutEnd,
                 p.PutRevoke, p.EndQuarantine, p.LookupPrefix, p.ReleaseLeases, p.Exists, p.Remove, p.Stats, p.LaneQuery}
 
+# what only the authenticated master is given (see the module comment); node calls are forbidden
+real_segment = st.integers(0, 9).map(lambda i: Learned("real_segment", i))
+THREATS = st.one_of(
+    st.integers(1, 8).flatmap(lambda n: st.builds(
+        p.PutStart, tenant=st.just(GOOD_TENANT), keys=st.lists(good_keys, min_size=n, max_size=n, unique=True),
+        sizes=st.lists(st.integers(1, 4096), min_size=n, max_size=n), parents=st.just([]))),
+    st.builds(p.Remove, tenant=st.just(GOOD_TENANT), keys=st.lists(good_keys, min_size=1, max_size=64)),
+    st.builds(p.UnmountSegment, segment_id=real_segment),
+    st.builds(p.Heartbeat, node_id=st.just(REAL_NODE), segment_ids=st.lists(real_segment, min_size=1, max_size=2),
+              directory_seqs=small_int_list),
+    st.builds(p.AnnounceObjects, segment_id=real_segment, entries=st.lists(dir_entry, max_size=3), ages_s=st.just([]),
+              last=st.booleans()),
+    st.builds(p.MountSegment, node_id=st.just(REAL_NODE), host_id=odd_text, size_bytes=st.sampled_from([2**30, 2**40]),
+              base_addr=hostile_int, agent_name=odd_text, agent_metadata=st.binary(max_size=16)),
+)
+NODE_CALLS = (p.MountSegment, p.AnnounceObjects, p.UnmountSegment, p.Heartbeat)
+
 REQUEST_TYPES = [t for t in p.Request.__args__]  # type: ignore[attr-defined]
 TAGS = [t.__struct_config__.tag for t in REQUEST_TYPES]
 FIELDS = {t.__struct_config__.tag: [f.name for f in msgspec.structs.fields(t)] for t in REQUEST_TYPES}
@@ -223,12 +244,12 @@ def _rid(rng: random.Random) -> bytes:
 
 
 @st.composite
-def wire_messages(draw):
-    """(frames, kind): kind names the request for what its reply teaches, or is None."""
+def wire_messages(draw, request_strategy):
+    """(frames, request): the request, when it is one, for what its reply teaches, else None."""
     form = draw(st.sampled_from(["struct"] * 6 + ["raw", "raw", "bytes", "frames", "request_id"]))
     rid = draw(st.binary(min_size=8, max_size=8))
     if form == "struct":
-        request = draw(requests)
+        request = draw(request_strategy)
         return [rid, request], request
     if form == "raw":
         return [rid, draw(st.one_of(raw_maps(), msgpack_value))], None
@@ -248,9 +269,9 @@ class GoodClient(threading.Thread):
     """Puts a chain of pinned objects (pinned: the fuzzer's puts must not evict them), and after
     each put reads it and a few older ones back, counts the chain and asks which exist."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, credential: str | None) -> None:
         super().__init__(name="good-client", daemon=True)
-        self.client = Client(address, GOOD_TENANT, timeout_s=5.0)
+        self.client = Client(address, GOOD_TENANT, timeout_s=5.0, credential=credential)
         self.rng = random.Random(7)
         self.stop = threading.Event()
         self.objects: dict[str, int] = {}  # key -> size
@@ -307,7 +328,7 @@ class Tally:
     kinds: dict[str, int] = field(default_factory=dict)
 
 
-def _send_batch(sock: zmq.Socket, batch, known: Known, tally: Tally, rng: random.Random) -> None:
+def _send_batch(sock: zmq.Socket, batch, known: Known, tally: Tally, rng: random.Random, authenticated: bool) -> None:
     encode = msgspec.msgpack.Encoder(enc_hook=known.resolve).encode
     waiting: dict[bytes, object] = {}
     expected = 0
@@ -334,6 +355,8 @@ def _send_batch(sock: zmq.Socket, batch, known: Known, tally: Tally, rng: random
         tally.kinds[name] = tally.kinds.get(name, 0) + 1
         request = waiting.pop(reply_frames[0], None)
         assert not (isinstance(reply, p.ErrorReply) and reply.kind == "internal"), f"{reply.message}: {request!r:.600}"
+        if authenticated and isinstance(request, (*NODE_CALLS, p.Stats)):  # a tenant's key may not make these
+            assert isinstance(reply, p.ErrorReply) and reply.kind in ("forbidden", "rate_limited"), (reply, request)
         if isinstance(reply, p.PutStartReply):
             for token in reply.tokens:
                 if token:
@@ -360,13 +383,39 @@ def test_every_request_type_has_a_strategy():
     assert set(REQUEST_TYPES) == FUZZED_TYPES, "a new request type needs its strategy in `requests`"
 
 
-@pytest.fixture
-def fuzz_pool(tmp_path):
-    master = procs.start_master(tmp_path, "--max-message-bytes", str(MAX_MESSAGE_BYTES), "--put-timeout-s", "3")
+@dataclass
+class FuzzPool:
+    master: procs.ManagedProcess
+    auth: AuthDir | None  # None: an --insecure master
+
+    def credential(self, role: str) -> str | None:
+        return None if self.auth is None else str(self.auth.path / f"{role.replace(':', '-')}.cred")
+
+    def connect(self, context: zmq.Context) -> zmq.Socket:
+        """A raw DEALER, with the fuzzer's tenant key when the master authenticates."""
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self.auth is not None:
+            Credential.load(self.credential("tenant:evil")).apply_client(sock)
+        sock.connect(self.master.info["address"])
+        return sock
+
+
+@pytest.fixture(params=["insecure", "auth"])
+def fuzz_pool(tmp_path, request):
+    master_args, node_args, auth = ["--max-message-bytes", str(MAX_MESSAGE_BYTES), "--put-timeout-s", "3"], [], None
+    if request.param == "auth":
+        auth = AuthDir(tmp_path / "auth")
+        auth.init(("admin", "node"))
+        for role in (f"tenant:{GOOD_TENANT}", "tenant:evil"):
+            auth.add(role)
+        master_args += ["--auth", str(auth.path)]
+        node_args = ["--credential", str(auth.path / "node.cred")]
+    master = procs.start_master(tmp_path, *master_args)
     node = None
     try:
-        node = procs.start_node(tmp_path, master.info["address"], "128MiB", name=REAL_NODE)
-        yield master
+        node = procs.start_node(tmp_path, master.info["address"], "128MiB", *node_args, name=REAL_NODE)
+        yield FuzzPool(master, auth)
     finally:
         for proc in (node, master):
             if proc is not None:
@@ -374,33 +423,32 @@ def fuzz_pool(tmp_path):
 
 
 def test_master_serves_a_good_client_through_10000_hostile_messages(fuzz_pool):
-    master = fuzz_pool
+    master = fuzz_pool.master
     address = master.info["address"]
-    good = GoodClient(address)
-    known = Known(real_segments=[n.segment_id for n in good.client.stats().nodes])
+    authenticated = fuzz_pool.auth is not None
+    good = GoodClient(address, fuzz_pool.credential(f"tenant:{GOOD_TENANT}"))
+    with Client(address, credential=fuzz_pool.credential("admin")) as admin:
+        known = Known(real_segments=[n.segment_id for n in admin.stats().nodes])
     tally = Tally()
     rng = random.Random(1)
     context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
+    sock = fuzz_pool.connect(context)
+    request_strategy = st.one_of(requests, THREATS) if authenticated else requests
     started = time.monotonic()
     good.start()
     try:
 
         @settings(max_examples=NUM_BATCHES, derandomize=True, database=None, deadline=None,
                   phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
-        @given(batch=st.lists(wire_messages(), min_size=BATCH, max_size=BATCH))
+        @given(batch=st.lists(wire_messages(request_strategy), min_size=BATCH, max_size=BATCH))
         def fuzz(batch) -> None:
             assert not good.errors, good.errors
-            _send_batch(sock, batch, known, tally, rng)
+            _send_batch(sock, batch, known, tally, rng, authenticated)
 
         fuzz()
         _oversized(sock, tally)
         # a frame over twice the limit: ZMQ drops it and closes that connection, nothing is answered
-        flood = context.socket(zmq.DEALER)
-        flood.setsockopt(zmq.LINGER, 0)
-        flood.connect(address)
+        flood = fuzz_pool.connect(context)
         flood.send_multipart([b"\x02" * 8, b"\x00" * (2 * MAX_MESSAGE_BYTES + 1)])
         flood.close()
         time.sleep(0.5)
