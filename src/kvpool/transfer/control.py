@@ -141,6 +141,17 @@ class MasterChannel:
         for listener in self._listeners:
             listener(old, epoch)
 
+    # ---- for a channel that carries requests another way (transfer/lane.py) ----------------------
+
+    def next_request_id(self) -> int:
+        """A fresh id from this channel's sequence: shared with the lane, so ids never repeat."""
+        return next(self._ids)
+
+    def see_epoch(self, frame: bytes) -> None:
+        """The epoch rule above for a reply that came another way (listeners run under the lock)."""
+        with self._lock:
+            self._see_epoch(frame)
+
     def call(self, request: protocol.Request, timeout_s: float | None = None) -> protocol.Reply:
         timeout_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
         payload = protocol.request_encoder.encode(request)

@@ -216,17 +216,6 @@ def _host_of(address: str) -> str:
     return host[1:-1] if host.startswith("[") else host
 
 
-def _next_id(channel: MasterChannel) -> int:
-    """The channel's next request id: one sequence for both paths, so ids never repeat."""
-    return next(channel._ids)
-
-
-def _see_epoch(channel: MasterChannel, frame: bytes) -> None:
-    """The channel's epoch rule for a lane reply (its listeners run under its lock, as for ZMQ)."""
-    with channel._lock:
-        channel._see_epoch(frame)
-
-
 class _LaneBroken(Exception):
     """The lane's connection is gone (reset, EOF): the call can go over ZMQ instead."""
 
@@ -279,7 +268,7 @@ class LaneChannel:
             if self._sock is not None:
                 payload = protocol.request_encoder.encode(request)
                 try:
-                    self._sock.sendall(_REQUEST_HEAD.pack(len(payload), _next_id(self.channel)) + payload)
+                    self._sock.sendall(_REQUEST_HEAD.pack(len(payload), self.channel.next_request_id()) + payload)
                     return
                 except OSError:
                     self._close_lane()
@@ -324,7 +313,7 @@ class LaneChannel:
 
     def _lane_call(self, sock: socket.socket, request: protocol.Request, deadline_s: float) -> protocol.Reply:
         payload = protocol.request_encoder.encode(request)
-        request_id = _next_id(self.channel)
+        request_id = self.channel.next_request_id()
         try:
             sock.settimeout(max(1e-3, deadline_s - time.monotonic()))
             sock.sendall(_REQUEST_HEAD.pack(len(payload), request_id) + payload)
@@ -338,7 +327,7 @@ class LaneChannel:
             if reply_id == request_id:
                 break
             # a reply to a `send` or to a call that gave up: dropped
-        _see_epoch(self.channel, epoch)
+        self.channel.see_epoch(epoch)
         try:
             reply = protocol.reply_decoder.decode(body)
         except msgspec.DecodeError as e:
