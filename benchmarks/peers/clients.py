@@ -24,6 +24,7 @@ MOONCAKE_MAX_REGIONS_PER_CALL = 1024  # a 4,096-region call stored half its obje
 # Buffers stay alive (and registered) until the process ends: a freed buffer's address comes back
 # for the next case, and Mooncake refuses to register a range overlapping a registered one.
 _KEEP: list[np.ndarray] = []
+PLAIN_SWEEP = [4 * KiB, 64 * KiB, 1 * MiB, 4 * MiB]  # value sizes of the plain get/put sweep
 
 
 class KvpoolAdapter:
@@ -384,6 +385,10 @@ def run(spec: dict) -> dict:
                 out[case] = case_lookups(store, f"{tag}/lk", 300 if q else 2000)
             elif case == "plain_64k":
                 out[case] = case_plain(store, f"{tag}/plain", 64 * KiB, 64 if q else 256, 3)
+            elif case == "plain_sweep":  # plain values of several sizes, ~8 MiB (2 MiB --quick) per size and pass
+                out[case] = {str(size): case_plain(store, f"{tag}/sweep{size}", size,
+                                                   max(16, (2 if q else 8) * MiB // size), 3)
+                             for size in PLAIN_SWEEP}  # fmt: skip
             elif case == "agent_worker":
                 out[case] = case_agent(store, f"{tag}/agent{spec['worker']}", 50 if q else 200, spec["start_at"])
             else:

@@ -42,6 +42,7 @@ from kvpool.bench import hosts, procs  # noqa: E402
 
 MiB = 1024 * 1024
 CASES = ["get_1m", "bw_16m", "sg", "lookup", "plain_64k", "agent"]
+EXTRA_CASES = ["plain_sweep"]  # not run by default: plain get/put at 4 KiB .. 4 MiB
 AGENT_CLIENTS = 4  # the agent-like loop: this many client processes at once
 PIP_PACKAGES = {"mooncake": ["mooncake-transfer-engine-non-cuda==0.3.13.post1"], "redis": ["redis", "hiredis"]}
 IMPORTS = {"mooncake": "mooncake.store", "redis": "redis"}
@@ -237,7 +238,7 @@ def servers_hosts() -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, from: {', '.join(PEERS)}")
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from: {', '.join(CASES)}")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from: {', '.join(CASES + EXTRA_CASES)} (default: all but {', '.join(EXTRA_CASES)})")
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds after the warm-up round (default 3)")
     parser.add_argument("--quick", action="store_true", help="smaller transfers and fewer samples (a smoke run)")
     parser.add_argument("--storage-mib", type=int, default=1024, help="each peer's storage memory (default 1024)")
