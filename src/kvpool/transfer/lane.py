@@ -22,6 +22,8 @@ Rules:
   (reset, EOF: the master went away or restarted) is closed and the call is made again over ZMQ,
   which reconnects and fails over as before; a lane call that times out raises UnavailableError
   like a ZMQ one. After a failure the lane is looked for again at most every `_REDISCOVER_S`.
+  (A live master closes a lane only for an oversized frame or a peer that does not read its
+  replies; a request it had taken before that is then made twice, as a ZMQ retry would.)
 """
 
 from __future__ import annotations
@@ -268,6 +270,7 @@ class LaneChannel:
             if self._sock is not None:
                 payload = protocol.request_encoder.encode(request)
                 try:
+                    self._sock.settimeout(self.channel.timeout_s)  # not what the last call had left
                     self._sock.sendall(_REQUEST_HEAD.pack(len(payload), self.channel.next_request_id()) + payload)
                     return
                 except OSError:
