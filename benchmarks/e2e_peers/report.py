@@ -96,7 +96,10 @@ def breakdown_rows(saved: list[dict], runs: list[RunRecord]) -> list[tuple[str, 
 
         def med(values: list[float | None]) -> str:
             values = [v for v in values if v is not None]
-            return "-" if not values else f"{1000 * statistics.median(values):.0f} ms"
+            if not values:
+                return "-"
+            m = statistics.median(values)
+            return f"{1000 * m:.0f} ms" if m < 1 else f"{m:.2f} s"
 
         client = med([r["summary"]["ttft_s"].get("mean") for r in mine])
         cells = [med([(r["breakdown"].get(k) or {}).get("mean_s") for r in mine]) for k in BREAKDOWN_KEYS]
