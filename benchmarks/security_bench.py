@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import zmq
 
 from kvpool.bench import procs
 from kvpool.client import Client
@@ -118,6 +119,68 @@ def under_flood(address: str, credential: str, args) -> dict:
     return {"p50_us": percentile(rtts, 50), "p99_us": percentile(rtts, 99), "max_us": max(rtts), **counts}
 
 
+def echo_server(curve: tuple[str, str] | None, stop, ready) -> None:
+    """A ROUTER that answers every message at once, with CURVE (server keys) or without."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.linger = 0
+    if curve is not None:
+        sock.curve_server = True
+        sock.curve_publickey, sock.curve_secretkey = curve[0].encode(), curve[1].encode()
+    ready.append(sock.bind_to_random_port("tcp://127.0.0.1"))
+    while not stop.is_set():
+        if sock.poll(100):
+            sock.send_multipart(sock.recv_multipart())
+    sock.close()
+
+
+def curve_echo(args) -> dict:
+    """What CURVE itself costs a round trip: one process, two echo servers (CURVE and plain) on TCP
+    loopback, 200-call batches alternating between them; per-batch P50 ratios."""
+    import threading
+
+    server_public, server_secret = (k.decode() for k in zmq.curve_keypair())
+    client_public, client_secret = zmq.curve_keypair()
+    stop = threading.Event()
+    socks = {}
+    threads = []
+    for name, curve in (("plain", None), ("curve", (server_public, server_secret))):
+        ready: list[int] = []
+        thread = threading.Thread(target=echo_server, args=(curve, stop, ready), daemon=True)
+        thread.start()
+        threads.append(thread)
+        while not ready:
+            time.sleep(0.01)
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.linger = 0
+        if curve is not None:
+            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (
+                server_public.encode(), client_public, client_secret)
+        sock.connect(f"tcp://127.0.0.1:{ready[0]}")
+        socks[name] = sock
+    payload = b"x" * 120  # about a one-key lookup request
+    p50s: dict[str, list[float]] = {"plain": [], "curve": []}
+    for batch in range(2 * args.echo_batches):
+        name = ("plain", "curve")[batch % 2]
+        sock, rtts = socks[name], []
+        for _ in range(200):
+            started = time.perf_counter()
+            sock.send(payload)
+            sock.recv()
+            rtts.append((time.perf_counter() - started) * 1e6)
+        if batch >= 2:  # the first batch of each warms the connection (handshake)
+            p50s[name].append(percentile(rtts, 50))
+    stop.set()
+    for sock in socks.values():
+        sock.close()
+    for thread in threads:
+        thread.join()
+    ratios = sorted(c / p for c, p in zip(p50s["curve"], p50s["plain"]))
+    return {"plain_p50_us": statistics.median(p50s["plain"]), "curve_p50_us": statistics.median(p50s["curve"]),
+            "ratio_median": statistics.median(ratios), "ratio_min": ratios[0], "ratio_max": ratios[-1],
+            "batches": len(ratios)}
+
+
 def start_pool(workdir: Path, *master_args: str, node_credential: str | None = None):
     master = procs.start_master(workdir, *master_args, name="master")
     extra = ("--credential", node_credential) if node_credential else ()
@@ -131,6 +194,7 @@ def main() -> int:
     parser.add_argument("--lookups", type=int, default=3000, help="timed lookups per figure")
     parser.add_argument("--objects", type=int, default=64, help="1 MiB objects per bandwidth figure")
     parser.add_argument("--flood-s", type=float, default=8.0, help="how long the flooder runs per flood figure")
+    parser.add_argument("--echo-batches", type=int, default=40, help="200-call batches per side of the CURVE echo")
     parser.add_argument("--quick", action="store_true", help="1 round, fewer calls (a smoke run)")
     parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/results/security"))
     parser.add_argument("--flood", metavar="ADDR", help=argparse.SUPPRESS)
@@ -141,7 +205,7 @@ def main() -> int:
         flood(args.flood, args.credential, args.seconds)
         return 0
     if args.quick:
-        args.rounds, args.lookups, args.objects, args.flood_s = 1, 500, 16, 4.0
+        args.rounds, args.lookups, args.objects, args.flood_s, args.echo_batches = 1, 500, 16, 4.0, 5
     from rich.progress import Progress
 
     work = Path(tempfile.mkdtemp(prefix="kvpool-security-bench-"))
@@ -174,11 +238,12 @@ def main() -> int:
         for master, node in pools.values():
             node.stop(grace_s=5.0)
             master.stop(grace_s=5.0)
-    report(rounds, args)
+    echo = curve_echo(args)
+    report(rounds, echo, args)
     return 0
 
 
-def report(rounds: list[dict], args) -> None:
+def report(rounds: list[dict], echo: dict, args) -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     med = lambda name, key: statistics.median(r[name][key] for r in rounds)  # noqa: E731
     ratio = lambda key: sorted(r["auth"][key] / r["insecure"][key] for r in rounds)  # noqa: E731
@@ -204,6 +269,9 @@ def report(rounds: list[dict], args) -> None:
         rs = ratio(key)
         lines.append(f"| {label} | {med('insecure', key):.3g} | {med('insecure_lane', key):.3g} | {med('auth', key):.3g} | "
                      f"{statistics.median(rs):.3f} [{rs[0]:.3f}-{rs[-1]:.3f}] |")
+    lines += ["", f"CURVE alone (one process, ZMQ echo over TCP loopback, {echo['batches']} interleaved 200-call batches per "
+              f"side): P50 {echo['plain_p50_us']:.0f} us plain, {echo['curve_p50_us']:.0f} us CURVE; per-batch ratio "
+              f"{echo['ratio_median']:.3f} [{echo['ratio_min']:.3f}-{echo['ratio_max']:.3f}]."]
     lines += ["", "Polite client's 1-key lookups while another client floods the master with 2,000-key lookups:", "",
               "| master | P50 us | P99 us | max us | flooder answered | flooder refused |", "|---|---|---|---|---|---|"]
     for name, label in [("flood_auth", "auth, default limit (2 M keys/s)"),
@@ -211,7 +279,8 @@ def report(rounds: list[dict], args) -> None:
         lines.append(f"| {label} | {med(name, 'p50_us'):.0f} | {med(name, 'p99_us'):.0f} | {med(name, 'max_us'):.0f} | "
                      f"{med(name, 'answered'):.0f} | {med(name, 'limited'):.0f} |")
     (args.out_dir / "security.md").write_text("\n".join(lines) + "\n")
-    (args.out_dir / "security.json").write_text(json.dumps({"machine": machine, "rounds": rounds}, indent=1))
+    (args.out_dir / "security.json").write_text(json.dumps({"machine": machine, "rounds": rounds, "curve_echo": echo},
+                                                           indent=1))
     plot(rounds, args.out_dir / "security.png")
     print("\n".join(lines))
 
