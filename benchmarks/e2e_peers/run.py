@@ -187,6 +187,37 @@ def run_one(name: str, round_index: int, setup: Setup, sessions, args, workdir: 
     return out
 
 
+def prepare(args: argparse.Namespace, console: Console) -> tuple[list, Setup]:
+    """The trace's sessions and the model (the demo's own), LMCache's venv, the shared Setup."""
+    demo = Demo(DemoConfig(num_sessions=args.sessions, scale=args.scale, max_turns=args.max_turns,
+                           time_scale=args.time_scale, seed=args.seed, sessions_file=args.sessions_file,
+                           sessions_scale=args.sessions_scale, kv_cache_bytes=args.kv_cache_mib,
+                           pool_bytes_per_server=args.extra_mib, max_model_len=args.max_model_len,
+                           workdir=args.workdir), status=console.print)  # fmt: skip
+    sessions = demo.sessions()
+    demo.prepare()
+    lmcache_python = None
+    if any(n in LMCACHE_CONFIGS for n in args.configs):
+        try:
+            lmcache_python = lmcache_env.ensure(args.lmcache_venv, install=not args.no_install, status=console.print)
+        except lmcache_env.LMCacheEnvError as e:
+            console.print(f"[red]LMCache configurations will be skipped: {e}[/]")
+    setup = Setup(model_dir=demo.model_dir, kv_cache_bytes=args.kv_cache_mib, extra_bytes_per_server=args.extra_mib,
+                  max_model_len=args.max_model_len, lmcache_python=lmcache_python,
+                  redis_server=find_redis_server())  # fmt: skip
+    return sessions, setup
+
+
+def _print_outcome(console: Console, outcome: dict) -> None:
+    if outcome["error"]:
+        console.print(f"[red]{outcome['label']}: {outcome['error'][-2000:]}[/]")
+        return
+    s = outcome["summary"]
+    console.print(f"  TTFT P50 {s['ttft_s']['p50']:.3f} s, P99 {s['ttft_s']['p99']:.3f} s, "
+                  f"{s['throughput_tok_s']['total']:.0f} tok/s, hit {_pct(s['hit_rate']['combined'])} "
+                  f"of {_pct(s['hit_rate']['potential'])}, {s['requests']['error']} failed")  # fmt: skip
+
+
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -205,23 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     lock = HeavyLock(args.lock, args.max_hold_min * 60, lambda m: console.print(f"[dim]{m}[/]"))
     t0 = time.monotonic()
     try:
-        demo = Demo(DemoConfig(num_sessions=args.sessions, scale=args.scale, max_turns=args.max_turns,
-                               time_scale=args.time_scale, seed=args.seed, sessions_file=args.sessions_file,
-                               sessions_scale=args.sessions_scale, kv_cache_bytes=args.kv_cache_mib,
-                               pool_bytes_per_server=args.extra_mib, max_model_len=args.max_model_len,
-                               workdir=args.workdir), status=console.print)  # fmt: skip
-        sessions = demo.sessions()
-        demo.prepare()
-        lmcache_python = None
-        if any(n in LMCACHE_CONFIGS for n in args.configs):
-            try:
-                lmcache_python = lmcache_env.ensure(args.lmcache_venv, install=not args.no_install,
-                                                    status=console.print)  # fmt: skip
-            except lmcache_env.LMCacheEnvError as e:
-                console.print(f"[red]LMCache configurations will be skipped: {e}[/]")
-        setup = Setup(model_dir=demo.model_dir, kv_cache_bytes=args.kv_cache_mib, extra_bytes_per_server=args.extra_mib,
-                      max_model_len=args.max_model_len, lmcache_python=lmcache_python,
-                      redis_server=find_redis_server())  # fmt: skip
+        sessions, setup = prepare(args, console)
         plan = schedule(args.configs, args.rounds)
         last_run_s = 0.0
         console.print(f"trace: {_trace_info(sessions)}; {len(plan)} runs ({args.rounds} rounds x {len(args.configs)} "
@@ -244,13 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise KeyboardInterrupt
             reports.write_json(path, outcome)
             last_run_s = time.monotonic() - started
-            if outcome["error"]:
-                console.print(f"[red]{outcome['label']}: {outcome['error'][-2000:]}[/]")
-            else:
-                s = outcome["summary"]
-                console.print(f"  TTFT P50 {s['ttft_s']['p50']:.3f} s, P99 {s['ttft_s']['p99']:.3f} s, "
-                              f"{s['throughput_tok_s']['total']:.0f} tok/s, hit {_pct(s['hit_rate']['combined'])} "
-                              f"of {_pct(s['hit_rate']['potential'])}, {s['requests']['error']} failed")  # fmt: skip
+            _print_outcome(console, outcome)
     except KeyboardInterrupt:
         console.print("[red]interrupted: every process stopped; finished runs are kept (--resume continues)[/]")
         return 130

@@ -55,3 +55,9 @@ def test_ratios_oriented_kvpool_better_above_one_and_paired_by_round():
     assert r["ttft_p50"]["per_round"] == Spread(pytest.approx(1.5), pytest.approx(1.0), pytest.approx(2.0), 2)
     assert r["throughput"]["of_medians"] == pytest.approx(310.0 / 210.0)
     assert r["throughput"]["per_round"].low == pytest.approx(330.0 / 220.0)
+
+
+def test_schedule_interleaves_rounds_and_rotates_the_order():
+    from e2e_peers.run import schedule
+
+    assert schedule(("a", "b", "c"), 2) == [(0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"), (1, "a")]
