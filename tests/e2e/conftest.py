@@ -23,6 +23,14 @@ def tiny_model_f32(tmp_path_factory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-f32"), TinyLlamaConfig(dtype="float32"))
 
 
+@pytest.fixture(scope="session")
+def vllm_cache_root(tmp_path_factory) -> Path:
+    """vLLM's cache (model-class info, compiled graphs) shared by every vLLM of the session, the
+    runner's (vllm_env) and the servers' (procs.start_vllm_server(cache_root=...)): with a fresh one
+    each vLLM inspects the model class in a subprocess that imports vLLM again (~15-20 s here)."""
+    return tmp_path_factory.getbasetemp() / "vllm-cache"
+
+
 def vllm_env(workdir: Path) -> dict[str, str]:
     scratch = workdir / "vllm-scratch"
     scratch.mkdir(parents=True, exist_ok=True)
@@ -30,7 +38,7 @@ def vllm_env(workdir: Path) -> dict[str, str]:
         **os.environ,
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
         "TMPDIR": str(scratch), "VLLM_RPC_BASE_PATH": str(scratch),
-        "VLLM_CACHE_ROOT": str(workdir.parent / "vllm-cache"), "HF_HOME": str(scratch / "hf"),
+        "VLLM_CACHE_ROOT": str(workdir.parent / "vllm-cache"),  # = vllm_cache_root (workdir is a tmp_path) "HF_HOME": str(scratch / "hf"),
         # one inductor cache for the session: each fresh vLLM would compile the same CPU kernels again
         "TORCHINDUCTOR_CACHE_DIR": str(workdir.parent / "inductor-cache"),
     }  # fmt: skip

@@ -9,7 +9,9 @@ MultiConnector after ExampleConnector writing there), "block_size", "max_num_bat
 "flip_prompt": [ids] (flip one bit inside each of that prompt's objects in the node's memory, under
 the checksum the writer stored),
 "wait_file" (wait for it before the phase), "signal_file" (create it after the phase)}],
-"tensor_parallel_size" (> 1: vLLM's multiprocess executor, one worker process per rank)}
+"tensor_parallel_size" (> 1: vLLM's multiprocess executor, one worker process per rank),
+"enforce_eager" (default true: torch.compile costs ~27 s more per fresh process here, warm caches
+and all; the tests that need the compiled model say false)}
 OUT: per phase, per prompt {"token_ids", "logprobs"}; plus metric counters after each phase.
 Prefix-cache resets between phases make a phase see only the pool, like a fresh process would.
 """
@@ -159,7 +161,7 @@ def main(spec_path: str, out_path: str) -> int:
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 2048),
         enable_prefix_caching=True, disable_log_stats=False, seed=0,
         prefix_caching_hash_algo=spec.get("prefix_caching_hash_algo", "sha256"),
-        kv_transfer_config=_kv_transfer_config(spec), enforce_eager=spec.get("enforce_eager", False), **parallel,
+        kv_transfer_config=_kv_transfer_config(spec), enforce_eager=spec.get("enforce_eager", True), **parallel,
     )
     result = {"phases": []}
     if spec.get("wait_embedded_node_s"):

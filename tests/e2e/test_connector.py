@@ -1,6 +1,10 @@
 """KVPoolConnector in the real vLLM (CPU build, tiny seeded Llama in float32), against a real pool
 (master and nodes as processes on 127.0.0.1). Each vLLM run is a fresh process; inside one run a
-prefix-cache reset makes the next phase see only the pool, as a fresh process would."""
+prefix-cache reset makes the next phase see only the pool, as a fresh process would.
+
+The runs are eager (connector_run.py's default) but for the first test's, which save and load
+under torch.compile: the connector's per-layer hooks then run inside the compiled graph's pieces.
+Runs that do not depend on each other start together, one core each (VLLM_CPU_OMP_THREADS_BIND)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,11 @@ pytestmark = pytest.mark.vllm
 
 BLOCK_SIZE = 32  # what the run_vllm fixture configures
 LOGPROB_TOL = 1e-4
+COMPILED = {"enforce_eager": False}
+
+
+def on_core(core: int) -> dict:
+    return {"set_env": {"VLLM_CPU_OMP_THREADS_BIND": str(core)}}
 
 
 def prompt(num_tokens: int, seed: int) -> list[int]:
@@ -36,14 +45,14 @@ def assert_same_answer(got: dict, want: dict) -> None:
 def test_fresh_process_loads_prefix_and_answers_like_recompute(make_pool, run_vllm):
     pool = make_pool(num_nodes=1)
     p = prompt(100, seed=1)  # 3 full blocks + 4 tokens
-    a = run_vllm("A", pool.address, [{"prompts": [p], "max_tokens": 8}])
+    a = run_vllm("A", pool.address, [{"prompts": [p], "max_tokens": 8}], **COMPILED)
     assert only(a, 0)["num_cached_tokens"] == 0  # A computed everything: the no-cache reference
     assert counters(a, 0)["vllm:kvpool_saved_blocks"] >= 3
 
     b = run_vllm("B", pool.address, [
         {"prompts": [p], "max_tokens": 8},
         {"prompts": [p], "max_tokens": 8, "reset_prefix_cache": True, "corrupt_prompt": p},
-    ])  # fmt: skip
+    ], **COMPILED)  # fmt: skip
     loaded = only(b, 0)
     assert loaded["num_cached_tokens"] == 3 * BLOCK_SIZE
     assert counters(b, 0)["vllm:kvpool_loaded_blocks"] == 3
@@ -60,12 +69,13 @@ def test_fresh_process_loads_prefix_and_answers_like_recompute(make_pool, run_vl
 def test_partial_hit_loads_the_prefix_and_computes_the_rest(make_pool, run_vllm):
     pool = make_pool(num_nodes=1)
     p, suffix = prompt(100, seed=2), prompt(60, seed=3)
-    reference = run_vllm("ref", None, [{"prompts": [p + suffix], "max_tokens": 6}])
+    wait_reference = run_vllm.start("ref", None, [{"prompts": [p + suffix], "max_tokens": 6}], **on_core(0))
     # objects of 2 blocks: P's 3 full blocks make 1 object; P+S (160 tokens) then hits 64 tokens
     result = run_vllm("partial", pool.address, [
         {"prompts": [p], "max_tokens": 1},
         {"prompts": [p + suffix], "max_tokens": 6, "reset_prefix_cache": True},
-    ], extra_config={"tokens_per_object": 2 * BLOCK_SIZE, "load_async": True})  # fmt: skip
+    ], extra_config={"tokens_per_object": 2 * BLOCK_SIZE, "load_async": True}, **on_core(1))  # fmt: skip
+    reference = wait_reference()
     assert counters(result, 0)["vllm:kvpool_saved_blocks"] == 2
     hit = only(result, 1)
     assert hit["num_cached_tokens"] == 2 * BLOCK_SIZE
@@ -87,18 +97,23 @@ def test_prompt_longer_than_max_num_batched_tokens(make_pool, run_vllm):
     assert_same_answer(hit, only(result, 0))
 
 
-@pytest.mark.parametrize("load_async", [True, False], ids=["async", "sync"])
-def test_node_killed_before_the_load_means_recompute(make_pool, run_vllm, load_async):
+def test_node_killed_before_the_load_means_recompute(make_pool, run_vllm):
     # a long node TTL keeps the dead node's objects listed, so B really tries (and fails) to read
     pool = make_pool(num_nodes=1, master_args=("--node-ttl-s", "600"))
     p = prompt(100, seed=5)
     a = run_vllm("A", pool.address, [{"prompts": [p], "max_tokens": 8}])
     pool.nodes[0].kill()
-    b = run_vllm("B", pool.address, [{"prompts": [p], "max_tokens": 8}], extra_config={"load_async": load_async})
-    assert counters(b, 0)["vllm:kvpool_load_failed_blocks"] == 3  # reported; vLLM recomputed them
-    if load_async:  # the failure was known before the request was first scheduled
-        assert only(b, 0)["num_cached_tokens"] == 0
-    assert_same_answer(only(b, 0), only(a, 0))
+    # one reader per load mode, both at once: they only read, and the dead node stays dead
+    waits = {load_async: run_vllm.start(f"B-{'async' if load_async else 'sync'}", pool.address,
+                                        [{"prompts": [p], "max_tokens": 8}], extra_config={"load_async": load_async},
+                                        **on_core(int(load_async)))
+             for load_async in (True, False)}  # fmt: skip
+    for load_async, wait in waits.items():
+        b = wait()
+        assert counters(b, 0)["vllm:kvpool_load_failed_blocks"] == 3, load_async  # reported; vLLM recomputed them
+        if load_async:  # the failure was known before the request was first scheduled
+            assert only(b, 0)["num_cached_tokens"] == 0
+        assert_same_answer(only(b, 0), only(a, 0))
 
 
 def test_works_inside_multiconnector_next_to_example_connector(make_pool, run_vllm, tmp_path):

@@ -34,7 +34,7 @@ def metric(url: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-def test_turn_two_on_another_server_hits_the_whole_history(make_pool, tmp_path):
+def test_turn_two_on_another_server_hits_the_whole_history(make_pool, tmp_path, vllm_cache_root):
     pool = make_pool(num_nodes=1)
     model = write_tiny_llama(tmp_path / "model", TinyLlamaConfig(dtype="float32"))
     kv_transfer_config = {
@@ -44,7 +44,7 @@ def test_turn_two_on_another_server_hits_the_whole_history(make_pool, tmp_path):
     servers = [
         procs.start_vllm_server(
             tmp_path, model, name=f"vllm{i}", kv_cache_memory_bytes=32 << 20, max_model_len=1024,
-            kv_transfer_config=kv_transfer_config, cpu_bind=str(i),
+            kv_transfer_config=kv_transfer_config, cpu_bind=str(i), cache_root=vllm_cache_root,
             extra_args=("--block-size", str(BLOCK_SIZE), "--dtype", "float32"),
         )
         for i in range(2)

@@ -3,6 +3,7 @@ clean-up on SIGTERM."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +32,14 @@ def processes_using(path: Path) -> list[int]:
     return found
 
 
-def demo(tmp_path: Path, *args: str) -> subprocess.Popen:
+def demo(tmp_path: Path, vllm_cache_root: Path, *args: str) -> subprocess.Popen:
+    # the demo keeps one vLLM cache per server index in its workdir; start those from what the
+    # session's vLLMs learned (model-class info: else each server inspects it in a subprocess that
+    # imports vLLM again), as a second demo in the same workdir would
+    modelinfos = vllm_cache_root / "modelinfos"
+    if modelinfos.is_dir():
+        for i in range(2):
+            shutil.copytree(modelinfos, tmp_path / "work" / f"vllm-cache-{i}" / "modelinfos")
     return subprocess.Popen(
         [sys.executable, "-m", "kvpool", "demo", "--quick", "--workdir", str(tmp_path / "work"),
          "--output-dir", str(tmp_path / "out"), *args],
@@ -39,8 +47,8 @@ def demo(tmp_path: Path, *args: str) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def test_quick_demo_runs_both_halves_and_cleans_up(tmp_path):
-    proc = demo(tmp_path, "--runs", "baseline,pool")
+def test_quick_demo_runs_both_halves_and_cleans_up(tmp_path, vllm_cache_root):
+    proc = demo(tmp_path, vllm_cache_root, "--runs", "baseline,pool")
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
     assert "results in" in out and "round-robin" in out  # rich wraps the table to the pipe's 80 columns
@@ -68,8 +76,8 @@ def test_quick_demo_runs_both_halves_and_cleans_up(tmp_path):
     assert processes_using(tmp_path / "work") == []
 
 
-def test_sigterm_stops_every_process(tmp_path):
-    proc = demo(tmp_path, "--only", "baseline")  # SIGTERM while the servers start: no results, exit 130
+def test_sigterm_stops_every_process(tmp_path, vllm_cache_root):
+    proc = demo(tmp_path, vllm_cache_root, "--only", "baseline")  # SIGTERM while the servers start: no results, exit 130
     log = tmp_path / "work" / "baseline" / "vllm0.log"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:

@@ -33,11 +33,11 @@ def tiny_sessions() -> list[Session]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, vllm_cache_root):
     workdir = tmp_path_factory.mktemp("replay")
     model = write_tiny_llama(workdir / "model")
     proc = procs.start_vllm_server(workdir, model, name="vllm", kv_cache_memory_bytes=32 * 2**20,
-                                   max_model_len=MAX_MODEL_LEN)  # fmt: skip
+                                   max_model_len=MAX_MODEL_LEN, cache_root=vllm_cache_root)  # fmt: skip
     yield proc
     proc.stop()
 

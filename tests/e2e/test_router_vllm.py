@@ -44,12 +44,12 @@ def backend_of(line: str) -> str:
     return re.search(r"backend=(\S+)", line).group(1)
 
 
-def test_cache_aware_sends_turn_two_where_its_prefix_is(tmp_path):
+def test_cache_aware_sends_turn_two_where_its_prefix_is(tmp_path, vllm_cache_root):
     model = write_tiny_llama(tmp_path / "model", TinyLlamaConfig(max_position_embeddings=MAX_MODEL_LEN))
     write_tiny_tokenizer(model, 8000, MAX_MODEL_LEN)
     servers = [procs.start_vllm_server(tmp_path, model, name=f"vllm{i}", kv_cache_memory_bytes=32 * 2**20,
                                        max_model_len=MAX_MODEL_LEN, kv_events=True, tokenizer=model,
-                                       cpu_bind=str(i % 2), cache_root=tmp_path / "vllm-cache", wait=False)
+                                       cpu_bind=str(i % 2), cache_root=vllm_cache_root, wait=False)
                for i in range(2)]  # fmt: skip
     router = None
     try:
