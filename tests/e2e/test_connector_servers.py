@@ -1,5 +1,7 @@
 """Two vLLM OpenAI servers share one pool: turn 2 of a conversation, sent to the server that never
-saw turn 1, loads the whole history from the pool, including turn 1's output (decode-phase KV)."""
+saw turn 1, loads the whole history from the pool, including turn 1's output (decode-phase KV).
+The pool is an authenticated one (`kvpool master --auth`): the node, both connectors (one tenant
+identity, from kv_connector_extra_config) and the test's admin client all connect over CURVE."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from kvpool.bench import procs
 from kvpool.bench.tiny_model import TinyLlamaConfig, write_tiny_llama
 from kvpool.client import Client
+from kvpool.transfer.credentials import AuthDir
 
 pytestmark = pytest.mark.vllm
 
@@ -35,11 +38,16 @@ def metric(url: str, name: str) -> float:
 
 
 def test_turn_two_on_another_server_hits_the_whole_history(make_pool, tmp_path, vllm_cache_root):
-    pool = make_pool(num_nodes=1)
+    auth = AuthDir(tmp_path / "auth")
+    auth.init(("admin", "node"))
+    fleet = auth.add("tenant:fleet")
+    pool = make_pool(num_nodes=0, master_args=("--auth", str(auth.path)))
+    pool.add_node("64MiB", "--credential", str(auth.path / "node.cred"))
     model = write_tiny_llama(tmp_path / "model", TinyLlamaConfig(dtype="float32"))
     kv_transfer_config = {
         "kv_connector": "KVPoolConnector", "kv_connector_module_path": "kvpool.connector", "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"master_address": pool.address},
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"master_address": pool.address, "credential": str(fleet)},
     }  # fmt: skip
     servers = [
         procs.start_vllm_server(
@@ -55,7 +63,7 @@ def test_turn_two_on_another_server_hits_the_whole_history(make_pool, tmp_path, 
         turn1 = [rng.randrange(10, 7990) for _ in range(100)]
         answer1 = complete(url1, turn1, max_tokens=40)["choices"][0]["token_ids"]
         history = turn1 + answer1  # 140 tokens: 4 full blocks, the 4th mostly turn 1's output
-        with Client(pool.address) as client:  # the saves run in the background: wait for 4 objects
+        with Client(pool.address, credential=str(auth.path / "admin.cred")) as client:  # saves run in the background
             deadline = time.monotonic() + 30
             while client.stats().num_objects < 4 and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -65,6 +73,8 @@ def test_turn_two_on_another_server_hits_the_whole_history(make_pool, tmp_path, 
         assert cached == 4 * BLOCK_SIZE  # every full block of the history, output included
         assert metric(url2, "vllm:external_prefix_cache_hits_total") == 4 * BLOCK_SIZE
         assert metric(url2, "vllm:kvpool_loaded_blocks_total") == 4
+        with Client(pool.address, credential=str(auth.path / "admin.cred")) as client:
+            assert {t.tenant for t in client.stats().tenants} == {"fleet"}  # both servers wrote as the one tenant
         # server 1 answers turn 2 from its own prefix cache: the same tokens
         assert complete(url1, turn2, max_tokens=8)["choices"][0]["token_ids"] == reply2["choices"][0]["token_ids"]
     finally:
