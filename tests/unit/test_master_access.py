@@ -106,3 +106,13 @@ def test_a_node_id_belongs_to_the_identity_that_mounted_it():
 def test_a_bad_tenant_is_refused_before_scoping(tenant):
     reply = make_core().handle(p.LookupPrefix(tenant, ["k"]), 0.0, ALICE)
     assert isinstance(reply, p.ErrorReply) and reply.kind == "usage"
+
+
+def test_hostile_segment_sizes_are_refused_so_stats_stay_encodable():
+    core = make_core()
+    for size, base, disk in ((2**63 - 1, 0, 0), (4096, 2**64 - 100, 0), (4096, 0, 2**63 - 1), (0, 0, 0)):
+        reply = core.handle(p.MountSegment(f"n{size}", "h", size, base, "a", b"", disk_bytes=disk), 0.0, OPEN)
+        assert isinstance(reply, p.ErrorReply) and reply.kind == "usage", reply
+    for i in range(3):
+        assert isinstance(core.handle(p.MountSegment(f"big{i}", "h", 1 << 50, 0, "a", b""), 0.0, OPEN), p.MountReply)
+    p.reply_encoder.encode(core.handle(p.Stats(), 0.0, OPEN))  # capacity 3 PiB: still a 64-bit int

@@ -32,6 +32,9 @@ from kvpool.master.index import ObjectIndex
 from kvpool.master.segments import SegmentTable
 
 
+MAX_SEGMENT_BYTES = 1 << 50  # 1 PiB per segment: a million of them still sum inside 64 bits
+
+
 def _check_tenant(tenant: str) -> None:
     if not tenant:
         raise UsageError("tenant must be a non-empty string")
@@ -128,6 +131,12 @@ class MasterCore:
     def _mount(self, req: p.MountSegment, now_s: float) -> p.MountReply:
         if not req.node_id:
             raise UsageError("node_id must be a non-empty string")
+        # sums over segments (capacity, usage) must stay inside the wire's 64-bit integers
+        if not 0 < req.size_bytes <= MAX_SEGMENT_BYTES or not 0 <= req.disk_bytes <= MAX_SEGMENT_BYTES:
+            raise UsageError(f"segment and disk sizes must be within 1..{MAX_SEGMENT_BYTES} bytes, got "
+                             f"{req.size_bytes} and {req.disk_bytes}")
+        if not 0 <= req.base_addr <= (1 << 64) - 1 - req.size_bytes:
+            raise UsageError(f"base_addr {req.base_addr} + size must be a 64-bit address")
         try:
             segment, replaced = self.segments.mount(req, now_s)
         except ValueError as e:

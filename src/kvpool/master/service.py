@@ -183,7 +183,17 @@ class MasterService:
                     self._answer([LaneFrame(key), LaneFrame(request_id), LaneFrame(payload)], self._lane_send)
 
     def _lane_send(self, key: bytes, request_id: bytes, reply: p.Reply) -> None:
-        self._lane.reply(key, request_id, self._epoch_frame, self._encode(reply))
+        self._lane.reply(key, request_id, self._epoch_frame, self._encode_reply(reply))
+
+    def _encode_reply(self, reply: p.Reply) -> bytes:
+        """The reply's bytes; one that cannot be encoded (a value out of the wire's range that
+        validation missed) becomes an internal error for that caller, never the end of the loop."""
+        try:
+            return self._encode(reply)
+        except (OverflowError, TypeError, ValueError, msgspec.EncodeError):
+            log.exception("internal error: cannot encode a %s reply", type(reply).__name__)
+            return self._encode(p.ErrorReply(kind="internal", message=f"master could not encode its "
+                                             f"{type(reply).__name__}; see its log"))
 
     def _answer(self, frames: list[zmq.Frame], send: Callable | None = None) -> None:
         """Check, decode, handle and answer one request ([identity, request_id, payload] frames);
@@ -250,7 +260,8 @@ class MasterService:
 
     def _send(self, identity: bytes, request_id: bytes, reply: p.Reply) -> None:
         try:
-            self._socket.send_multipart([identity, request_id, self._epoch_frame, self._encode(reply)], zmq.NOBLOCK)
+            self._socket.send_multipart([identity, request_id, self._epoch_frame, self._encode_reply(reply)],
+                                        zmq.NOBLOCK)
         except zmq.Again:
             log.warning("reply to a slow peer dropped (send queue full)")
 
