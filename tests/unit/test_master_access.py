@@ -114,5 +114,5 @@ def test_hostile_segment_sizes_are_refused_so_stats_stay_encodable():
         reply = core.handle(p.MountSegment(f"n{size}", "h", size, base, "a", b"", disk_bytes=disk), 0.0, OPEN)
         assert isinstance(reply, p.ErrorReply) and reply.kind == "usage", reply
     for i in range(3):
-        assert isinstance(core.handle(p.MountSegment(f"big{i}", "h", 1 << 50, 0, "a", b""), 0.0, OPEN), p.MountReply)
-    p.reply_encoder.encode(core.handle(p.Stats(), 0.0, OPEN))  # capacity 3 PiB: still a 64-bit int
+        assert isinstance(core.handle(p.MountSegment(f"big{i}", "h", 1 << 60, 0, "a", b""), 0.0, OPEN), p.MountReply)
+    p.reply_encoder.encode(core.handle(p.Stats(), 0.0, OPEN))  # capacity 3 x 2^60: still a 64-bit int

@@ -32,7 +32,7 @@ from kvpool.master.index import ObjectIndex
 from kvpool.master.segments import SegmentTable
 
 
-MAX_SEGMENT_BYTES = 1 << 50  # 1 PiB per segment: a million of them still sum inside 64 bits
+MAX_SEGMENT_BYTES = 1 << 60  # per segment (the simulator mounts "unbounded" pools of this size); sums stay 64-bit to 15 of them
 
 
 def _check_tenant(tenant: str) -> None:
@@ -133,7 +133,7 @@ class MasterCore:
             raise UsageError("node_id must be a non-empty string")
         # sums over segments (capacity, usage) must stay inside the wire's 64-bit integers
         if not 0 < req.size_bytes <= MAX_SEGMENT_BYTES or not 0 <= req.disk_bytes <= MAX_SEGMENT_BYTES:
-            raise UsageError(f"segment and disk sizes must be within 1..{MAX_SEGMENT_BYTES} bytes, got "
+            raise UsageError(f"segment and disk sizes must be within 1..{MAX_SEGMENT_BYTES} bytes (disk: 0..), got "
                              f"{req.size_bytes} and {req.disk_bytes}")
         if not 0 <= req.base_addr <= (1 << 64) - 1 - req.size_bytes:
             raise UsageError(f"base_addr {req.base_addr} + size must be a 64-bit address")
