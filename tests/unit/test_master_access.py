@@ -6,6 +6,7 @@ import pytest
 
 from kvpool.core import protocol as p
 from kvpool.master import MasterConfig, MasterCore
+from kvpool.master.core import MAX_POOL_BYTES, MAX_SEGMENT_BYTES
 from kvpool.master.access import OPEN, Principal, namespace_owner, refusal, scoped_tenant
 
 SLOT = 64
@@ -116,3 +117,14 @@ def test_hostile_segment_sizes_are_refused_so_stats_stay_encodable():
     for i in range(3):
         assert isinstance(core.handle(p.MountSegment(f"big{i}", "h", 1 << 60, 0, "a", b""), 0.0, OPEN), p.MountReply)
     p.reply_encoder.encode(core.handle(p.Stats(), 0.0, OPEN))  # capacity 3 x 2^60: still a 64-bit int
+
+
+def test_the_pool_stops_growing_before_its_sums_leave_64_bits():
+    core = make_core()
+    replies = [core.handle(p.MountSegment(f"max{i}", "h", MAX_SEGMENT_BYTES, 0, "a", b""), 0.0, OPEN) for i in range(16)]
+    mounted = [r for r in replies if isinstance(r, p.MountReply)]
+    assert len(mounted) == MAX_POOL_BYTES // MAX_SEGMENT_BYTES
+    assert all(r.kind == "usage" and "past" in r.message for r in replies[len(mounted):])
+    stats = core.handle(p.Stats(), 0.0, OPEN)
+    assert stats.capacity_bytes == MAX_POOL_BYTES
+    p.reply_encoder.encode(stats)

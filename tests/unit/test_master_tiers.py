@@ -201,3 +201,19 @@ def test_stale_write_report_is_answered_with_a_drop():
     node.sync(1.2)  # the node wrote "a" from the commit op, then learns it is gone
     assert node.disk == {}
     assert core.index.tiers.by_segment[node.segment_id].used_bytes == 0
+
+
+def test_a_disk_announcing_more_than_its_capacity_is_refused_the_excess():
+    """Found by the fuzz test: two announced entries of 2^64 - 1 bytes took the tier's used bytes
+    past 64 bits, and Stats could no longer be encoded."""
+    core = make_core()
+    msg = p.MountSegment("n0", "host", 2 * SLOT, 0, "agent", b"", recovering=True, disk_bytes=2 * DISK_SLOT)
+    segment_id = core.handle(msg, 0.0).segment_id
+    entries = [p.DiskEntry("t", "fits0", SLOT, 11), p.DiskEntry("t", "huge", 2**64 - 1, 12),
+               p.DiskEntry("t", "fits1", SLOT, 13), p.DiskEntry("t", "past", SLOT, 14)]
+    reply = core.handle(p.AnnounceObjects(segment_id, [], [], last=True, disk_entries=entries), 0.0)
+    assert reply.accepted == 2
+    stats = core.stats(0.0)
+    assert stats.rejected_announcements == 2 and stats.tiers[0].used_bytes == 2 * DISK_SLOT
+    p.reply_encoder.encode(stats)
+    assert [where(core, k) for k in ("fits0", "fits1")] == ["disk", "disk"]

@@ -32,7 +32,8 @@ from kvpool.master.index import ObjectIndex
 from kvpool.master.segments import SegmentTable
 
 
-MAX_SEGMENT_BYTES = 1 << 60  # per segment (the simulator mounts "unbounded" pools of this size); sums stay 64-bit to 15 of them
+MAX_SEGMENT_BYTES = 1 << 60  # per segment
+MAX_POOL_BYTES = 1 << 62  # all mounted DRAM together: every sum the master reports stays a 64-bit integer
 
 
 def _check_tenant(tenant: str) -> None:
@@ -137,14 +138,15 @@ class MasterCore:
                              f"{req.size_bytes} and {req.disk_bytes}")
         if not 0 <= req.base_addr <= (1 << 64) - 1 - req.size_bytes:
             raise UsageError(f"base_addr {req.base_addr} + size must be a 64-bit address")
+        if self.segments.capacity_bytes + req.size_bytes > MAX_POOL_BYTES:
+            raise UsageError(f"mounting {req.size_bytes} bytes would take the pool past {MAX_POOL_BYTES} bytes "
+                             f"({self.segments.capacity_bytes} mounted)")
         try:
             segment, replaced = self.segments.mount(req, now_s)
         except ValueError as e:
             raise UsageError(str(e)) from None
         for old in replaced:
             self.index.drop_segment(old.segment_id)
-        if req.disk_bytes < 0:
-            raise UsageError(f"disk_bytes must be >= 0, got {req.disk_bytes}")
         if req.disk_bytes:
             self.index.tiers.mount(segment, req.disk_bytes)
         return p.MountReply(

@@ -359,7 +359,9 @@ class Tiers:
         index = self.index
         refused = 0
         for entry in entries:
-            ok = (tier is not None and entry.tenant and entry.key and entry.size > 0
+            # a disk announcing more than its capacity is lying or was shrunk: the excess is refused
+            ok = (tier is not None and entry.tenant and entry.key and 0 < entry.size
+                  and stored_bytes(entry.size) <= tier.capacity_bytes - tier.used_bytes
                   and 0 < entry.checksum < (1 << 64))
             rec = None
             if ok:

@@ -16,11 +16,10 @@ from typing import Sequence
 
 from kvpool.core import protocol as p
 from kvpool.master.config import MasterConfig
-from kvpool.master.core import MasterCore
+from kvpool.master.core import MAX_POOL_BYTES, MAX_SEGMENT_BYTES, MasterCore
 from kvpool.sim.config import PoolConfig
 
 TENANT = "sim"
-UNBOUNDED_SEGMENT_BYTES = 1 << 60
 
 
 class PoolModel:
@@ -30,7 +29,7 @@ class PoolModel:
         self.master_config = master or MasterConfig(node_ttl_s=1e12, heartbeat_interval_s=1e11, put_timeout_s=1e12)
         self.core = MasterCore(self.master_config, epoch=1 << 40)
         if config.capacity_bytes == float("inf"):
-            per_node = UNBOUNDED_SEGMENT_BYTES
+            per_node = min(MAX_SEGMENT_BYTES, MAX_POOL_BYTES // config.num_nodes)  # the master's limits
         else:
             per_node = int(config.capacity_bytes // config.num_nodes)
         if per_node < self.object_bytes:
