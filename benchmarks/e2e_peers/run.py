@@ -41,6 +41,19 @@ from kvpool.bench.replay import ReplayConfig  # noqa: E402
 
 DEFAULT_WORKDIR = Path.home() / ".cache" / "kvpool" / "e2e-peers" / "work"
 QUICK = {"num_sessions": 1, "max_turns": 4, "scale": 0.05, "time_scale": 0.0}
+REPO = Path(__file__).resolve().parents[2]
+# --trace presets: settings a trace needs unless given on the command line; results under OUT/<trace>/
+TRACES = {
+    "demo": {},  # the demo's own: 12 Codex-like sessions x 12 turns, scale 0.25; the pool holds it all
+    # longer contexts (up to 19.5K tokens, 1.4 M input tokens) and a pool (2 x 96 MiB) smaller than
+    # the trace's distinct KV (~162K tokens, ~316 MiB): eviction decides what hits
+    "long": {"scale": 0.4, "extra_mib": 96 << 20, "max_model_len": 24576},
+    # the six shared Claude Code traces (8 sessions incl. 2 subagents, 305 calls, 100K-450K-token
+    # contexts) scaled x 0.03 to fit the tiny model's 16K context; think times x 0.002 (the longest,
+    # 5.4 h, becomes 39 s)
+    "claude-code": {"sessions_file": REPO.parent / "shared" / "data" / "traces" / "claude-code",
+                    "sessions_scale": 0.03, "max_turns": 100, "time_scale": 0.002},
+}
 
 
 def _configs(text: str) -> tuple[str, ...]:
@@ -72,13 +85,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--configs", type=_configs, default=tuple(CONFIGS), metavar="NAME,...",
                    help=f"configurations to run, from {', '.join(CONFIGS)}")
+    p.add_argument("--trace", choices=tuple(TRACES), default="demo",
+                   help="a preset trace: demo (the demo's), long (longer contexts, a pool smaller than the "
+                        "trace: eviction matters), claude-code (the shared Claude Code traces, scaled); its "
+                        "results go to OUT/<trace>/ unless demo; explicit options override the preset")
     p.add_argument("--rounds", type=int, default=3, help="runs per configuration (one per round)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 1 session x 4 short turns, 1 round")
     p.add_argument("--sessions", type=int, default=d.num_sessions, help="sessions in the synthesized trace")
     p.add_argument("--max-turns", type=int, default=d.max_turns, help="turns per session at most")
     p.add_argument("--scale", type=float, default=d.scale, help="token counts as a fraction of the Codex profile's")
     p.add_argument("--time-scale", type=float, default=d.time_scale, help="think times x this (0 = none)")
-    p.add_argument("--sessions-file", type=Path, default=None, help="replay this sessions JSONL instead")
+    p.add_argument("--sessions-file", type=Path, default=None,
+                   help="replay this trace instead: a sessions JSONL or what `kvpool trace convert` reads")
     p.add_argument("--sessions-scale", type=float, default=1.0, help="token counts of --sessions-file x this")
     p.add_argument("--seed", type=int, default=d.seed, help="trace and prompt seed")
     p.add_argument("--kv-cache-mib", type=_mib, default=d.kv_cache_bytes, metavar="MIB",
@@ -100,7 +118,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stop-after-min", type=float, default=None,
                    help="start no new run after this many minutes (the report covers what finished)")
     p.add_argument("--load-note", default="", help="what else ran on the machine, for the report")
+    preset = TRACES[p.parse_known_args(argv)[0].trace]
+    p.set_defaults(**{("sessions" if k == "num_sessions" else k): v for k, v in preset.items()})
     args = p.parse_args(argv)
+    if args.trace != "demo" and args.out_dir == Path("benchmarks/results/e2e_peers"):
+        args.out_dir = args.out_dir / args.trace
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
     if args.quick:
@@ -291,7 +313,7 @@ def _write_report(args: argparse.Namespace, console: Console) -> int:
 
 
 def _settings(args: argparse.Namespace) -> dict:
-    keys = ("configs", "rounds", "sessions", "max_turns", "scale", "time_scale", "sessions_file", "sessions_scale",
+    keys = ("trace", "configs", "rounds", "sessions", "max_turns", "scale", "time_scale", "sessions_file", "sessions_scale",
             "seed", "kv_cache_mib", "extra_mib", "max_model_len")  # fmt: skip
     out = {k: (str(v) if isinstance(v, Path) else v) for k in keys if (v := getattr(args, k)) is not None}
     return out | {"kv_cache_mib": args.kv_cache_mib >> 20, "extra_mib": args.extra_mib >> 20}

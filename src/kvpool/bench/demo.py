@@ -34,7 +34,8 @@ from kvpool.bench.replay import ReplayConfig, ReplayResult
 from kvpool.bench.reports import summarize
 from kvpool.bench.tiny_model import TinyLlamaConfig, write_tiny_llama
 from kvpool.bench.tiny_tokenizer import write_tiny_tokenizer
-from kvpool.workload.model import Session, read_sessions, scale_session
+from kvpool.workload.formats import expand_inputs, load_trace
+from kvpool.workload.model import Session, scale_session
 from kvpool.workload.synth import SynthConfig, synth_sessions
 
 
@@ -141,6 +142,12 @@ class ConnectorProbe:
             self._proc.wait()
 
 
+def read_trace(path: Path) -> list[Session]:
+    """Sessions from a kvpool sessions JSONL or any trace `kvpool trace convert` reads (a file, or a
+    directory of them: Claude Code, Mooncake, vLLM multi-turn), in file order."""
+    return [s for f in expand_inputs([path]) for s in load_trace(f)]
+
+
 class Demo:
     def __init__(self, config: DemoConfig, status: Callable[[str], None] = print) -> None:
         self.config = config
@@ -155,7 +162,7 @@ class Demo:
         if c.sessions_file is not None:
             return [scale_session(msgspec.structs.replace(s, turns=s.turns[: c.max_turns]), c.sessions_scale)
                     if c.sessions_scale != 1.0 else msgspec.structs.replace(s, turns=s.turns[: c.max_turns])
-                    for s in read_sessions(c.sessions_file)[: c.num_sessions]]  # fmt: skip
+                    for s in read_trace(c.sessions_file)[: c.num_sessions]]  # fmt: skip
         return synth_sessions(SynthConfig(profile="codex", num_sessions=c.num_sessions, scale=c.scale,
                                           seed=c.seed, max_turns=c.max_turns))  # fmt: skip
 

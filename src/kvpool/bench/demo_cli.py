@@ -64,8 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=float, default=None,
                         help=f"tool/think times as a fraction of the trace's (default {d.time_scale}; 0 = none)")
     parser.add_argument("--sessions-file", type=Path, default=None,
-                        help="replay this kvpool sessions JSONL instead of a synthesized Codex-like trace "
-                             "(`kvpool trace convert` makes one from Claude Code, Mooncake or vLLM traces)")
+                        help="replay this trace instead of a synthesized Codex-like one: a kvpool sessions "
+                             "JSONL or what `kvpool trace convert` reads (Claude Code, Mooncake or vLLM "
+                             "multi-turn files, or a directory of them)")
     parser.add_argument("--sessions-scale", type=float, default=1.0,
                         help="token counts of --sessions-file times this, sharing kept (e.g. 0.03 fits "
                              "Claude Code's 100K-450K-token contexts into the tiny model's 16K; default 1)")
