@@ -51,7 +51,7 @@ TRACES = {
     # the six shared Claude Code traces (8 sessions incl. 2 subagents, 305 calls, 100K-450K-token
     # contexts) scaled x 0.03 to fit the tiny model's 16K context; think times x 0.002 (the longest,
     # 5.4 h, becomes 39 s)
-    "claude-code": {"sessions_file": REPO.parent / "shared" / "data" / "traces" / "claude-code",
+    "claude-code": {"sessions_file": REPO / "tests" / "data" / "traces" / "claude-code",  # vendored copies
                     "sessions_scale": 0.03, "max_turns": 100, "time_scale": 0.002},
 }
 

@@ -61,3 +61,25 @@ def test_schedule_interleaves_rounds_and_rotates_the_order():
     from e2e_peers.run import schedule
 
     assert schedule(("a", "b", "c"), 2) == [(0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"), (1, "a")]
+
+
+@pytest.mark.parametrize("trace", ["demo", "long", "claude-code"])
+def test_each_trace_preset_fits_the_model_and_goes_to_its_own_results(trace, tmp_path):
+    from e2e_peers import run
+
+    from kvpool.bench.demo import Demo, DemoConfig
+
+    args = run.parse_args(["--trace", trace])
+    assert (args.out_dir.name == "e2e_peers") == (trace == "demo")
+    config = DemoConfig(num_sessions=args.sessions, scale=args.scale, max_turns=args.max_turns,
+                        sessions_file=args.sessions_file, sessions_scale=args.sessions_scale, workdir=tmp_path)
+    sessions = Demo(config).sessions()
+    longest = max(len(t.block_ids) * s.block_size + t.tail_tokens + t.output_tokens
+                  for s in sessions for t in s.turns)  # fmt: skip
+    assert longest <= args.max_model_len
+    if trace == "claude-code":
+        assert (len(sessions), sum(len(s.turns) for s in sessions)) == (8, 305)  # every call of the six files
+    if trace == "long":  # the trace's distinct KV (bf16 tiny model: 2 KiB per token) exceeds the pool
+        distinct = sum(len({b for t in s.turns for b in t.block_ids}) * s.block_size for s in sessions)
+        assert distinct * 2048 > 2 * args.extra_mib
+    assert run.parse_args(["--trace", trace, "--scale", "0.1"]).scale == 0.1  # explicit options win
