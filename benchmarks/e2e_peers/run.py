@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console  # noqa: E402
 
-from e2e_peers import breakdown, lmcache_env, report  # noqa: E402
+from e2e_peers import breakdown, lmcache_env, profile, report  # noqa: E402
 from e2e_peers.aggregate import RunRecord  # noqa: E402
 from e2e_peers.configs import CONFIGS, LMCACHE_CONFIGS, PeerUnavailable, Setup, find_redis_server  # noqa: E402
 from kvpool.bench import procs, reports  # noqa: E402
@@ -118,6 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stop-after-min", type=float, default=None,
                    help="start no new run after this many minutes (the report covers what finished)")
     p.add_argument("--load-note", default="", help="what else ran on the machine, for the report")
+    p.add_argument("--profile", action="store_true",
+                   help="sample each vLLM server with py-spy during the replay into OUT/profiles/ (costs a few "
+                        "percent: give profiled runs their own --out-dir)")
     preset = TRACES[p.parse_known_args(argv)[0].trace]
     p.set_defaults(**{("sessions" if k == "num_sessions" else k): v for k, v in preset.items()})
     args = p.parse_args(argv)
@@ -193,7 +196,14 @@ def run_one(name: str, round_index: int, setup: Setup, sessions, args, workdir: 
         out["startup_s"], out["memory"] = time.monotonic() - t0, stack.memory_note
         config = ReplayConfig(endpoints=(stack.router_url,), metrics_urls=tuple(stack.server_urls),
                               time_scale=args.time_scale, seed=args.seed, request_timeout_s=600.0)  # fmt: skip
-        result = replay_with_progress(sessions, config, f"round {round_index + 1} {peer.label}", console)
+        title = f"round {round_index + 1} {peer.label}"
+        if args.profile:
+            servers = {p.name: p.pid for p in stack.procs if p.name.startswith("vllm")}
+            with profile.profiled(servers, args.out_dir / "profiles" / f"r{round_index}-{name}") as paths:
+                result = replay_with_progress(sessions, config, title, console)
+            out["profiles"] = [str(p) for p in paths]
+        else:
+            result = replay_with_progress(sessions, config, title, console)
         out["summary"] = reports.summarize(result)
         out["breakdown"] = breakdown.merge([_read_metrics(url) for url in stack.server_urls])
         out["interrupted"] = result.interrupted

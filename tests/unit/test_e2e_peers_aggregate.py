@@ -83,3 +83,13 @@ def test_each_trace_preset_fits_the_model_and_goes_to_its_own_results(trace, tmp
         distinct = sum(len({b for t in s.turns for b in t.block_ids}) * s.block_size for s in sessions)
         assert distinct * 2048 > 2 * args.extra_mib
     assert run.parse_args(["--trace", trace, "--scale", "0.1"]).scale == 0.1  # explicit options win
+
+
+def test_profile_shares_count_a_sample_once_however_deep_it_recurs(tmp_path):
+    from e2e_peers import profile
+
+    path = tmp_path / "p.txt"
+    path.write_text("main (a.py:1);load (c.py:9);load (c.py:9) 3\nmain (a.py:1);forward (m.py:2) 6\nidle (b.py:1) 1\n")
+    shares = profile.summarize(profile.read_collapsed(path), {"load": ("load (",), "forward": ("forward",),
+                                                              "main": ("main",)})
+    assert shares == {"load": 0.3, "forward": 0.6, "main": 0.9}
