@@ -14,6 +14,7 @@ from rich.table import Table
 from kvpool.bench import plots, procs, reports
 from kvpool.bench.cli import replay_with_progress
 from kvpool.bench.demo import DEFAULT_RUNS, LABELS, RUN_SPECS, RUNS, ConnectorProbe, Demo, DemoConfig, RunOutcome, ratio
+from kvpool.workload.formats import TraceFormatError
 
 # The published reference (vLLM + Mooncake Store, Kimi-K2.5 on 12 GB200, Codex traces), for context.
 REFERENCE = {"throughput": "3.8x", "ttft": "46x lower", "e2e": "8.6x lower", "hit": "1.7 % -> 92.2 %"}
@@ -259,7 +260,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"kvpool demo --serve: the pool cannot run: {problem}", file=sys.stderr)
                 return 1
             return _serve(demo, console)
-        sessions = demo.sessions()
+        try:
+            sessions = demo.sessions()
+        except (TraceFormatError, OSError) as e:
+            print(f"kvpool demo: cannot read --sessions-file: {e}", file=sys.stderr)
+            return 2
         if not sessions:
             print("kvpool demo: no sessions to replay", file=sys.stderr)
             return 2
