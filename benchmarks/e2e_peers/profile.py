@@ -70,3 +70,51 @@ def summarize(stacks: list[tuple[list[str], int]], patterns: dict[str, tuple[str
             if any(n in frame for frame in frames for n in needles):
                 hits[label] += count
     return {label: hits[label] / total for label in patterns}
+
+
+# where a vLLM-CPU server's samples go; a sample counts under every label whose frame it holds
+PATTERNS = {
+    "kvpool connector, all": ("kvpool/connector/",),
+    "  scheduler side (lookups, plans)": ("kvpool/connector/scheduler.py", "kvpool/connector/lookups.py"),
+    "  worker: load (start_load_kv)": ("start_load_kv (kvpool",),
+    "  worker: save (wait_for_save, save_kv_layer)": ("wait_for_save (kvpool", "save_kv_layer (kvpool"),
+    "kvpool client + data plane": ("kvpool/client/", "kvpool/transfer/"),
+    "model forward": ("forward (vllm/model_executor/models/",),
+    "  attention": ("vllm/v1/attention/", "vllm/attention/"),
+    "vLLM scheduler": ("vllm/v1/core/sched/",),
+    "engine core busy loop / step": ("step (vllm/v1/engine/core.py", "step_with_batch_queue (vllm/v1/engine/core.py"),
+    "waiting (poll, select, queue get)": ("poll (", "select (", "_recv (", "wait (threading.py", "get (queue.py"),
+}
+
+
+def leaf_table(stacks: list[tuple[list[str], int]], top: int = 15) -> list[tuple[str, float]]:
+    total = sum(count for _, count in stacks) or 1
+    leaves: Counter = Counter()
+    for frames, count in stacks:
+        leaves[frames[-1]] += count
+    return [(frame, count / total) for frame, count in leaves.most_common(top)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Summarize py-spy collapsed stacks from `run.py --profile` as "
+                                 "markdown: share of samples per part of the server, and the top leaf frames.")
+    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--top", type=int, default=15, help="leaf frames listed")
+    args = ap.parse_args(argv)
+    for path in args.files:
+        stacks = read_collapsed(path)
+        samples = sum(c for _, c in stacks)
+        print(f"\n### {path.name} ({samples} samples at {RATE_HZ} Hz, every thread of every process)\n")
+        print("| part | share of samples |\n|---|---|")
+        for label, share in summarize(stacks, PATTERNS).items():
+            print(f"| {label} | {100 * share:.1f} % |")
+        print("\n| leaf frame (self time) | share |\n|---|---|")
+        for frame, share in leaf_table(stacks, args.top):
+            print(f"| `{frame}` | {100 * share:.1f} % |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
