@@ -6,7 +6,8 @@ Rules:
 - A run counts only if it finished with a summary and none of its requests failed or was skipped
   (a run with failures is listed, never averaged in): `usable()` says which.
 - Per configuration and metric: the median and the min-max over its usable runs.
-- "Best LMCache" is the LMCache configuration with the lowest median P50 TTFT. Ratios are given two
+- "Best LMCache" is chosen per metric: the LMCache configuration with the best median on it (the
+  goal's comparison is against the hardest peer on each metric, not one peer picked by P50). Ratios are given two
   ways: of the medians, and per round (the same round's kvpool and LMCache runs, minutes apart on
   the same machine) with the median and range of those, which cancels slow drifts of the load.
 - Every ratio is oriented so that > 1 means kvpool is better: TTFT ratios are LMCache / kvpool,

@@ -58,22 +58,52 @@ def _x(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}x"
 
 
-def ratio_rows(runs: list[RunRecord]) -> tuple[str | None, list[tuple[str, ...]]]:
-    best = aggregate.best_of(runs, LMCACHE_CONFIGS)
-    if best is None:
-        return None, []
+def ratio_rows(runs: list[RunRecord]) -> list[tuple[str, ...]]:
+    """Every kvpool configuration against every LMCache configuration that has usable runs."""
     out = []
-    for kv in KVPOOL_CONFIGS:
-        if not aggregate.spreads(runs, kv)["ttft_p50"].count:
+    for lm in LMCACHE_CONFIGS:
+        if not aggregate.spreads(runs, lm)["ttft_p50"].count:
             continue
-        r = aggregate.ratios(runs, kv, best)
-        cells = []
-        for m in aggregate.RATIO_METRICS:
-            pr = r[m]["per_round"]
-            per_round = f"{_x(pr.median)} ({_x(pr.low)}-{_x(pr.high)}, {pr.count} rounds)" if pr.count else "n/a"
-            cells.append(f"{_x(r[m]['of_medians'])}; per round {per_round}")
-        out.append((f"{CONFIGS[kv].label} vs {CONFIGS[best].label}", *cells))
-    return best, out
+        for kv in KVPOOL_CONFIGS:
+            if not aggregate.spreads(runs, kv)["ttft_p50"].count:
+                continue
+            r = aggregate.ratios(runs, kv, lm)
+            cells = []
+            for m in aggregate.RATIO_METRICS:
+                pr = r[m]["per_round"]
+                per_round = f"{_x(pr.median)} ({_x(pr.low)}-{_x(pr.high)}, {pr.count} rounds)" if pr.count else "n/a"
+                cells.append(f"{_x(r[m]['of_medians'])}; per round {per_round}")
+            out.append((f"{CONFIGS[kv].label} vs {CONFIGS[lm].label}", *cells))
+    return out
+
+
+# issue 15's goal, against the LMCache configuration best on each metric: (metric, needed ratio, words)
+GOALS = (("ttft_p50", 1.3, "P50 TTFT >= 1.3x lower"), ("throughput", 1.3, "throughput >= 1.3x higher"),
+         ("ttft_p99", 1.0, "P99 TTFT no worse"))  # fmt: skip
+
+
+def goal_lines(runs: list[RunRecord], kvpool: str = "kvpool_cache_aware") -> list[str]:
+    """Per goal: the best LMCache configuration on that metric, the ratio of medians and per round."""
+    if not aggregate.spreads(runs, kvpool)["ttft_p50"].count:
+        return []
+    lines = []
+    for m, needed, words in GOALS:
+        best = aggregate.best_of(runs, LMCACHE_CONFIGS, by=m)
+        if best is None:
+            continue
+        r = aggregate.ratios(runs, kvpool, best)[m]
+        pr, of_medians = r["per_round"], r["of_medians"]
+        met = of_medians is not None and of_medians >= needed and (not pr.count or pr.median >= needed)
+        lines.append(f"- {words}, against the best LMCache on it ({CONFIGS[best].label}): ratio of medians "
+                     f"{_x(of_medians)}, per round {_x(pr.median)} ({_x(pr.low)}-{_x(pr.high)}, {pr.count} rounds)"
+                     f" -> {'met' if met else 'NOT met'}")  # fmt: skip
+    hit = aggregate.spreads(runs, kvpool)["hit_rate"].median
+    potential = aggregate.spreads(runs, kvpool)["potential_hit_rate"].median
+    if hit is not None and potential:
+        gap = 100 * (potential - hit)
+        lines.append(f"- hit rate within 1 point of the potential: {100 * hit:.1f} % of {100 * potential:.1f} % "
+                     f"-> {'met' if gap <= 1.0 else 'NOT met'}")  # fmt: skip
+    return lines
 
 
 RATIO_COLUMNS = ("pair (> 1: kvpool better)", "P50 TTFT (LMCache / kvpool)", "P90 TTFT", "P99 TTFT",
@@ -122,11 +152,16 @@ def _loads(saved: list[dict]) -> str:
     return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "n/a"
 
 
+def _trace_name(settings: dict | list) -> str:
+    names = {s.get("trace", "demo") for s in (settings if isinstance(settings, list) else [settings])}
+    return " / ".join(sorted(names)) if names != {"demo"} else "demo's agent"
+
+
 def markdown(saved: list[dict], runs: list[RunRecord], settings: dict | list, code: dict | list, load_note: str) -> str:
     machine = saved[0].get("machine_at_start") or {}
-    best, ratio_body = ratio_rows(runs)
+    ratio_body = ratio_rows(runs)
     lines = [
-        "# kvpool vs LMCache vs plain vLLM, end to end on the demo's agent trace (issue 15)", "",
+        f"# kvpool vs LMCache vs plain vLLM, end to end on the {_trace_name(settings)} trace (issue 15)", "",
         "Made by `benchmarks/e2e_peers/run.py` (its docstring has the method). Every figure is a median over "
         "rounds with the min-max in brackets; rounds interleave the configurations (order rotated each round).",
         "", f"Trace: {saved[0].get('trace', 'n/a')}.", "",
@@ -137,12 +172,16 @@ def markdown(saved: list[dict], runs: list[RunRecord], settings: dict | list, co
         "",
     ]  # fmt: skip
     lines += _md_table(COLUMNS, rows(runs)) + [""]
-    if best is not None and ratio_body:
-        lines += [f"Ratios to the best LMCache configuration ({CONFIGS[best].label}, lowest median P50 TTFT): "
-                  "ratio of the medians; per round: the same round's pair, median (min-max).", ""]  # fmt: skip
+    if ratio_body:
+        lines += ["Ratios of each kvpool configuration to each LMCache configuration: ratio of the medians; per "
+                  "round: the same round's pair, median (min-max).", ""]  # fmt: skip
         lines += _md_table(RATIO_COLUMNS, ratio_body) + [""]
+        goals = goal_lines(runs)
+        if goals:
+            lines += ["Goal (issue 15), kvpool with the cache_aware router against the LMCache configuration "
+                      "that is best on each metric:", "", *goals, ""]  # fmt: skip
     else:
-        lines += ["No ratios: no usable run of " + ("kvpool." if best else "any LMCache configuration."), ""]
+        lines += ["No ratios: no usable run of kvpool or of any LMCache configuration.", ""]
     breakdown = breakdown_rows(saved, runs)
     if breakdown:
         lines += ["Where the time goes: per-request means from the servers' own histograms (vLLM's queue, prefill, "
@@ -200,13 +239,15 @@ def write(out_dir: Path, saved: list[dict], runs: list[RunRecord], settings: dic
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / "results.md"
     md.write_text(markdown(saved, runs, settings, code, load_note))
-    best = aggregate.best_of(runs, LMCACHE_CONFIGS)
+    present = _configs_in(runs)
     summary = {"settings": settings, "code": code,
-               "configs": {n: {m: vars(s) for m, s in aggregate.spreads(runs, n).items()} for n in _configs_in(runs)},
-               "best_lmcache": best,
-               "ratios_to_best_lmcache": {kv: {m: {"of_medians": r["of_medians"], "per_round": vars(r["per_round"])}
-                                               for m, r in aggregate.ratios(runs, kv, best).items()}
-                                          for kv in KVPOOL_CONFIGS} if best else None}  # fmt: skip
+               "configs": {n: {m: vars(s) for m, s in aggregate.spreads(runs, n).items()} for n in present},
+               "best_lmcache_by_metric": {m: aggregate.best_of(runs, LMCACHE_CONFIGS, by=m)
+                                          for m in aggregate.RATIO_METRICS},
+               "ratios": {f"{kv}/{lm}": {m: {"of_medians": r["of_medians"], "per_round": vars(r["per_round"])}
+                                         for m, r in aggregate.ratios(runs, kv, lm).items()}
+                          for kv in KVPOOL_CONFIGS if kv in present for lm in LMCACHE_CONFIGS if lm in present},
+               "goals": goal_lines(runs)}  # fmt: skip
     js = out_dir / "summary.json"
     js.write_text(json.dumps(summary, indent=1))
     paths = [md, js]

@@ -93,3 +93,16 @@ def test_profile_shares_count_a_sample_once_however_deep_it_recurs(tmp_path):
     shares = profile.summarize(profile.read_collapsed(path), {"load": ("load (",), "forward": ("forward",),
                                                               "main": ("main",)})
     assert shares == {"load": 0.3, "forward": 0.6, "main": 0.9}
+
+
+def test_each_goal_is_checked_against_the_lmcache_configuration_best_on_that_metric():
+    from e2e_peers.report import goal_lines
+
+    runs = [RunRecord("kvpool_cache_aware", 0, _summary(0.2, 1.0, 300.0, hit=0.895)),
+            RunRecord("lmcache_shm", 0, _summary(0.4, 1.5, 250.0)),  # the best throughput
+            RunRecord("lmcache_redis", 0, _summary(0.3, 0.9, 100.0))]  # the best P50 and P99
+    lines = goal_lines(runs)
+    assert "LMCache MP per server + Redis): ratio of medians 1.50x" in lines[0] and lines[0].endswith("-> met")
+    assert "LMCache MP, shared memory): ratio of medians 1.20x" in lines[1] and lines[1].endswith("NOT met")
+    assert "per server + Redis): ratio of medians 0.90x" in lines[2] and lines[2].endswith("NOT met")
+    assert lines[3].endswith("89.5 % of 90.0 % -> met")
