@@ -10,6 +10,7 @@ the machine a few percent, so they go to their own --out-dir.
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import signal
 import subprocess
@@ -53,8 +54,10 @@ def profiled(pids: dict[str, int], out_stem: Path):
 
 
 def read_collapsed(path: Path) -> list[tuple[list[str], int]]:
+    """py-spy's raw output, or it gzipped (.gz: how the committed profiles are kept)."""
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
     stacks = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
         if stack and count.isdigit():
             stacks.append((stack.split(";"), int(count)))
