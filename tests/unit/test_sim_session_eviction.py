@@ -149,3 +149,15 @@ def test_cyclic_sessions_thrash_lru_but_not_session_aware_nor_belady():
     assert session > 5 * lru and session > 0.25  # a stable subset of sessions stays whole, as with the optimum
     assert belady >= session
     assert replay("lru", 10**6, log, 16) == replay("session", 10**6, log, 16) == replay("belady", 10**6, log, 16)
+
+
+def test_a_pool_the_master_cannot_mount_is_refused_not_simulated_empty():
+    import pytest
+
+    from kvpool.sim.config import PoolConfig
+    from kvpool.sim.pool import PoolModel
+
+    with pytest.raises(ValueError, match="cannot be mounted"):
+        PoolModel(PoolConfig(capacity_bytes=float(1 << 63), num_nodes=2), 4096)
+    unbounded = PoolModel(PoolConfig(capacity_bytes=float("inf"), num_nodes=60), 4096)
+    assert len(unbounded.core.segments.by_id) == 60

@@ -35,7 +35,9 @@ class PoolModel:
         if per_node < self.object_bytes:
             raise ValueError(f"pool: each node's {per_node} bytes cannot hold one {self.object_bytes}-byte block")
         for i in range(config.num_nodes):
-            self.core.handle(p.MountSegment(f"pool{i}", f"host{i}", per_node, 0, f"agent{i}", b""), 0.0)
+            reply = self.core.handle(p.MountSegment(f"pool{i}", f"host{i}", per_node, 0, f"agent{i}", b""), 0.0)
+            if isinstance(reply, p.ErrorReply):  # e.g. a pool larger than the master's limits
+                raise ValueError(f"pool: node {i} of {per_node} bytes cannot be mounted: {reply.message}")
         self._last_tick_s = 0.0
         self.puts = 0
         self.refused = 0
