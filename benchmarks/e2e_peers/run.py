@@ -45,9 +45,10 @@ REPO = Path(__file__).resolve().parents[2]
 # --trace presets: settings a trace needs unless given on the command line; results under OUT/<trace>/
 TRACES = {
     "demo": {},  # the demo's own: 12 Codex-like sessions x 12 turns, scale 0.25; the pool holds it all
-    # longer contexts (up to 19.5K tokens, 1.4 M input tokens) and a pool (2 x 96 MiB) smaller than
+    # longer contexts (up to 19.5K tokens, 1.4 M input tokens; 20480 still fits the 48 MiB of local
+    # KV, 24576 does not) and a pool (2 x 96 MiB) smaller than
     # the trace's distinct KV (~162K tokens, ~316 MiB): eviction decides what hits
-    "long": {"scale": 0.4, "extra_mib": 96 << 20, "max_model_len": 24576},
+    "long": {"scale": 0.4, "extra_mib": 96 << 20, "max_model_len": 20480},
     # the six shared Claude Code traces (8 sessions incl. 2 subagents, 305 calls, 100K-450K-token
     # contexts) scaled x 0.03 to fit the tiny model's 16K context; think times x 0.002 (the longest,
     # 5.4 h, becomes 39 s)

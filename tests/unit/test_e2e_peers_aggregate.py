@@ -77,6 +77,7 @@ def test_each_trace_preset_fits_the_model_and_goes_to_its_own_results(trace, tmp
     longest = max(len(t.block_ids) * s.block_size + t.tail_tokens + t.output_tokens
                   for s in sessions for t in s.turns)  # fmt: skip
     assert longest <= args.max_model_len
+    assert args.max_model_len * 2048 <= 0.9 * args.kv_cache_mib  # vLLM must fit one request of max-model-len
     if trace == "claude-code":
         assert (len(sessions), sum(len(s.turns) for s in sessions)) == (8, 305)  # every call of the six files
     if trace == "long":  # the trace's distinct KV (bf16 tiny model: 2 KiB per token) exceeds the pool
