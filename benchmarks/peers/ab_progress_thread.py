@@ -6,7 +6,8 @@ A master (host m) and one node (host n) stay up; client processes on host c alte
 `base` (NIXL's UCX progress thread on, as before the fix) and `noprog` (off, as DataPlane does
 now), reversing the order every round. Each reads 48 x 1 MiB and 6 x 16 MiB (every byte
 compared) and prints GB/s and its CPU seconds. Variants: base, noprog, lazy (progress thread on,
-no spinning and up to 2 ms between polls). The put figure is the process's first put (NIXL start-up
+no spinning and up to 2 ms between polls), fastpoll (no thread, at most 50 us between polls), spin
+(no thread, no sleep between polls). The put figure is the process's first put (NIXL start-up
 included), not a bandwidth.
 """
 import sys, os, json, subprocess, time
@@ -17,9 +18,13 @@ variant = sys.argv[2]
 import kvpool.transfer.nixlio as nx
 if variant == "lazy":
     nx._SPIN_S = 0.0; nx._MAX_SLEEP_S = 0.002
+elif variant == "fastpoll":  # no thread; sleeps between polls capped at 50 us instead of 1 ms
+    nx._MAX_SLEEP_S = 0.00005
+elif variant == "spin":  # no thread; never sleeps between polls (one core busy while waiting)
+    nx._SPIN_S = 1e9
 from kvpool.client import Client
 from kvpool.transfer import DataPlane
-plane = DataPlane(nixl_progress_thread=(variant != "noprog"))
+plane = DataPlane(nixl_progress_thread=variant in ("base", "lazy"))
 c = Client(sys.argv[1], "u", timeout_s=30, plane=plane)
 out = {}
 for size, n in [(1<<20, 48), (16<<20, 6)]:

@@ -27,6 +27,26 @@ _KEEP: list[np.ndarray] = []
 PLAIN_SWEEP = [4 * KiB, 64 * KiB, 1 * MiB, 4 * MiB]  # value sizes of the plain get/put sweep
 
 
+def registered_buffer(store, nbytes: int) -> np.ndarray:
+    """A zeroed byte buffer the store can move to and from without a copy: the adapter's own
+    `buffer()` where the store hands out its memory (Mooncake IPC), else numpy memory registered."""
+    own = getattr(store, "buffer", None)
+    if own is not None:
+        buf = own(nbytes)
+        buf[:] = 0
+    else:
+        buf = np.zeros(nbytes, dtype=np.uint8)
+        store.register(buf)
+    _KEEP.append(buf)
+    return buf
+
+
+def random_buffer(store, nbytes: int, seed: int) -> np.ndarray:
+    buf = registered_buffer(store, nbytes)
+    buf[:] = np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+    return buf
+
+
 class KvpoolAdapter:
     def __init__(self, spec: dict) -> None:
         from kvpool.client import Client
@@ -152,6 +172,37 @@ class MooncakeAdapter:
         self.store.close()
 
 
+class MooncakeIpcAdapter(MooncakeAdapter):
+    """Mooncake's same-host mode: a `mooncake_client` process on this host owns the segment and
+    talks to the master; this process attaches over IPC (`setup_dummy`). Its zero-copy calls take
+    only memory from its shared pool (`alloc_from_mem_pool`), so the cases get their buffers from
+    `buffer()`; the pool is sized for one worker's cases: twice the fill (source and destination)
+    or 640 MiB (a round's largest cases together: 2 x 128 MiB + 2 x 64 MiB + 2 x 64 MiB)."""
+
+    def __init__(self, spec: dict) -> None:
+        from mooncake.store import MooncakeDistributedStore
+
+        self.store = MooncakeDistributedStore()
+        pool_bytes = 2 * spec["fill_bytes"] + 64 * MiB if "fill_bytes" in spec else 640 * MiB
+        rc = self.store.setup_dummy(pool_bytes, 16 * MiB, spec["real_client"])
+        if rc != 0:
+            raise RuntimeError(f"mooncake setup_dummy returned {rc}")
+
+    def buffer(self, nbytes: int) -> np.ndarray:
+        import ctypes
+
+        addr = self.store.alloc_from_mem_pool(nbytes)
+        if not addr:
+            raise RuntimeError(f"mooncake alloc_from_mem_pool({nbytes}) failed (pool exhausted?)")
+        self.register_range(addr, nbytes)
+        return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))
+
+    def register_range(self, addr: int, nbytes: int) -> None:
+        rc = self.store.register_buffer(addr, nbytes)
+        if rc != 0:
+            raise RuntimeError(f"mooncake register_buffer returned {rc}")
+
+
 class RedisAdapter:
     def __init__(self, spec: dict) -> None:
         import redis
@@ -220,7 +271,8 @@ class RedisAdapter:
         self.redis.close()
 
 
-ADAPTERS = {"kvpool": KvpoolAdapter, "mooncake": MooncakeAdapter, "redis": RedisAdapter}
+ADAPTERS = {"kvpool": KvpoolAdapter, "mooncake": MooncakeAdapter, "mooncake-ipc": MooncakeIpcAdapter,
+            "redis": RedisAdapter}
 
 
 # ---- cases ----------------------------------------------------------------------------------------
@@ -250,11 +302,8 @@ def case_bandwidth(store, tag: str, size: int, total: int, passes: int, regions:
     each; the median of `passes` passes, fresh keys per pass, every byte verified."""
     n = max(1, total // size)
     region_bytes = size // regions
-    src = np.random.default_rng(abs(hash(tag)) % 2**32).integers(0, 256, n * size, dtype=np.uint8)
-    dst = np.zeros_like(src)
-    _KEEP.extend([src, dst])
-    store.register(src)
-    store.register(dst)
+    src = random_buffer(store, n * size, abs(hash(tag)) % 2**32)
+    dst = registered_buffer(store, n * size)
     src_addrs, sizes = _layout(src, n, regions, region_bytes)
     dst_addrs, _ = _layout(dst, n, regions, region_bytes)
     batch = max(1, min(n, 64 * MiB // size, 64))
@@ -278,9 +327,7 @@ def case_bandwidth(store, tag: str, size: int, total: int, passes: int, regions:
 
 def case_lookups(store, tag: str, iterations: int) -> dict:
     keys = [f"{tag}/chain/{i}" for i in range(1000)]
-    value = np.random.default_rng(5).integers(0, 256, 1000 * 64, dtype=np.uint8)
-    _KEEP.append(value)
-    store.register(value)
+    value = random_buffer(store, 1000 * 64, 5)
     addrs, sizes = _layout(value, 1000, 1, 64)
     store.put_from(keys, addrs, sizes)
     if store.exists_batch(keys) != 1000:
@@ -332,11 +379,8 @@ def case_agent(store, tag: str, loops: int, start_at: float, chunk: int = 256 * 
     a tail of new chunks; sessions are taken in turn, so each loop's prefix was written earlier by
     this client. Starts at the wall-clock `start_at` (all clients together); bytes verified."""
     slots = prefix + tail
-    src = np.random.default_rng(abs(hash(tag)) % 2**32).integers(0, 256, sessions * slots * chunk, dtype=np.uint8)
-    dst = np.zeros(prefix * chunk, dtype=np.uint8)
-    _KEEP.extend([src, dst])
-    store.register(src)
-    store.register(dst)
+    src = random_buffer(store, sessions * slots * chunk, abs(hash(tag)) % 2**32)
+    dst = registered_buffer(store, prefix * chunk)
     base, dbase = int(src.ctypes.data), int(dst.ctypes.data)
     chains = [[f"{tag}/s{s}/c{i}" for i in range(prefix)] for s in range(sessions)]
     for s, keys in enumerate(chains):

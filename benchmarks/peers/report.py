@@ -38,6 +38,9 @@ GOALS = [  # (case, field, against, factor): kvpool-nixl's value / the peer's, p
 GOALS += [(f"plain_sweep/{size}", field, "redis", 1.0) for size in (4096, 65536, 1 << 20, 4 << 20)
           for field in ("get_gbps", "put_gbps")]
 SUBJECT = "kvpool-nixl"
+# The same-host path against the peer's same-host mode ("on both paths"): kvpool-same vs Mooncake IPC.
+SAME_HOST_SUBJECT = "kvpool-same"
+SAME_HOST_GOALS = [("agent", "p99_ms", "mooncake-ipc", 1.0), ("lookup", "rtt_p50_us", "mooncake-ipc", 1.0)]
 
 
 for _size, _name in [(4096, "4 KiB"), (65536, "64 KiB"), (1 << 20, "1 MiB"), (4 << 20, "4 MiB")]:
@@ -67,9 +70,9 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:.2f}"
 
 
-def ratios(results: dict, case: str, field: str, peer: str, higher_better: bool) -> list[float]:
-    """Per round: how many times better kvpool-nixl is than `peer` (>1: kvpool ahead)."""
-    mine, theirs = _values(results, SUBJECT, case, field), _values(results, peer, case, field)
+def ratios(results: dict, case: str, field: str, peer: str, higher_better: bool, subject: str = SUBJECT) -> list[float]:
+    """Per round: how many times better `subject` (kvpool-nixl) is than `peer` (>1: kvpool ahead)."""
+    mine, theirs = _values(results, subject, case, field), _values(results, peer, case, field)
     common = sorted(set(mine) & set(theirs))
     return [(mine[r] / theirs[r]) if higher_better else (theirs[r] / mine[r]) for r in common if mine[r] and theirs[r]]
 
@@ -119,9 +122,12 @@ def write_report(results: dict, out_dir: Path, name: str) -> None:
             if any(c != "-" for c in cells):
                 lines.append(f"| {title} | " + " | ".join(cells) + " |")
         lines += ["", "## Goals (issue 14)", ""]
-        for case, field, against, factor in GOALS:
+        goals = [(SUBJECT, *g) for g in GOALS] + [(SAME_HOST_SUBJECT, *g) for g in SAME_HOST_GOALS]
+        for subject, case, field, against, factor in goals:
             title, higher = next((t, h) for c, f, t, _, h in METRICS if (c, f) == (case, field))
-            rs = ratios(results, case, field, against, higher)
+            rs = ratios(results, case, field, against, higher, subject)
+            if subject != SUBJECT:
+                title = f"{PEERS[subject].label}: {title}"
             if not rs:
                 lines.append(f"- {title}: not measured")
                 continue

@@ -25,7 +25,7 @@ from pathlib import Path
 from kvpool.bench import hosts, procs
 
 MiB = 1024 * 1024
-HOSTS = ["kvsame", "kvmaster", "kvnode", "mcmaster", "mcstore", "redis", "client"]
+HOSTS = ["kvsame", "kvmaster", "kvnode", "mcmaster", "mcstore", "mcipc", "redis", "client"]
 
 
 class PeerUnavailable(RuntimeError):
@@ -113,22 +113,30 @@ store.close()
 """
 
 
+def _mooncake_bin(python: str, name: str) -> Path:
+    path = Path(python).parent / name
+    if not path.exists():
+        raise PeerUnavailable(f"no {name} next to {python}")
+    return path
+
+
+def _start_mooncake_master(m: hosts.Host, workdir: Path, python: str, running: Running, name: str) -> tuple[str, str]:
+    """A mooncake_master with its HTTP metadata server on host `m`: (metadata URL, master address)."""
+    argv = [str(_mooncake_bin(python, "mooncake_master")), f"--rpc_address={m.address}", "--rpc_port=50051",
+            "--enable_http_metadata_server=true", f"--http_metadata_server_host={m.address}",
+            "--http_metadata_server_port=8080", "--default_kv_lease_ttl=1000"]  # fmt: skip
+    master = procs.ManagedProcess(name, m.wrap(argv), workdir)
+    running.processes.append(master.start(ready_file_arg=False))
+    wait_port(m, m.address, 50051, master)
+    wait_port(m, m.address, 8080, master)
+    return f"http://{m.address}:8080/metadata", f"{m.address}:50051"
+
+
 def _mooncake_tcp(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: str) -> Running:
-    bindir = Path(python).parent
-    master_bin = bindir / "mooncake_master"
-    if not master_bin.exists():
-        raise PeerUnavailable(f"no mooncake_master next to {python}")
     m, s = net["mcmaster"], net["mcstore"]
     running = Running(net["client"], {}, python)
     try:
-        argv = [str(master_bin), f"--rpc_address={m.address}", "--rpc_port=50051",
-                "--enable_http_metadata_server=true", f"--http_metadata_server_host={m.address}",
-                "--http_metadata_server_port=8080", "--default_kv_lease_ttl=1000"]  # fmt: skip
-        master = procs.ManagedProcess("mooncake-master", m.wrap(argv), workdir)
-        running.processes.append(master.start(ready_file_arg=False))
-        wait_port(m, m.address, 50051, master)
-        wait_port(m, m.address, 8080, master)
-        metadata_url, master_addr = f"http://{m.address}:8080/metadata", f"{m.address}:50051"
+        metadata_url, master_addr = _start_mooncake_master(m, workdir, python, running, "mooncake-master")
         ready = workdir / "mooncake-store.ready.json"
         argv = [python, "-c", MOONCAKE_STORE, s.address, metadata_url, master_addr, str(storage_bytes), str(ready)]
         store = procs.ManagedProcess("mooncake-store", s.wrap(argv), workdir)
@@ -143,6 +151,26 @@ def _mooncake_tcp(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, pyt
         raise PeerUnavailable(str(e)) from e
     running.spec = {"adapter": "mooncake", "local_ip": net["client"].address, "metadata_url": metadata_url,
                     "master": master_addr, "protocol": "tcp"}  # fmt: skip
+    return running
+
+
+def _mooncake_ipc(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: str) -> Running:
+    """Mooncake's same-host mode: master, the segment-owning `mooncake_client` (one service thread,
+    its default) and the benchmark's clients (setup_dummy over IPC) all on host mcipc."""
+    h = net["mcipc"]
+    running = Running(h, {}, python)
+    try:
+        metadata_url, master_addr = _start_mooncake_master(h, workdir, python, running, "mooncake-ipc-master")
+        argv = [str(_mooncake_bin(python, "mooncake_client")), f"--host={h.address}", "--port=50052",
+                f"--global_segment_size={storage_bytes}", f"--master_server_address={master_addr}",
+                f"--metadata_server={metadata_url}", "--protocol=tcp"]  # fmt: skip
+        real = procs.ManagedProcess("mooncake-ipc-client", h.wrap(argv), workdir)
+        running.processes.append(real.start(ready_file_arg=False))
+        wait_port(h, h.address, 50052, real)
+    except (RuntimeError, TimeoutError) as e:
+        running.stop()
+        raise PeerUnavailable(str(e)) from e
+    running.spec = {"adapter": "mooncake-ipc", "real_client": f"{h.address}:50052"}
     return running
 
 
@@ -178,6 +206,7 @@ PEERS: dict[str, Peer] = {
         Peer("kvpool-nixl-zmq", "kvpool NIXL cross-host, ZMQ control (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", lane=False)),
         Peer("mooncake-tcp", "Mooncake TCP cross-host", "cross-host", _mooncake_tcp, needs=("mooncake",)),
+        Peer("mooncake-ipc", "Mooncake IPC same-host", "same-host", _mooncake_ipc, needs=("mooncake",)),
         Peer("redis", "Redis cross-host", "cross-host", _redis, needs=("redis",)),
     ]
 }
