@@ -36,9 +36,42 @@ def test_calls_go_over_the_lane_and_late_replies_are_dropped(master):
         assert isinstance(lookup(channel), p.LookupReply)
         assert channel.on_lane
         assert channel.epoch == master.core.epoch
-        channel.send(p.Stats())  # its reply arrives first and must not answer the next call
+        # a late reply (to a call that gave up) arrives first and must not answer the next call
+        payload = p.request_encoder.encode(p.Stats())
+        channel._sock.sendall(struct.pack("<IQ", len(payload), channel.channel.next_request_id()) + payload)
         reply = channel.call(p.Exists("t", ["a", "b", "c"]))
         assert isinstance(reply, p.ExistsReply) and reply.exists == [False, False, False]
+    finally:
+        channel.close()
+
+
+def test_one_way_requests_get_no_reply_and_still_take_effect(master):
+    sock = raw_lane(master)
+    try:
+        # a one-way mount (id 0), then a call: the first reply on the wire is the call's
+        mount = p.request_encoder.encode(p.MountSegment("n1", "host", 1 << 20, 0, "agent-n1", b""))
+        stats = p.request_encoder.encode(p.Stats())
+        sock.sendall(struct.pack("<IQ", len(mount), 0) + mount + struct.pack("<IQ", len(stats), 4) + stats)
+        request_id, reply = read_reply(sock)
+        assert request_id == 4 and isinstance(reply, p.StatsReply)
+        assert reply.capacity_bytes == 1 << 20  # the one-way request took effect before the call
+        sock.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            sock.recv(1)  # and nothing else follows
+    finally:
+        sock.close()
+
+
+def test_channel_send_is_one_way_over_the_lane(master):
+    channel = LaneChannel(MasterChannel(master.address, timeout_s=5.0))
+    try:
+        lookup(channel)
+        assert channel.on_lane
+        channel.send(p.MountSegment("n2", "host", 1 << 20, 0, "agent-n2", b""))
+        channel._sock.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            channel._sock.recv(1)  # the master answered nothing
+        assert channel.call(p.Stats()).capacity_bytes == 1 << 20
     finally:
         channel.close()
 

@@ -10,6 +10,9 @@ Wire format (little endian), one frame per request and per reply, in order on on
     reply:   u32 payload length | u64 request id | u64 master epoch | msgpack Reply
 Same request ids and epochs as the ZMQ channel (control.py), so the same rules hold: a reply whose
 id is not the call's is a late one and is dropped; a new epoch empties the caller's caches first.
+Request id 0 (which the channel's ids never take) is one-way: the master answers nothing to it, not
+even an error. `send` (lease releases, quarantine ends: fire-and-forget) uses it, so the master
+spends no send and the client no receive on a reply nobody reads; measured in fixes.md.
 
 Rules:
 - Served only without authentication: the lane has no CURVE, so a master with an auth dir offers
@@ -48,6 +51,7 @@ log = logging.getLogger(__name__)
 _REQUEST_HEAD = struct.Struct("<IQ")
 _REPLY_HEAD = struct.Struct("<IQQ")
 _REDISCOVER_S = 5.0
+ONE_WAY_ID = 0  # a request with this id gets no reply (ids of calls start at 1)
 _RECV_CHUNK = 1 << 16
 
 
@@ -144,11 +148,13 @@ class LaneServer:
         return out
 
     def reply(self, key: bytes, request_id: bytes, epoch_frame: bytes, payload: bytes) -> None:
+        rid = int.from_bytes(request_id, "little")
+        if rid == ONE_WAY_ID:
+            return  # the peer asked for no reply
         conn = self._by_key.get(key)
         if conn is None:
             return  # the peer went away while we worked on its request
-        frame = _REPLY_HEAD.pack(len(payload), int.from_bytes(request_id, "little"),
-                                 int.from_bytes(epoch_frame, "little")) + payload  # fmt: skip
+        frame = _REPLY_HEAD.pack(len(payload), rid, int.from_bytes(epoch_frame, "little")) + payload
         if conn.outbox:
             conn.outbox += frame
         else:
@@ -271,7 +277,7 @@ class LaneChannel:
                 payload = protocol.request_encoder.encode(request)
                 try:
                     self._sock.settimeout(self.channel.timeout_s)  # not what the last call had left
-                    self._sock.sendall(_REQUEST_HEAD.pack(len(payload), self.channel.next_request_id()) + payload)
+                    self._sock.sendall(_REQUEST_HEAD.pack(len(payload), ONE_WAY_ID) + payload)
                     return
                 except OSError:
                     self._close_lane()

@@ -1,0 +1,167 @@
+"""A/B of two kvpool builds across harness hosts: control-plane-bound operations (issue 14).
+
+    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/ab_builds.py BASE [NEW] \
+        [--rounds 6] [--out FILE]
+
+BASE and NEW are git revisions (NEW defaults to the working tree, "WORKTREE"); each is exported
+with `git archive` (the working tree: copied) into a scratch directory and run from there with
+PYTHONPATH, so both builds' code runs side by side in one run. Each build gets its own master
+(host m) and node (host n); client processes of either build on host c alternate, order reversed
+every round (ABBA), against their own build's master and node. Each client process measures:
+- plain put and get of 256 values of 64 KiB (one call per value, bytes compared);
+- the single-key lookup round trip (2,000 calls; P50 / P99);
+- a sequential agent-like loop (lookup of 9 keys, zero-copy get of 8 x 256 KiB, put of 2), 200
+  loops: loops/s and P50 / P99 per loop.
+Prints one JSON line per process and a summary: medians over rounds, and the median of the
+per-round ratios NEW / BASE (> 1: NEW better, inverted for latencies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kvpool.bench import hosts, procs
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHILD = r'''
+import json, os, sys, time
+import numpy as np
+from kvpool.client import Client
+
+address, tag = sys.argv[1], sys.argv[2]
+client = Client(address, "ab", timeout_s=30.0)
+out = {}
+rng = np.random.default_rng(3)
+values = [rng.integers(0, 256, 64 << 10, dtype=np.uint8).tobytes() for _ in range(256)]
+keys = [f"{tag}/plain/{i}" for i in range(256)]
+t = time.perf_counter()
+for k, v in zip(keys, values):
+    assert client.put(k, v) is True
+out["plain_put_gbs"] = 256 * (64 << 10) / (time.perf_counter() - t) / 1e9
+t = time.perf_counter()
+got = [client.get(k) for k in keys]
+out["plain_get_gbs"] = 256 * (64 << 10) / (time.perf_counter() - t) / 1e9
+assert got == values
+client.remove(keys)
+
+client.put(f"{tag}/one", b"x" * 4096)
+for _ in range(200):
+    client.lookup_prefix([f"{tag}/one"])
+samples = np.empty(2000)
+for i in range(2000):
+    t = time.perf_counter()
+    client.lookup_prefix([f"{tag}/one"])
+    samples[i] = time.perf_counter() - t
+out["lookup_p50_us"], out["lookup_p99_us"] = (float(np.percentile(samples, q)) * 1e6 for q in (50, 99))
+
+chunk, prefix, tail, sessions = 256 << 10, 8, 2, 8
+slots = prefix + tail
+src = rng.integers(0, 256, sessions * slots * chunk, dtype=np.uint8)
+dst = np.zeros(prefix * chunk, dtype=np.uint8)
+client.register(src)
+client.register(dst)
+base, dbase = src.ctypes.data, dst.ctypes.data
+chains = [[f"{tag}/s{s}/c{i}" for i in range(prefix)] for s in range(sessions)]
+for s, chain in enumerate(chains):
+    client.put_from(chain, [[base + (s * slots + i) * chunk] for i in range(prefix)], [[chunk]] * prefix)
+lat = np.empty(200)
+started = time.perf_counter()
+for n in range(200):
+    s = n % sessions
+    tail_keys = [f"{tag}/s{s}/t{n}/{j}" for j in range(tail)]
+    t = time.perf_counter()
+    assert client.lookup_prefix(chains[s] + [tail_keys[0]]) == prefix
+    assert client.get_into(chains[s], [[dbase + i * chunk] for i in range(prefix)], [[chunk]] * prefix) == prefix
+    client.put_from(tail_keys, [[base + (s * slots + prefix + j) * chunk] for j in range(tail)], [[chunk]] * tail)
+    lat[n] = time.perf_counter() - t
+    if n < sessions:
+        assert np.array_equal(dst, src[s * slots * chunk:(s * slots + prefix) * chunk])
+out["agent_loops_per_s"] = 200 / (time.perf_counter() - started)
+out["agent_p50_ms"], out["agent_p99_ms"] = (float(np.percentile(lat, q)) * 1e3 for q in (50, 99))
+out["cpu_s"] = round(time.process_time(), 2)
+client.close()
+print(json.dumps(out))
+'''
+
+HIGHER_BETTER = {"plain_put_gbs": True, "plain_get_gbs": True, "lookup_p50_us": False, "lookup_p99_us": False,
+                 "agent_loops_per_s": True, "agent_p50_ms": False, "agent_p99_ms": False, "cpu_s": False}
+
+
+def export(rev: str, into: Path) -> Path:
+    """The build's source tree (its src/ goes on PYTHONPATH)."""
+    into.mkdir(parents=True)
+    if rev == "WORKTREE":
+        shutil.copytree(REPO / "src", into / "src")
+    else:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "src"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into / "src"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("base", help="git revision of the build to compare against")
+    ap.add_argument("new", nargs="?", default="WORKTREE", help="git revision, or WORKTREE (default)")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--out", type=Path, default=None, help="write every process's JSON and the summary here")
+    args = ap.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="kvpool-ab-builds-"))
+    builds = {"base": args.base, "new": args.new}
+    envs = {name: {**os.environ, "PYTHONPATH": str(export(rev, scratch / name))} for name, rev in builds.items()}
+    runs: dict[str, list[dict]] = {name: [] for name in builds}
+    loads = [os.getloadavg()[0]]
+    started: list[procs.ManagedProcess] = []
+    try:
+        with hosts.HostNetwork(["m", "n", "c"]) as net:
+            masters = {}
+            for name in builds:
+                argv = procs.kvpool_argv("master", "--insecure", "--host", net["m"].address, "--port", "0")
+                master = procs.ManagedProcess(f"{name}-master", net["m"].wrap(argv), scratch, env=envs[name])
+                started.append(master.start(30))
+                argv = procs.kvpool_argv("node", "--master", master.info["address"], "--memory", "512MiB")
+                started.append(procs.ManagedProcess(f"{name}-node", net["n"].wrap(argv), scratch, env=envs[name]).start(60))
+                masters[name] = master.info["address"]
+            for r in range(args.rounds):
+                for name in list(builds) if r % 2 == 0 else list(builds)[::-1]:
+                    argv = net["c"].wrap([sys.executable, "-c", CHILD, masters[name], f"{name}{r}"])
+                    res = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=envs[name])
+                    if res.returncode:
+                        print(name, "failed:", res.stderr[-1500:], flush=True)
+                        continue
+                    runs[name].append({"round": r, **json.loads(res.stdout.splitlines()[-1])})
+                    loads.append(os.getloadavg()[0])
+                    print(r, name, json.dumps(runs[name][-1]), f"load {loads[-1]:.1f}", flush=True)
+            for proc in reversed(started):
+                proc.stop()
+    finally:
+        for proc in started:
+            proc.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    lines = [f"base {args.base}, new {args.new}; {args.rounds} rounds (ABBA), load average {min(loads):.1f}-{max(loads):.1f}",
+             "", "| metric | base | new | per-round ratio, median [min - max] (> 1: new better) |", "|---|---|---|---|"]
+    for metric, higher in HIGHER_BETTER.items():
+        base = {r["round"]: r[metric] for r in runs["base"]}
+        new = {r["round"]: r[metric] for r in runs["new"]}
+        common = sorted(set(base) & set(new))
+        if not common:
+            continue
+        ratios = [(new[r] / base[r]) if higher else (base[r] / new[r]) for r in common]
+        lines.append(f"| {metric} | {statistics.median(base.values()):.3f} | {statistics.median(new.values()):.3f} | "
+                     f"{statistics.median(ratios):.2f} [{min(ratios):.2f} - {max(ratios):.2f}] |")
+    print("\n".join(lines))
+    if args.out:
+        args.out.write_text(json.dumps({"builds": builds, "runs": runs, "loads": loads}, indent=1) + "\n\n"
+                            + "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
