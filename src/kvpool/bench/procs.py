@@ -21,6 +21,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpool.bench.hosts import Host
 
 _LIVE: list["ManagedProcess"] = []
 
@@ -164,22 +168,30 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def wait_http_ok(proc: ManagedProcess, url: str, timeout_s: float) -> None:
-    """Poll `url` until it answers 200; fail early with the log if the process dies."""
+def _http_ok(url: str, host: "Host | None") -> bool:
     import urllib.error
     import urllib.request
 
+    if host is not None:  # this process cannot reach another host's network: ask from inside it
+        probe = host.wrap(["curl", "-sf", "-o", "/dev/null", "--max-time", "2", url])
+        return subprocess.run(probe, capture_output=True).returncode == 0
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_http_ok(proc: ManagedProcess, url: str, timeout_s: float, host: "Host | None" = None) -> None:
+    """Poll `url` (from inside `host` when given) until it answers 200; fail early with the log if
+    the process dies."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not proc.alive():
             code = proc.popen.returncode if proc.popen is not None else None
             raise RuntimeError(f"{proc.name} exited with {code} before it was ready:\n{proc.tail_log()}")
-        try:
-            with urllib.request.urlopen(url, timeout=2.0) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+        if _http_ok(url, host):
+            return
         time.sleep(0.25)
     proc.kill()
     raise TimeoutError(f"{proc.name} not ready after {timeout_s:.0f} s:\n{proc.tail_log()}")
@@ -203,8 +215,10 @@ def start_vllm_server(
     wait: bool = True,
     timeout_s: float = 240.0,
     python: Path | str | None = None,
+    host: "Host | None" = None,
 ) -> ManagedProcess:
-    """A vLLM OpenAI server on 127.0.0.1 and a free port: token-id prompts only
+    """A vLLM OpenAI server on 127.0.0.1 (or inside `host`, a kvpool.bench.hosts.Host, on its
+    address) and a free port: token-id prompts only
     (--skip-tokenizer-init) unless `tokenizer` (a directory with tokenizer.json and a chat template)
     is given, then text and chat requests too.
 
@@ -221,7 +235,8 @@ def start_vllm_server(
     torch.compile: for the tiny model on CPU it measured no faster (8K-token prefill 0.93 vs 0.91 s)
     but costs 20-80 s at start-up.
     """
-    port = free_port()
+    port = free_port()  # chosen here; inside a fresh host's network namespace every port is free
+    address = "127.0.0.1" if host is None else host.address
     scratch = Path(workdir) / f"{name}.scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     # vLLM binds IPC sockets under TMPDIR; a socket path must stay under 108 bytes
@@ -229,7 +244,7 @@ def start_vllm_server(
     argv = [
         str(python or sys.executable), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", address, "--port", str(port),
         *(["--tokenizer", str(tokenizer)] if tokenizer is not None else ["--skip-tokenizer-init"]),
         "--load-format", "safetensors",
         "--kv-cache-memory-bytes", str(kv_cache_memory_bytes),
@@ -249,11 +264,13 @@ def start_vllm_server(
         **({"VLLM_CPU_OMP_THREADS_BIND": cpu_bind} if cpu_bind is not None else {}),
         **(extra_env or {}),
     }  # fmt: skip
+    if host is not None:
+        argv = host.wrap(argv)
     proc = ManagedProcess(name, argv, Path(workdir), env=env, cleanup_paths=[sockets]).start(ready_file_arg=False)
-    proc.info = {"url": f"http://127.0.0.1:{port}", "port": port, "pid": proc.pid,
+    proc.info = {"url": f"http://{address}:{port}", "port": port, "pid": proc.pid,
                  **({"kv_events": f"ipc://{sockets}/kv-events"} if kv_events else {})}  # fmt: skip
     if wait:
-        wait_http_ok(proc, proc.info["url"] + "/health", timeout_s)
+        wait_http_ok(proc, proc.info["url"] + "/health", timeout_s, host)
     return proc
 
 
