@@ -7,7 +7,8 @@ A master (host m) and one node (host n) stay up; client processes on host c alte
 now), reversing the order every round. Each reads 48 x 1 MiB and 6 x 16 MiB (every byte
 compared) and prints GB/s and its CPU seconds. Variants: base, noprog, lazy (progress thread on,
 no spinning and up to 2 ms between polls), fastpoll (no thread, at most 50 us between polls), spin
-(no thread, no sleep between polls). The put figure is the process's first put (NIXL start-up
+(no thread, no sleep between polls), nospin (no 200 us busy phase), sleep2 / sleep4 (sleeps grow
+to 2 / 4 ms instead of 1 ms). The put figure is the process's first put (NIXL start-up
 included), not a bandwidth.
 """
 import sys, os, json, subprocess, time
@@ -22,6 +23,12 @@ elif variant == "fastpoll":  # no thread; sleeps between polls capped at 50 us i
     nx._MAX_SLEEP_S = 0.00005
 elif variant == "spin":  # no thread; never sleeps between polls (one core busy while waiting)
     nx._SPIN_S = 1e9
+elif variant == "nospin":  # no thread; sleeps from the first poll on (no 200 us busy phase)
+    nx._SPIN_S = 0.0
+elif variant == "sleep2":  # no thread; sleeps between polls grow to 2 ms instead of 1 ms
+    nx._MAX_SLEEP_S = 0.002
+elif variant == "sleep4":  # no thread; sleeps between polls grow to 4 ms
+    nx._MAX_SLEEP_S = 0.004
 from kvpool.client import Client
 from kvpool.transfer import DataPlane
 plane = DataPlane(nixl_progress_thread=variant in ("base", "lazy"))
