@@ -12,7 +12,8 @@ Same request ids and epochs as the ZMQ channel (control.py), so the same rules h
 id is not the call's is a late one and is dropped; a new epoch empties the caller's caches first.
 Request id 0 (which the channel's ids never take) is one-way: the master answers nothing to it, not
 even an error. `send` (lease releases, quarantine ends: fire-and-forget) uses it, so the master
-spends no send and the client no receive on a reply nobody reads; measured in fixes.md.
+spends no send and the client no receive on a reply nobody reads (benchmarks/results/peers/
+fixes.md: no change a single client feels; it takes one reply per read off the master's loop).
 
 Rules:
 - Served only without authentication: the lane has no CURVE, so a master with an auth dir offers
