@@ -113,6 +113,16 @@ store.close()
 """
 
 
+def _start_listening(host: hosts.Host, name: str, argv: list[str], ports: tuple[int, ...], workdir: Path,
+                     running: Running) -> procs.ManagedProcess:
+    """Start a server in `host` (it joins `running`) and wait until it listens on `ports`."""
+    proc = procs.ManagedProcess(name, host.wrap(argv), workdir)
+    running.processes.append(proc.start(ready_file_arg=False))
+    for port in ports:
+        wait_port(host, host.address, port, proc)
+    return proc
+
+
 def _mooncake_bin(python: str, name: str) -> Path:
     path = Path(python).parent / name
     if not path.exists():
@@ -125,10 +135,7 @@ def _start_mooncake_master(m: hosts.Host, workdir: Path, python: str, running: R
     argv = [str(_mooncake_bin(python, "mooncake_master")), f"--rpc_address={m.address}", "--rpc_port=50051",
             "--enable_http_metadata_server=true", f"--http_metadata_server_host={m.address}",
             "--http_metadata_server_port=8080", "--default_kv_lease_ttl=1000"]  # fmt: skip
-    master = procs.ManagedProcess(name, m.wrap(argv), workdir)
-    running.processes.append(master.start(ready_file_arg=False))
-    wait_port(m, m.address, 50051, master)
-    wait_port(m, m.address, 8080, master)
+    _start_listening(m, name, argv, (50051, 8080), workdir, running)
     return f"http://{m.address}:8080/metadata", f"{m.address}:50051"
 
 
@@ -164,9 +171,7 @@ def _mooncake_ipc(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, pyt
         argv = [str(_mooncake_bin(python, "mooncake_client")), f"--host={h.address}", "--port=50052",
                 f"--global_segment_size={storage_bytes}", f"--master_server_address={master_addr}",
                 f"--metadata_server={metadata_url}", "--protocol=tcp"]  # fmt: skip
-        real = procs.ManagedProcess("mooncake-ipc-client", h.wrap(argv), workdir)
-        running.processes.append(real.start(ready_file_arg=False))
-        wait_port(h, h.address, 50052, real)
+        _start_listening(h, "mooncake-ipc-client", argv, (50052,), workdir, running)
     except (RuntimeError, TimeoutError) as e:
         running.stop()
         raise PeerUnavailable(str(e)) from e
@@ -184,9 +189,7 @@ def _redis(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: st
         argv = [server, "--bind", h.address, "--port", "6379", "--save", "", "--appendonly", "no",
                 "--protected-mode", "no", "--maxmemory", str(storage_bytes), "--maxmemory-policy", "noeviction",
                 "--dir", str(workdir)]  # fmt: skip
-        proc = procs.ManagedProcess("redis", h.wrap(argv), workdir)
-        running.processes.append(proc.start(ready_file_arg=False))
-        wait_port(h, h.address, 6379, proc)
+        _start_listening(h, "redis", argv, (6379,), workdir, running)
     except (RuntimeError, TimeoutError) as e:
         running.stop()
         raise PeerUnavailable(str(e)) from e
