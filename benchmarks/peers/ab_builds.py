@@ -1,17 +1,20 @@
 """A/B of two kvpool builds across harness hosts: control-plane-bound operations (issue 14).
 
     flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/ab_builds.py BASE [NEW] \
-        [--rounds 6] [--out FILE]
+        [--rounds 6] [--same-host] [--cases control,bulk] [--out FILE]
 
 BASE and NEW are git revisions (NEW defaults to the working tree, "WORKTREE"); each is exported
 with `git archive` (the working tree: copied) into a scratch directory and run from there with
 PYTHONPATH, so both builds' code runs side by side in one run. Each build gets its own master
 (host m) and node (host n); client processes of either build on host c alternate, order reversed
-every round (ABBA), against their own build's master and node. Each client process measures:
+every round (ABBA), against their own build's master and node (`--same-host`: master, node and
+clients all on one host: the shared-memory path). Each client process measures, for `control`:
 - plain put and get of 256 values of 64 KiB (one call per value, bytes compared);
 - the single-key lookup round trip (2,000 calls; P50 / P99);
 - a sequential agent-like loop (lookup of 9 keys, zero-copy get of 8 x 256 KiB, put of 2), 200
-  loops: loops/s and P50 / P99 per loop.
+  loops: loops/s and P50 / P99 per loop;
+and for `bulk`: zero-copy put and get of 64 MiB in 1 MiB objects and of 128 MiB in 16 MiB objects
+(batches of 64 MiB at most, bytes compared; the median of 3 passes after a first one).
 Prints one JSON line per process and a summary: medians over rounds, and the median of the
 per-round ratios NEW / BASE (> 1: NEW better, inverted for latencies).
 """
@@ -37,10 +40,42 @@ import json, os, sys, time
 import numpy as np
 from kvpool.client import Client
 
-address, tag = sys.argv[1], sys.argv[2]
+address, tag, cases = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 client = Client(address, "ab", timeout_s=30.0)
 out = {}
 rng = np.random.default_rng(3)
+if "bulk" in cases:
+    for name, size, total in (("1m", 1 << 20, 64 << 20), ("16m", 16 << 20, 128 << 20)):
+        n = total // size
+        src = rng.integers(0, 256, total, dtype=np.uint8)
+        dst = np.zeros_like(src)
+        client.register(src)
+        client.register(dst)
+        batch = max(1, (64 << 20) // size)
+        puts, gets = [], []
+        for rep in range(4):
+            keys = [f"{tag}/{name}/{rep}/{i}" for i in range(n)]
+            t = time.perf_counter()
+            for b in range(0, n, batch):
+                assert client.put_from(keys[b:b + batch], [[src.ctypes.data + i * size] for i in range(b, min(n, b + batch))],
+                                       [[size]] * len(keys[b:b + batch]), parents=[None] * len(keys[b:b + batch])) == [0] * len(keys[b:b + batch])
+            puts.append(total / (time.perf_counter() - t) / 1e9)
+            dst[:] = 0
+            t = time.perf_counter()
+            for b in range(0, n, batch):
+                got = client.get_into(keys[b:b + batch], [[dst.ctypes.data + i * size] for i in range(b, min(n, b + batch))],
+                                      [[size]] * len(keys[b:b + batch]))
+                assert got == len(keys[b:b + batch])
+            gets.append(total / (time.perf_counter() - t) / 1e9)
+            assert np.array_equal(src, dst)
+            client.remove(keys)
+        out[f"get_{name}_gbs"] = float(np.median(gets[1:]))
+        out[f"put_{name}_gbs"] = float(np.median(puts[1:]))
+if "control" not in cases:
+    out["cpu_s"] = round(time.process_time(), 2)
+    client.close()
+    print(json.dumps(out))
+    sys.exit(0)
 values = [rng.integers(0, 256, 64 << 10, dtype=np.uint8).tobytes() for _ in range(256)]
 keys = [f"{tag}/plain/{i}" for i in range(256)]
 t = time.perf_counter()
@@ -92,7 +127,8 @@ client.close()
 print(json.dumps(out))
 '''
 
-HIGHER_BETTER = {"plain_put_gbs": True, "plain_get_gbs": True, "lookup_p50_us": False, "lookup_p99_us": False,
+HIGHER_BETTER = {"get_1m_gbs": True, "put_1m_gbs": True, "get_16m_gbs": True, "put_16m_gbs": True,
+                 "plain_put_gbs": True, "plain_get_gbs": True, "lookup_p50_us": False, "lookup_p99_us": False,
                  "agent_loops_per_s": True, "agent_p50_ms": False, "agent_p99_ms": False, "cpu_s": False}
 
 
@@ -112,6 +148,8 @@ def main() -> None:
     ap.add_argument("base", help="git revision of the build to compare against")
     ap.add_argument("new", nargs="?", default="WORKTREE", help="git revision, or WORKTREE (default)")
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--same-host", action="store_true", help="master, nodes and clients on one host (shared memory)")
+    ap.add_argument("--cases", default="control", help="comma-separated: control, bulk (default: control)")
     ap.add_argument("--out", type=Path, default=None, help="write every process's JSON and the summary here")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="kvpool-ab-builds-"))
@@ -121,18 +159,20 @@ def main() -> None:
     loads = [os.getloadavg()[0]]
     started: list[procs.ManagedProcess] = []
     try:
-        with hosts.HostNetwork(["m", "n", "c"]) as net:
+        with hosts.HostNetwork(["m"] if args.same_host else ["m", "n", "c"]) as net:
+            host_of = {role: net["m"] if args.same_host else net[role] for role in ("m", "n", "c")}
             masters = {}
             for name in builds:
                 argv = procs.kvpool_argv("master", "--insecure", "--host", net["m"].address, "--port", "0")
-                master = procs.ManagedProcess(f"{name}-master", net["m"].wrap(argv), scratch, env=envs[name])
+                master = procs.ManagedProcess(f"{name}-master", host_of["m"].wrap(argv), scratch, env=envs[name])
                 started.append(master.start(30))
                 argv = procs.kvpool_argv("node", "--master", master.info["address"], "--memory", "512MiB")
-                started.append(procs.ManagedProcess(f"{name}-node", net["n"].wrap(argv), scratch, env=envs[name]).start(60))
+                node = procs.ManagedProcess(f"{name}-node", host_of["n"].wrap(argv), scratch, env=envs[name])
+                started.append(node.start(60))
                 masters[name] = master.info["address"]
             for r in range(args.rounds):
                 for name in list(builds) if r % 2 == 0 else list(builds)[::-1]:
-                    argv = net["c"].wrap([sys.executable, "-c", CHILD, masters[name], f"{name}{r}"])
+                    argv = host_of["c"].wrap([sys.executable, "-c", CHILD, masters[name], f"{name}{r}", args.cases])
                     res = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=envs[name])
                     if res.returncode:
                         print(name, "failed:", res.stderr[-1500:], flush=True)
@@ -146,11 +186,12 @@ def main() -> None:
         for proc in started:
             proc.stop()
         shutil.rmtree(scratch, ignore_errors=True)
-    lines = [f"base {args.base}, new {args.new}; {args.rounds} rounds (ABBA), load average {min(loads):.1f}-{max(loads):.1f}",
+    where = "one host (shared memory)" if args.same_host else "master, node and client on three hosts"
+    lines = [f"base {args.base}, new {args.new}; {where}; cases {args.cases}; {args.rounds} rounds (ABBA), load average {min(loads):.1f}-{max(loads):.1f}",
              "", "| metric | base | new | per-round ratio, median [min - max] (> 1: new better) |", "|---|---|---|---|"]
     for metric, higher in HIGHER_BETTER.items():
-        base = {r["round"]: r[metric] for r in runs["base"]}
-        new = {r["round"]: r[metric] for r in runs["new"]}
+        base = {r["round"]: r[metric] for r in runs["base"] if metric in r}
+        new = {r["round"]: r[metric] for r in runs["new"] if metric in r}
         common = sorted(set(base) & set(new))
         if not common:
             continue

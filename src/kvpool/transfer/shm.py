@@ -20,7 +20,8 @@ Rules:
   mapping watches its node through a pidfd and a copy that ends after the node died is reported
   failed. The memfd name carries the segment's token (its NIXL agent name), checked on open, so a
   recycled pid or fd number can never map somebody else's memory.
-- Only raw addresses cross this module (ctypes.memmove releases the GIL); no Python bytes.
+- Only raw addresses cross this module (ctypes.memmove releases the GIL); no Python bytes. Large
+  copies are split across helper threads where the process may use several CPUs (memcopy.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import threading
 import numpy as np
 
 from kvpool.core.errors import TransferError
+from kvpool.transfer.memcopy import copy_regions
 
 _PROC_FD_PATH = re.compile(r"^/proc/(\d+)/fd/(\d+)$")
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
@@ -173,13 +175,11 @@ class PeerMapping:
             if device is not None:
                 self._pinned().copy(op, device, local_addrs, remote_offsets, sizes)
             elif op == "READ":
-                base, memmove = self.base_addr, ctypes.memmove
-                for local, offset, size in zip(local_addrs, remote_offsets, sizes):
-                    memmove(local, base + offset, size)
+                base = self.base_addr
+                copy_regions([(dst, base + off, size) for dst, off, size in zip(local_addrs, remote_offsets, sizes)])
             else:
-                base, memmove = self.base_addr, ctypes.memmove
-                for local, offset, size in zip(local_addrs, remote_offsets, sizes):
-                    memmove(base + offset, local, size)
+                base = self.base_addr
+                copy_regions([(base + off, src, size) for src, off, size in zip(local_addrs, remote_offsets, sizes)])
         finally:
             with self._lock:
                 self._users -= 1
