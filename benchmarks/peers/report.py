@@ -109,20 +109,23 @@ def write_report(results: dict, out_dir: Path, name: str) -> None:
             cells.append(_fmt(statistics.median(v), unit) if v else "-")
         if any(c != "-" for c in cells):
             lines.append(f"| {title} | {unit} | " + " | ".join(cells) + " |")
-    others = [p for p in peers if p != SUBJECT]
-    if SUBJECT in peers and others:
-        lines += ["", f"## {PEERS[SUBJECT].label} against each peer: per-round ratios, median [min - max]",
+    # the cross-host subject when it ran, else the same-host one (a same-host-only run)
+    subject = next((s for s in (SUBJECT, SAME_HOST_SUBJECT) if s in peers), None)
+    others = [p for p in peers if p != subject]
+    if subject is not None and others:
+        lines += ["", f"## {PEERS[subject].label} against each peer: per-round ratios, median [min - max]",
                   "", ">1: kvpool better (higher bandwidth, lower latency).", "",
                   "| case | " + " | ".join(PEERS[p].label for p in others) + " |", "|---|" + "---|" * len(others)]  # fmt: skip
         for case, field, title, unit, higher in METRICS:
             cells = []
             for p in others:
-                rs = ratios(results, case, field, p, higher)
+                rs = ratios(results, case, field, p, higher, subject)
                 cells.append(f"{statistics.median(rs):.2f} [{min(rs):.2f} - {max(rs):.2f}]" if rs else "-")
             if any(c != "-" for c in cells):
                 lines.append(f"| {title} | " + " | ".join(cells) + " |")
         lines += ["", "## Goals (issue 14)", ""]
-        goals = [(SUBJECT, *g) for g in GOALS] + [(SAME_HOST_SUBJECT, *g) for g in SAME_HOST_GOALS]
+        goals = [(SUBJECT, *g) for g in GOALS if SUBJECT in peers]
+        goals += [(SAME_HOST_SUBJECT, *g) for g in SAME_HOST_GOALS if SAME_HOST_SUBJECT in peers]
         for subject, case, field, against, factor in goals:
             title, higher = next((t, h) for c, f, t, _, h in METRICS if (c, f) == (case, field))
             rs = ratios(results, case, field, against, higher, subject)
