@@ -57,15 +57,16 @@ if "bulk" in cases:
             keys = [f"{tag}/{name}/{rep}/{i}" for i in range(n)]
             t = time.perf_counter()
             for b in range(0, n, batch):
-                assert client.put_from(keys[b:b + batch], [[src.ctypes.data + i * size] for i in range(b, min(n, b + batch))],
-                                       [[size]] * len(keys[b:b + batch]), parents=[None] * len(keys[b:b + batch])) == [0] * len(keys[b:b + batch])
+                ids = range(b, min(n, b + batch))
+                assert client.put_from([keys[i] for i in ids], [[src.ctypes.data + i * size] for i in ids],
+                                       [[size]] * len(ids), parents=[None] * len(ids)) == [0] * len(ids)
             puts.append(total / (time.perf_counter() - t) / 1e9)
             dst[:] = 0
             t = time.perf_counter()
             for b in range(0, n, batch):
-                got = client.get_into(keys[b:b + batch], [[dst.ctypes.data + i * size] for i in range(b, min(n, b + batch))],
-                                      [[size]] * len(keys[b:b + batch]))
-                assert got == len(keys[b:b + batch])
+                ids = range(b, min(n, b + batch))
+                got = client.get_into([keys[i] for i in ids], [[dst.ctypes.data + i * size] for i in ids], [[size]] * len(ids))
+                assert got == len(ids)
             gets.append(total / (time.perf_counter() - t) / 1e9)
             assert np.array_equal(src, dst)
             client.remove(keys)
@@ -143,6 +144,39 @@ def export(rev: str, into: Path) -> Path:
     return into / "src"
 
 
+def measure(net: hosts.HostNetwork, args: argparse.Namespace, builds: dict[str, str], envs: dict[str, dict],
+            scratch: Path) -> tuple[dict[str, list[dict]], list[float]]:
+    """Each build's master and node, then the ABBA rounds of client processes: (runs, load averages)."""
+    host_of = {role: net["m"] if args.same_host else net[role] for role in ("m", "n", "c")}
+    runs: dict[str, list[dict]] = {name: [] for name in builds}
+    loads = [os.getloadavg()[0]]
+    started: list[procs.ManagedProcess] = []
+    try:
+        masters = {}
+        for name in builds:
+            argv = procs.kvpool_argv("master", "--insecure", "--host", net["m"].address, "--port", "0")
+            master = procs.ManagedProcess(f"{name}-master", host_of["m"].wrap(argv), scratch, env=envs[name])
+            started.append(master.start(30))
+            argv = procs.kvpool_argv("node", "--master", master.info["address"], "--memory", "512MiB")
+            node = procs.ManagedProcess(f"{name}-node", host_of["n"].wrap(argv), scratch, env=envs[name])
+            started.append(node.start(60))
+            masters[name] = master.info["address"]
+        for r in range(args.rounds):
+            for name in list(builds) if r % 2 == 0 else list(builds)[::-1]:
+                argv = host_of["c"].wrap([sys.executable, "-c", CHILD, masters[name], f"{name}{r}", args.cases])
+                res = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=envs[name])
+                if res.returncode:
+                    print(name, "failed:", res.stderr[-1500:], flush=True)
+                    continue
+                runs[name].append({"round": r, **json.loads(res.stdout.splitlines()[-1])})
+                loads.append(os.getloadavg()[0])
+                print(r, name, json.dumps(runs[name][-1]), f"load {loads[-1]:.1f}", flush=True)
+    finally:  # SIGTERM while the hosts still exist (removing them SIGKILLs what is left)
+        for proc in reversed(started):
+            proc.stop()
+    return runs, loads
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("base", help="git revision of the build to compare against")
@@ -155,36 +189,10 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="kvpool-ab-builds-"))
     builds = {"base": args.base, "new": args.new}
     envs = {name: {**os.environ, "PYTHONPATH": str(export(rev, scratch / name))} for name, rev in builds.items()}
-    runs: dict[str, list[dict]] = {name: [] for name in builds}
-    loads = [os.getloadavg()[0]]
-    started: list[procs.ManagedProcess] = []
     try:
         with hosts.HostNetwork(["m"] if args.same_host else ["m", "n", "c"]) as net:
-            host_of = {role: net["m"] if args.same_host else net[role] for role in ("m", "n", "c")}
-            masters = {}
-            for name in builds:
-                argv = procs.kvpool_argv("master", "--insecure", "--host", net["m"].address, "--port", "0")
-                master = procs.ManagedProcess(f"{name}-master", host_of["m"].wrap(argv), scratch, env=envs[name])
-                started.append(master.start(30))
-                argv = procs.kvpool_argv("node", "--master", master.info["address"], "--memory", "512MiB")
-                node = procs.ManagedProcess(f"{name}-node", host_of["n"].wrap(argv), scratch, env=envs[name])
-                started.append(node.start(60))
-                masters[name] = master.info["address"]
-            for r in range(args.rounds):
-                for name in list(builds) if r % 2 == 0 else list(builds)[::-1]:
-                    argv = host_of["c"].wrap([sys.executable, "-c", CHILD, masters[name], f"{name}{r}", args.cases])
-                    res = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=envs[name])
-                    if res.returncode:
-                        print(name, "failed:", res.stderr[-1500:], flush=True)
-                        continue
-                    runs[name].append({"round": r, **json.loads(res.stdout.splitlines()[-1])})
-                    loads.append(os.getloadavg()[0])
-                    print(r, name, json.dumps(runs[name][-1]), f"load {loads[-1]:.1f}", flush=True)
-            for proc in reversed(started):
-                proc.stop()
+            runs, loads = measure(net, args, builds, envs, scratch)
     finally:
-        for proc in started:
-            proc.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     where = "one host (shared memory)" if args.same_host else "master, node and client on three hosts"
     lines = [f"base {args.base}, new {args.new}; {where}; cases {args.cases}; {args.rounds} rounds (ABBA), load average {min(loads):.1f}-{max(loads):.1f}",

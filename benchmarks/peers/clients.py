@@ -194,13 +194,10 @@ class MooncakeIpcAdapter(MooncakeAdapter):
         addr = self.store.alloc_from_mem_pool(nbytes)
         if not addr:
             raise RuntimeError(f"mooncake alloc_from_mem_pool({nbytes}) failed (pool exhausted?)")
-        self.register_range(addr, nbytes)
-        return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))
-
-    def register_range(self, addr: int, nbytes: int) -> None:
         rc = self.store.register_buffer(addr, nbytes)
         if rc != 0:
             raise RuntimeError(f"mooncake register_buffer returned {rc}")
+        return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))
 
 
 class RedisAdapter:

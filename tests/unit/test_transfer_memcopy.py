@@ -47,7 +47,7 @@ def test_a_large_job_is_copied_exactly_whatever_the_split(monkeypatch):
     # one 24 MiB region, then 16 regions of 1 MiB written in reverse order of their sources
     pairs = [(base_d, base_s, 24 * MiB)]
     pairs += [(base_d + (24 + i) * MiB, base_s + (39 - i) * MiB, MiB) for i in range(16)]
-    memcopy.copy_regions(pairs)
+    memcopy.copy_regions(*map(list, zip(*pairs)))
     assert len(submitted) == 3  # three helpers took a part each, the caller the fourth
     assert np.array_equal(dst[: 24 * MiB], src[: 24 * MiB])
     for i in range(16):
@@ -59,10 +59,11 @@ def test_small_jobs_and_single_cpu_processes_copy_on_the_callers_thread(monkeypa
     monkeypatch.setattr(memcopy, "_executor", lambda: used.append(1))  # would fail if called
     src = np.arange(1 * MiB, dtype=np.uint8)
     dst = np.zeros_like(src)
-    memcopy.copy_regions([(dst.ctypes.data, src.ctypes.data, src.nbytes)])  # below SPLIT_MIN_BYTES
+    memcopy.copy_regions([dst.ctypes.data], [src.ctypes.data], [src.nbytes])  # below SPLIT_MIN_BYTES
     assert np.array_equal(src, dst) and not used
     monkeypatch.setattr(memcopy, "_num_cpus", 1)
     big = np.ones(16 * MiB, dtype=np.uint8)
     out = np.zeros_like(big)
-    memcopy.copy_regions([(out.ctypes.data, big.ctypes.data, big.nbytes)])
+    # through the bases, as a segment's copies pass them
+    memcopy.copy_regions([0], [0], [big.nbytes], dst_base=out.ctypes.data, src_base=big.ctypes.data)
     assert np.array_equal(big, out) and not used

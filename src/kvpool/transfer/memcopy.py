@@ -1,8 +1,10 @@
 """Host memory copies for the same-host path: large jobs split across helper threads.
 
 Rules:
-- `copy_regions(pairs)` copies every (dst, src, size) with memmove; the job is the caller's
-  whole list. ctypes.memmove releases the GIL, so helper threads copy at once with the caller.
+- `copy_regions(dsts, srcs, sizes, dst_base, src_base)` copies region i from `src_base + srcs[i]`
+  to `dst_base + dsts[i]` with memmove (a segment's offsets go in with its base: no list is built
+  for a job that is not split); the job is the caller's whole list. ctypes.memmove releases the
+  GIL, so helper threads copy at once with the caller.
 - A job is split only when it is large (>= `SPLIT_MIN_BYTES`) and this process may run on more
   than one CPU (its affinity mask, read once per process): a vLLM worker pinned to one core copies
   on its own thread as before, since a second thread there would only take turns with it. Parts
@@ -80,13 +82,16 @@ def _copy(pairs: list[tuple[int, int, int]]) -> None:
         memmove(dst, src, size)
 
 
-def copy_regions(pairs: list[tuple[int, int, int]]) -> None:
-    total = sum(size for _, _, size in pairs)
+def copy_regions(dsts: list[int], srcs: list[int], sizes: list[int], dst_base: int = 0, src_base: int = 0) -> None:
+    total = sum(sizes)
     helpers = _helpers() if total >= SPLIT_MIN_BYTES else 0
     num_parts = min(helpers + 1, total // PART_MIN_BYTES)
     if num_parts < 2:
-        _copy(pairs)
+        memmove = ctypes.memmove
+        for dst, src, size in zip(dsts, srcs, sizes):
+            memmove(dst_base + dst, src_base + src, size)
         return
+    pairs = [(dst_base + dst, src_base + src, size) for dst, src, size in zip(dsts, srcs, sizes)]
     first, *rest = split(pairs, num_parts)
     futures = [_executor().submit(_copy, part) for part in rest]
     try:

@@ -175,11 +175,9 @@ class PeerMapping:
             if device is not None:
                 self._pinned().copy(op, device, local_addrs, remote_offsets, sizes)
             elif op == "READ":
-                base = self.base_addr
-                copy_regions([(dst, base + off, size) for dst, off, size in zip(local_addrs, remote_offsets, sizes)])
+                copy_regions(local_addrs, remote_offsets, sizes, src_base=self.base_addr)
             else:
-                base = self.base_addr
-                copy_regions([(base + off, src, size) for src, off, size in zip(local_addrs, remote_offsets, sizes)])
+                copy_regions(remote_offsets, local_addrs, sizes, dst_base=self.base_addr)
         finally:
             with self._lock:
                 self._users -= 1
