@@ -217,7 +217,7 @@ def read_back(address: str, keys: list[str], stored: np.ndarray, args, progress:
     task = progress.add_task(f"N={n:,}: read back and compare", total=n)
     started = time.perf_counter()
     with Client(address, timeout_s=args.call_timeout_s) as fresh:
-        mismatches_before = fresh._metrics.checksum_mismatches.labels(TENANT)._value.get()
+        mismatches_before = fresh._metrics.checksum_mismatches._value.get()
         out = np.empty((chain, words), dtype=np.uint32)
         expected = np.empty((chain, words), dtype=np.uint32)
         fresh.register(out)
@@ -247,7 +247,7 @@ def read_back(address: str, keys: list[str], stored: np.ndarray, args, progress:
                     calls += 1
                     position = position + 1 + (present.index(True) if True in present else len(present))
             progress.advance(task, count)
-        mismatches = fresh._metrics.checksum_mismatches.labels(TENANT)._value.get() - mismatches_before
+        mismatches = fresh._metrics.checksum_mismatches._value.get() - mismatches_before
     elapsed_s = time.perf_counter() - started
     progress.remove_task(task)
     committed = int(stored.sum())

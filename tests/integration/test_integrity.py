@@ -160,7 +160,7 @@ def test_flipped_bytes_in_a_segment_are_a_miss_never_served(make_pool):
         for i in range(2):
             assert np.array_equal(buf[i * size : (i + 1) * size], pattern(keys[i], size))
         assert client.get(keys[3]) == pattern(keys[3], size).tobytes()
-        assert client._metrics.checksum_mismatches.labels("default")._value.get() >= 2
+        assert client._metrics.checksum_mismatches._value.get() >= 2
 
 
 def test_transfer_to_a_stopped_node_times_out_and_nothing_lands_in_reused_space(tmp_path, monkeypatch):

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from kvpool.client import plan
 from kvpool.client.checksum import NO_CHECKSUM, checksum_objects
 from kvpool.client.memory import RegisteredRanges, StagingBuffer, copy_bytes, region_of
-from kvpool.client.metrics import client_metrics
+from kvpool.client.metrics import TenantMetrics, client_metrics
 from kvpool.client.segments import SegmentCache
 from kvpool.core import protocol
 from kvpool.core.errors import CapacityError, KVPoolError, ProtocolError, TransferError, UsageError
@@ -136,7 +136,7 @@ class Client:
         self._register_lock = threading.Lock()
         self._segments = SegmentCache(self._call, self.plane, host_id())
         self._channel.add_epoch_listener(self._segments.on_new_epoch)
-        self._metrics = client_metrics()
+        self._metrics = TenantMetrics(client_metrics(), self.config.tenant)
         self._staging = StagingBuffer(self._register_region, staging_bytes)
         self._closed = False
 
@@ -261,16 +261,16 @@ class Client:
             for n in ended.refused:
                 statuses[written[n]] = PUT_FAILED
             if ended.refused:
-                self._metrics.put_keys.labels(tenant, "refused").inc(len(ended.refused))
+                self._metrics.put_keys["refused"].inc(len(ended.refused))
                 log.warning("kvpool: the master refused %d of %d put ends (their allocation was reclaimed or "
                             "is no longer ours); those keys were not stored", len(ended.refused), len(written))
         # counted per batch, not per key: two labels().inc() per key were a quarter of a small put
         for st in set(statuses):
-            self._metrics.put_keys.labels(tenant, _PUT_STATUS_NAMES.get(st, str(st))).inc(statuses.count(st))
+            self._metrics.put_keys[_PUT_STATUS_NAMES.get(st, str(st))].inc(statuses.count(st))
         stored_bytes = sum(totals[i] * len(reply.replicas[i]) for i, st in enumerate(statuses) if st == PUT_ALLOCATED)
         if stored_bytes:
-            self._metrics.put_bytes.labels(tenant).inc(stored_bytes)
-        self._metrics.latency_s.labels(tenant, "put").observe(time.perf_counter() - started)
+            self._metrics.put_bytes.inc(stored_bytes)
+        self._metrics.latency_s["put"].observe(time.perf_counter() - started)
         return statuses, reply.message
 
     def _on_host(self, addrs: list[list[int]]) -> list[int]:
@@ -340,7 +340,7 @@ class Client:
             count = self._read_leased(keys, replicas, reply, t0, addrs, sizes)
         finally:
             self._release(reply.lease_id)
-        self._metrics.latency_s.labels(self.config.tenant, "get").observe(time.perf_counter() - started)
+        self._metrics.latency_s["get"].observe(time.perf_counter() - started)
         return count
 
     def _lookup_leased(
@@ -388,7 +388,7 @@ class Client:
         while pending and time.monotonic() <= deadline:
             choices = [(i, untried[i].pop(0)) for i in pending if untried[i]]
             if not first_round:
-                self._metrics.replica_fallbacks.labels(tenant).inc(len(choices))
+                self._metrics.replica_fallbacks.inc(len(choices))
             first_round = False
             # waiting past the lease is pointless: such a read would be discarded anyway
             failed, in_flight = self._run_round("READ", choices, addrs, sizes, max(1e-3, deadline - time.monotonic()))
@@ -411,12 +411,12 @@ class Client:
         # expired: read too late, or never tried because the lease ran out first
         expired = sum(1 for t in completed_at if t is not None and t > deadline) + len(pending)
         if expired:
-            self._metrics.lease_expiries.labels(tenant).inc(expired)
+            self._metrics.lease_expiries.inc(expired)
         if count and self.config.checksums and reply.checksums:
             count = self._verified(keys, count, reply.checksums, addrs, sizes)
-        self._metrics.get_keys.labels(tenant).inc(len(keys))
-        self._metrics.hit_keys.labels(tenant).inc(count)
-        self._metrics.get_bytes.labels(tenant).inc(sum(sum(sizes[i]) for i in range(count)))
+        self._metrics.get_keys.inc(len(keys))
+        self._metrics.hit_keys.inc(count)
+        self._metrics.get_bytes.inc(sum(sum(sizes[i]) for i in range(count)))
         return count
 
     def _verified(self, keys, count: int, packed: bytes, addrs, sizes) -> int:
@@ -429,7 +429,7 @@ class Client:
         got = checksum_objects([addrs[i] for i in todo], [sizes[i] for i in todo])
         for i, value in zip(todo, got):
             if value != expected[i]:
-                self._metrics.checksum_mismatches.labels(self.config.tenant).inc()
+                self._metrics.checksum_mismatches.inc()
                 log.warning("kvpool: checksum mismatch on %r (read %016x, written %016x): treated as a miss",
                             keys[i], value, expected[i])
                 return i
@@ -467,7 +467,7 @@ class Client:
                 if error.in_flight is not None:
                     in_flight.update(dict.fromkeys(job.object_indices, error.in_flight))
         if broken_segments:
-            self._metrics.transfer_failures.labels(self.config.tenant, op).inc(len(broken_segments))
+            self._metrics.transfer_failures[op].inc(len(broken_segments))
             self._segments.recheck(broken_segments)
         return failed, in_flight
 
@@ -530,7 +530,7 @@ class Client:
         t0, reply, replicas = self._lookup_leased([key])
         try:
             if not replicas:
-                self._metrics.get_keys.labels(self.config.tenant).inc()
+                self._metrics.get_keys.inc()
                 count = 0
             else:
                 size = replicas[0][0].size
@@ -538,7 +538,7 @@ class Client:
                 count = self._read_leased([key], replicas, reply, t0, [[self._staging.addr]], [[size]])
         finally:
             self._release(reply.lease_id)
-        self._metrics.latency_s.labels(self.config.tenant, "get").observe(time.perf_counter() - started)
+        self._metrics.latency_s["get"].observe(time.perf_counter() - started)
         return self._staging.array[:size] if count == 1 else None
 
     # ---- control-plane only -----------------------------------------------------------------
@@ -560,7 +560,7 @@ class Client:
         while reply.num_promoting and reply.num_hit < len(keys) and time.perf_counter() + _PROMOTION_POLL_S < give_up:
             time.sleep(_PROMOTION_POLL_S)
             reply = self._call(request, protocol.LookupReply)
-        self._metrics.latency_s.labels(self.config.tenant, "lookup").observe(time.perf_counter() - started)
+        self._metrics.latency_s["lookup"].observe(time.perf_counter() - started)
         return reply.num_hit
 
     def exists(self, keys: list[str]) -> list[bool]:

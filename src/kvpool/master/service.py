@@ -34,11 +34,12 @@ from kvpool.master.config import MasterConfig
 from kvpool.master.limits import RateLimiter
 from kvpool.master.core import MasterCore
 from kvpool.master.metrics import serve_metrics
-from kvpool.transfer.lane import LaneFrame, LaneServer
+from kvpool.transfer.lane import LaneServer
 
 log = logging.getLogger("kvpool.master")
 
 _BATCH = 256  # messages handled per poll wake-up before timed work gets a look
+_POLLIN = int(zmq.POLLIN)  # plain ints: each test of a zmq.PollEvent flag runs Python (~1 us)
 _LOGGED = (p.MountSegment, p.UnmountSegment, p.AnnounceObjects)
 
 
@@ -163,14 +164,14 @@ class MasterService:
             frames = sock.recv_multipart(copy=False)
         except zmq.Again:
             return False
-        self._answer(frames)
+        self._answer_frames(frames)
         return True
 
     def _drain(self, sock: zmq.Socket) -> None:
         for _ in range(_BATCH):
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not sock.getsockopt(zmq.EVENTS) & _POLLIN:
                 break
-            self._answer(sock.recv_multipart(zmq.NOBLOCK, copy=False))
+            self._answer_frames(sock.recv_multipart(zmq.NOBLOCK, copy=False))
 
     def _serve_with_lane(self, timeout_ms: int) -> None:
         """One wake-up of the loop when the lane is served: ZMQ messages and lane frames alike."""
@@ -180,10 +181,10 @@ class MasterService:
                 self._drain(sock)
             elif lane.owns(what):
                 for key, request_id, payload in lane.handle(what, events):
-                    self._answer([LaneFrame(key), LaneFrame(request_id), LaneFrame(payload)], self._lane_send)
+                    self._answer(key, request_id, payload, self._lane_send)
 
     def _lane_send(self, key: bytes, request_id: bytes, reply: p.Reply) -> None:
-        self._lane.reply(key, request_id, self._epoch_frame, self._encode_reply(reply))
+        self._lane.reply(key, request_id, self.core.epoch, self._encode_reply(reply))
 
     def _encode_reply(self, reply: p.Reply) -> bytes:
         """The reply's bytes; one that cannot be encoded (a value out of the wire's range that
@@ -195,19 +196,22 @@ class MasterService:
             return self._encode(p.ErrorReply(kind="internal", message=f"master could not encode its "
                                              f"{type(reply).__name__}; see its log"))
 
-    def _answer(self, frames: list[zmq.Frame], send: Callable | None = None) -> None:
-        """Check, decode, handle and answer one request ([identity, request_id, payload] frames);
-        `send(identity, request_id, reply)` answers (default: over the ROUTER socket)."""
-        send = self._send if send is None else send
+    def _answer_frames(self, frames: list[zmq.Frame]) -> None:
+        """A request from the ROUTER socket: [identity, request_id, payload] frames."""
         identity = frames[0].bytes
         if len(frames) != 3:
             request_id = frames[1].bytes[:8] if len(frames) > 1 else b""
-            send(identity, request_id, p.ErrorReply(
+            self._send(identity, request_id, p.ErrorReply(
                 kind="protocol", message=f"expected 2 frames [request_id, payload], got {len(frames) - 1}"
             ))
             return
-        request_id = frames[1].bytes
         payload = frames[2]
+        user_id = payload.get("User-Id") if self._auth is not None else None
+        self._answer(identity, frames[1].bytes, payload.buffer, self._send, user_id)
+
+    def _answer(self, identity: bytes, request_id: bytes, payload, send: Callable, user_id: str | None = None) -> None:
+        """Check, decode, handle and answer one request; `send(identity, request_id, reply)` answers
+        (over the ROUTER socket or the lane). `user_id`: the ZMQ authenticator's (with auth)."""
         if len(request_id) != 8:
             send(identity, request_id[:8], p.ErrorReply(
                 kind="protocol", message=f"request id must be 8 bytes, got {len(request_id)}"
@@ -222,7 +226,7 @@ class MasterService:
             return
         principal = OPEN
         if self._auth is not None:
-            principal = self._auth.identities.principal_of(payload.get("User-Id"))
+            principal = self._auth.identities.principal_of(user_id)
             if principal is None:
                 send(identity, request_id, p.ErrorReply(kind="auth", message="this key is no longer trusted"))
                 return
@@ -232,7 +236,7 @@ class MasterService:
             send(identity, request_id, p.ErrorReply(kind="rate_limited", message=self.limiter.exhausted_message))
             return
         try:
-            request = self._decode(payload.buffer)
+            request = self._decode(payload)
         except msgspec.DecodeError as e:
             send(identity, request_id, p.ErrorReply(kind="protocol", message=f"undecodable request: {e}"))
             return

@@ -147,10 +147,12 @@ class MasterChannel:
         """A fresh id from this channel's sequence: shared with the lane, so ids never repeat."""
         return next(self._ids)
 
-    def see_epoch(self, frame: bytes) -> None:
-        """The epoch rule above for a reply that came another way (listeners run under the lock)."""
-        with self._lock:
-            self._see_epoch(frame)
+    def see_epoch(self, epoch: int) -> None:
+        """The epoch rule above for a reply that came another way (listeners run under the lock); the
+        same epoch as last time, the usual case, takes no lock."""
+        if epoch != self.epoch:
+            with self._lock:
+                self._see_epoch(epoch.to_bytes(8, "little"))
 
     def call(self, request: protocol.Request, timeout_s: float | None = None) -> protocol.Reply:
         timeout_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))

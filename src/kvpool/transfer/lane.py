@@ -53,26 +53,13 @@ _REQUEST_HEAD = struct.Struct("<IQ")
 _REPLY_HEAD = struct.Struct("<IQQ")
 _REDISCOVER_S = 5.0
 ONE_WAY_ID = 0  # a request with this id gets no reply (ids of calls start at 1)
+_ONE_WAY_BYTES = ONE_WAY_ID.to_bytes(8, "little")
 _RECV_CHUNK = 1 << 16
+# plain ints: every test of a zmq.PollEvent flag runs Python code (~1 us, several per request)
+_POLLIN, _POLLOUT, _POLLERR = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLERR)
 
 
 # ---- master side ----------------------------------------------------------------------------------
-
-
-class LaneFrame:
-    """What MasterService._answer reads of a zmq.Frame (`.bytes`, `.buffer`, `len`)."""
-
-    __slots__ = ("bytes",)
-
-    def __init__(self, data) -> None:
-        self.bytes = data
-
-    @property
-    def buffer(self):
-        return self.bytes
-
-    def __len__(self) -> int:
-        return len(self.bytes)
 
 
 class _Connection:
@@ -103,7 +90,7 @@ class LaneServer:
         self._connections: dict[int, _Connection] = {}  # by fd
         self._by_key: dict[bytes, _Connection] = {}
         self._serial = itertools.count(1)
-        poller.register(self._listener.fileno(), zmq.POLLIN)
+        poller.register(self._listener.fileno(), _POLLIN)
 
     def owns(self, fd) -> bool:
         return fd == self._listener.fileno() or fd in self._connections
@@ -116,9 +103,9 @@ class LaneServer:
         conn = self._connections.get(fd)
         if conn is None:
             return []
-        if events & zmq.POLLOUT:
+        if events & _POLLOUT:
             self._flush(conn)
-        if not events & (zmq.POLLIN | zmq.POLLERR) or conn.fd not in self._connections:
+        if not events & (_POLLIN | _POLLERR) or conn.fd not in self._connections:
             return []
         try:
             data = conn.sock.recv(_RECV_CHUNK)
@@ -130,11 +117,15 @@ class LaneServer:
             self._drop(conn)
             return []
         inbox = conn.inbox
+        if not inbox and len(data) >= _REQUEST_HEAD.size:  # the usual case: one whole request, no copies
+            length = _REQUEST_HEAD.unpack_from(data)[0]
+            if len(data) == _REQUEST_HEAD.size + length and length <= self._max_frame:
+                return [(conn.key, data[4:12], memoryview(data)[_REQUEST_HEAD.size :])]
         inbox += data
         out = []
         start, end = 0, len(inbox)
         while end - start >= _REQUEST_HEAD.size:
-            length, request_id = _REQUEST_HEAD.unpack_from(inbox, start)
+            length = _REQUEST_HEAD.unpack_from(inbox, start)[0]
             if length > self._max_frame:
                 log.warning("lane peer sent a %d-byte frame (limit %d): connection closed", length, self._max_frame)
                 self._drop(conn)
@@ -142,20 +133,19 @@ class LaneServer:
             frame_end = start + _REQUEST_HEAD.size + length
             if frame_end > end:
                 break
-            out.append((conn.key, request_id.to_bytes(8, "little"), bytes(inbox[start + _REQUEST_HEAD.size : frame_end])))
+            out.append((conn.key, bytes(inbox[start + 4 : start + 12]), bytes(inbox[start + _REQUEST_HEAD.size : frame_end])))
             start = frame_end
         if start:
             del inbox[:start]
         return out
 
-    def reply(self, key: bytes, request_id: bytes, epoch_frame: bytes, payload: bytes) -> None:
-        rid = int.from_bytes(request_id, "little")
-        if rid == ONE_WAY_ID:
+    def reply(self, key: bytes, request_id: bytes, epoch: int, payload: bytes) -> None:
+        if request_id == _ONE_WAY_BYTES:
             return  # the peer asked for no reply
         conn = self._by_key.get(key)
         if conn is None:
             return  # the peer went away while we worked on its request
-        frame = _REPLY_HEAD.pack(len(payload), rid, int.from_bytes(epoch_frame, "little")) + payload
+        frame = _REPLY_HEAD.pack(len(payload), int.from_bytes(request_id, "little"), epoch) + payload
         if conn.outbox:
             conn.outbox += frame
         else:
@@ -169,7 +159,7 @@ class LaneServer:
             if sent == len(frame):
                 return
             conn.outbox += frame[sent:]
-            self._poller.modify(conn.fd, zmq.POLLIN | zmq.POLLOUT)
+            self._poller.modify(conn.fd, _POLLIN | _POLLOUT)
         if len(conn.outbox) > self._max_pending:
             log.warning("lane peer does not read its replies (%d bytes pending): connection closed", len(conn.outbox))
             self._drop(conn)
@@ -189,7 +179,7 @@ class LaneServer:
             conn = _Connection(sock, b"lane-%d" % next(self._serial))
             self._connections[conn.fd] = conn
             self._by_key[conn.key] = conn
-            self._poller.register(conn.fd, zmq.POLLIN)
+            self._poller.register(conn.fd, _POLLIN)
 
     def _flush(self, conn: _Connection) -> None:
         try:
@@ -201,7 +191,7 @@ class LaneServer:
             return
         del conn.outbox[:sent]
         if not conn.outbox:
-            self._poller.modify(conn.fd, zmq.POLLIN)
+            self._poller.modify(conn.fd, _POLLIN)
 
     def _drop(self, conn: _Connection) -> None:
         if self._connections.pop(conn.fd, None) is not None:
@@ -325,6 +315,7 @@ class LaneChannel:
         payload = protocol.request_encoder.encode(request)
         request_id = self.channel.next_request_id()
         try:
+            # one timeout for the send and the first receive (each settimeout costs, a loop resets it)
             sock.settimeout(max(1e-3, deadline_s - time.monotonic()))
             sock.sendall(_REQUEST_HEAD.pack(len(payload), request_id) + payload)
         except TimeoutError:
@@ -342,12 +333,14 @@ class LaneChannel:
             reply = protocol.reply_decoder.decode(body)
         except msgspec.DecodeError as e:
             raise ProtocolError(f"undecodable reply from master {self.address}: {e}") from None
-        if isinstance(reply, protocol.ErrorReply):
+        if type(reply) is protocol.ErrorReply:
             raise error_from_reply(reply.kind, reply.message)
         return reply
 
-    def _read_frame(self, sock: socket.socket, deadline_s: float, request) -> tuple[int, bytes, bytes]:
+    def _read_frame(self, sock: socket.socket, deadline_s: float, request) -> tuple[int, int, bytes]:
+        """The next reply frame: (request id, master epoch, body)."""
         inbox = self._inbox
+        first = True
         while True:
             if len(inbox) >= _REPLY_HEAD.size:
                 length, reply_id, epoch = _REPLY_HEAD.unpack_from(inbox)
@@ -355,12 +348,15 @@ class LaneChannel:
                 if len(inbox) >= end:
                     body = bytes(inbox[_REPLY_HEAD.size : end])
                     del inbox[:end]
-                    return reply_id, epoch.to_bytes(8, "little"), body
-            remaining = deadline_s - time.monotonic()
-            if remaining <= 0:
-                self._close_lane()
-                raise UnavailableError(f"master {self.address} did not answer {type(request).__name__} in time (lane)")
-            sock.settimeout(remaining)
+                    return reply_id, epoch, body
+            if not first:
+                remaining = deadline_s - time.monotonic()
+                if remaining <= 0:
+                    self._close_lane()
+                    raise UnavailableError(f"master {self.address} did not answer {type(request).__name__} in time "
+                                           "(lane)")
+                sock.settimeout(remaining)
+            first = False
             try:
                 data = sock.recv(_RECV_CHUNK)
             except TimeoutError:
@@ -369,5 +365,9 @@ class LaneChannel:
                 raise _LaneBroken(e) from None
             if not data:
                 raise _LaneBroken("connection closed by the master")
+            if not inbox and len(data) >= _REPLY_HEAD.size:  # the usual case: one whole reply, no copies
+                length, reply_id, epoch = _REPLY_HEAD.unpack_from(data)
+                if len(data) == _REPLY_HEAD.size + length:
+                    return reply_id, epoch, memoryview(data)[_REPLY_HEAD.size :]
             inbox += data
 
