@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 PUT_FAILED = 3  # client-side only: space was allocated but the write failed; revoked, safe to retry
 _PUT_STATUS_NAMES = {PUT_ALLOCATED: "stored", PUT_EXISTS: "exists", PUT_NO_SPACE: "no_space", PUT_FAILED: "failed"}
-_PATHS = ("auto", "nixl", "shm")
+_PATHS = ("auto", "nixl", "shm", "lane")
 
 
 class _Once:
@@ -81,7 +81,7 @@ class ClientConfig:
     master_address: str
     tenant: str = "default"
     timeout_s: float = 5.0  # master round trips and each transfer round
-    path: str = "auto"  # auto: same-host shared memory when possible, else NIXL; nixl|shm force one
+    path: str = "auto"  # auto: same-host shared memory, else NIXL (small jobs: the segment lane); nixl|shm|lane force one
     num_replicas: int = 1
     staging_bytes: int = 1 << 20  # initial bounce buffer for put/get of unregistered values
     checksums: bool = True  # send a checksum per object and verify every hit (see the module rules)

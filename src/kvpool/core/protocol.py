@@ -125,6 +125,7 @@ class SegmentInfo(Struct, frozen=True):
     agent_name: str
     agent_metadata: bytes
     shm_path: str | None = None
+    lane_address: str | None = None  # "host:port" of the segment lane (transfer/segment_lane.py), if served
 
 
 # ---- requests -------------------------------------------------------------------------------
@@ -141,6 +142,7 @@ class MountSegment(Struct, tag="mount", frozen=True):
     recovering: bool = False  # the node will announce objects (AnnounceObjects) before new puts land here
     disk_bytes: int = 0  # the node's disk tier (0: none): DRAM evictions go there, lookups promote back
     tenant: str = ""  # "": shared; a name: the segment holds only that tenant's objects (`kvpool node --tenant`)
+    lane_address: str | None = None  # "host:port" of the node's segment lane (small transfers), if it serves one
 
 
 class AnnounceObjects(Struct, tag="announce", frozen=True):

@@ -96,6 +96,8 @@ class SegmentTable:
         """Mount a new segment; returns it and the segments it replaced (same node, old process)."""
         if len(msg.tenant) > MAX_TENANT_LENGTH:
             raise ValueError(f"a segment's tenant is {len(msg.tenant)} characters, the limit is {MAX_TENANT_LENGTH}")
+        if msg.lane_address is not None and not 0 < len(msg.lane_address) <= 300:
+            raise ValueError(f"a segment lane address must be 1..300 characters, got {len(msg.lane_address)}")
         if msg.size_bytes < self.alignment_bytes:
             raise ValueError(f"a segment must hold at least {self.alignment_bytes} bytes, got {msg.size_bytes}")
         replaced = [s for s in self.by_id.values() if s.node_id == msg.node_id]
@@ -110,6 +112,7 @@ class SegmentTable:
             agent_name=msg.agent_name,
             agent_metadata=msg.agent_metadata,
             shm_path=msg.shm_path,
+            lane_address=msg.lane_address,
         )
         segment = Segment(info, self.alignment_bytes, now_s, self._max_log_ops, msg.recovering, msg.tenant)
         self.by_id[info.segment_id] = segment

@@ -44,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--credential", default=None, metavar="FILE",
                         help="CURVE credential of a node identity (`kvpool auth add DIR node`); default: "
                         "$KVPOOL_NODE_CREDENTIAL, else none (only an --insecure master accepts that)")
+    parser.add_argument("--no-segment-lane", dest="segment_lane", action="store_false",
+                        help="do not serve small transfers over the plain TCP segment lane (served by default "
+                        "without a credential: one round trip instead of UCX's emulated one-sided ops); "
+                        "clients then use NIXL for every cross-host transfer")
     parser.add_argument("--node-id", default=None, metavar="NAME",
                         help="name shown in `kvpool status` and metrics (default: HOSTNAME-PID)")
     parser.add_argument("--timeout-s", type=float, default=5.0,
@@ -99,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
             writeback_queue=args.writeback_queue,
             tenant=args.tenant,
             credential=args.credential,
+            segment_lane=args.segment_lane,
         )
     except (ValueError, OSError) as e:
         print(f"kvpool node: {e}", file=sys.stderr)

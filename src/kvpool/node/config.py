@@ -27,6 +27,8 @@ class NodeConfig:
     tier_poll_interval_s: with a disk tier, how often the node asks the master for work (promotions wait on it).
     tenant: "" (shared: any tenant's objects) or a tenant name: the segment holds only that tenant's
     objects, and that tenant's objects go only to segments dedicated to it (hard isolation).
+    segment_lane: without a credential, also serve small transfers over a plain TCP port (one round
+    trip instead of UCX's emulated one-sided ops; transfer/segment_lane.py).
     """
 
     master_address: str
@@ -41,6 +43,7 @@ class NodeConfig:
     tier_poll_interval_s: float = 0.05
     tenant: str = ""
     credential: str | None = None  # CURVE credential file of a `node` identity; None: $KVPOOL_NODE_CREDENTIAL or none
+    segment_lane: bool = True  # without a credential: serve small transfers over the segment lane (TCP)
 
     def __post_init__(self) -> None:
         if not isinstance(self.master_address, str) or not all(

@@ -2,8 +2,9 @@
 
 Rules:
 - A node only talks to the master (mount, heartbeat, unmount); clients move the bytes
-  one-sidedly, so the node needs no data-path thread and can live inside another process
-  (the vLLM connector embeds one).
+  one-sidedly, so the node can live inside another process (the vLLM connector embeds one). Its
+  one data-path duty: without a credential it serves small transfers over its segment lane
+  (transfer/segment_lane.py), announced in the mount at the address that routes to the master.
 - Heartbeats go out every `heartbeat_interval_s` from the MountReply (at once again while the
   master says it holds more directory ops than one reply carries). They acknowledge the directory ops applied so far; the reply
   brings the next ones (directory.py).
@@ -39,9 +40,11 @@ from kvpool.node.config import NodeConfig
 from kvpool.node.directory import NodeDirectory
 from kvpool.node.disk_store import DiskError, DiskStore
 from kvpool.node.tier import DiskTierWorker
-from kvpool.transfer.control import MasterChannel
+from kvpool.transfer.control import MasterChannel, parse_addresses
+from kvpool.transfer.lane import host_of
 from kvpool.transfer.credentials import ENV_NODE_CREDENTIAL, resolve_credential
 from kvpool.transfer.segment import SegmentMemory
+from kvpool.transfer.segment_lane import reachable_address
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +105,14 @@ class StorageNode:
         if self._started:
             raise UsageError("StorageNode.start() was already called; make a new StorageNode")
         self._started = True
-        self._segment = SegmentMemory(self.config.memory_bytes, name=self.node_id)
+        credential = resolve_credential(self.config.credential, ENV_NODE_CREDENTIAL)
+        lane_host = None
+        if self.config.segment_lane and credential is None:  # the lane has no keys: never beside CURVE
+            lane_host = reachable_address(host_of(parse_addresses(self.config.master_address)[0]))
+        self._segment = SegmentMemory(self.config.memory_bytes, name=self.node_id, lane_host=lane_host)
         self.metrics.segment_bytes.set(self.config.memory_bytes)
         self._channel = MasterChannel(self.config.master_address, timeout_s=self.config.timeout_s,
-                                      credential=resolve_credential(self.config.credential, ENV_NODE_CREDENTIAL))
+                                      credential=credential)
         try:
             if self.config.disk_path is not None:
                 self._open_disk_tier()

@@ -209,7 +209,7 @@ class LaneServer:
 # ---- client side ----------------------------------------------------------------------------------
 
 
-def _host_of(address: str) -> str:
+def host_of(address: str) -> str:
     """'tcp://HOST:PORT' -> HOST (brackets of an IPv6 address removed)."""
     host = address.split("://", 1)[1].rsplit(":", 1)[0]
     return host[1:-1] if host.startswith("[") else host
@@ -293,7 +293,7 @@ class LaneChannel:
             return None  # the ZMQ call that follows will say so too
         if not isinstance(offer, protocol.LaneOffer) or not offer.port:
             return None
-        host = _host_of(self.channel.address)
+        host = host_of(self.channel.address)
         try:
             sock = socket.create_connection((host, offer.port), timeout=min(timeout_s, 2.0))
         except OSError as e:

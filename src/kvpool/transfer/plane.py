@@ -6,6 +6,10 @@ Rules:
   across processes). `shm` / `nixl` force one path, for benchmarks and tests.
 - NIXL requests are progressed by the thread that waits for them, without NIXL's progress thread
   (measured across hosts over UCX TCP: ~20 % less client CPU, 1 MiB gets ~1.2x; nixlio.py).
+- A cross-host job of at most `lane_max_bytes` goes over the segment's lane when its node serves
+  one (segment_lane.py: one TCP round trip; UCX's TCP transport emulates one-sided ops in several),
+  unless another thread is using that lane right then (it goes to NIXL instead of waiting). GPU
+  jobs never do. `lane` forces the lane for every job (benchmarks, tests).
 - The NIXL agent starts lazily on the first segment that needs it (0.4 s), so a client that only
   talks to same-host segments never pays for it; memory registered before is registered then.
 - Every region is checked before any byte moves: local regions must lie inside registered memory,
@@ -34,9 +38,12 @@ import numpy as np
 from kvpool.core.errors import TransferError, UsageError
 from kvpool.core.protocol import SegmentInfo
 from kvpool.transfer.hostinfo import host_id
+from kvpool.transfer.segment_lane import SegmentLane
 from kvpool.transfer.shm import PeerMapping
 
-PATHS = ("auto", "nixl", "shm")
+PATHS = ("auto", "nixl", "shm", "lane")
+LANE_MAX_BYTES_ENV = "KVPOOL_SEGMENT_LANE_MAX_BYTES"
+DEFAULT_LANE_MAX_BYTES = 256 << 10
 OPS = ("READ", "WRITE")
 
 _VECTORIZE_FROM = 64  # regions per job from which numpy checks them faster than a Python loop
@@ -49,6 +56,7 @@ class _Route:
     agent_name: str
     mapping: PeerMapping | None = None  # the shm path
     peer: str | None = None  # the nixl path: remote agent name
+    lane: SegmentLane | None = None  # the segment lane, for small jobs (or all, with path "lane")
 
 
 @dataclass
@@ -70,12 +78,24 @@ class _Checked:
 
 class DataPlane:
     def __init__(self, name: str | None = None, path: str = "auto", *, nixl_progress_thread: bool = False,
-                 read_only: bool = False) -> None:
+                 read_only: bool = False, lane_max_bytes: int | None = None) -> None:
         """`nixl_progress_thread`: also run NIXL's UCX progress thread (off: this process only
         initiates transfers and progresses them while it waits; see NixlEndpoint). `read_only`:
-        WRITE is refused and same-host segments are mapped read-only (a reader-only client)."""
+        WRITE is refused and same-host segments are mapped read-only (a reader-only client).
+        `lane_max_bytes`: the largest job the segment lane takes (None: $KVPOOL_SEGMENT_LANE_MAX_BYTES,
+        else 256 KiB; 0: never the lane unless `path` is "lane")."""
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+        if lane_max_bytes is None:
+            try:
+                lane_max_bytes = int(os.environ.get(LANE_MAX_BYTES_ENV, DEFAULT_LANE_MAX_BYTES))
+            except ValueError:
+                raise ValueError(f"${LANE_MAX_BYTES_ENV} must be a number of bytes, got "
+                                 f"{os.environ[LANE_MAX_BYTES_ENV]!r}") from None
+        if lane_max_bytes < 0:
+            raise ValueError(f"lane_max_bytes must be >= 0, got {lane_max_bytes}")
+        self.lane_max_bytes = lane_max_bytes
+        self.jobs_by_path = {"shm": 0, "nixl": 0, "lane": 0}  # jobs run, for benchmarks and tests
         self.name = name or f"kvpool-client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.path = path
         self.nixl_progress_thread = nixl_progress_thread
@@ -138,14 +158,14 @@ class DataPlane:
     # ---- routes ------------------------------------------------------------------------------
 
     def path_for(self, segment: SegmentInfo) -> str:
-        """'shm' or 'nixl': the path transfers to this segment take (creates the route)."""
-        route = self._route(segment)
-        return "shm" if route.mapping is not None else "nixl"
+        """'shm', 'nixl' or 'lane': the path transfers to this segment take (creates the route);
+        'nixl' routes send their small jobs over the segment lane where the node serves one."""
+        return _path_of(self._route(segment))
 
     def paths(self) -> dict[int, str]:
-        """segment id -> 'shm' or 'nixl' for every route made so far (what tests assert on)."""
+        """segment id -> 'shm', 'nixl' or 'lane' for every route made so far (what tests assert on)."""
         with self._lock:
-            return {sid: "shm" if r.mapping is not None else "nixl" for sid, r in self._routes.items()}
+            return {sid: _path_of(r) for sid, r in self._routes.items()}
 
     def _route(self, segment: SegmentInfo) -> _Route:
         route = self._routes.get(segment.segment_id)
@@ -176,9 +196,14 @@ class DataPlane:
                     why_not_shm = f"cannot map {segment.shm_path}: {e}"
         if self.path == "shm":
             raise TransferError(f"segment {segment.segment_id} of node {segment.node_id}: {why_not_shm}")
+        lane = SegmentLane(segment.lane_address) if segment.lane_address else None
+        if self.path == "lane":
+            if lane is None:
+                raise TransferError(f"segment {segment.segment_id} of node {segment.node_id} serves no segment lane")
+            return _Route(segment.agent_name, lane=lane)
         endpoint = self._nixl()
         shared = next((r.peer for r in self._routes.values() if r.peer and r.agent_name == segment.agent_name), None)
-        return _Route(segment.agent_name, peer=shared or endpoint.add_peer(segment.agent_metadata))
+        return _Route(segment.agent_name, peer=shared or endpoint.add_peer(segment.agent_metadata), lane=lane)
 
     def _nixl(self):
         if self._endpoint is None:
@@ -193,6 +218,8 @@ class DataPlane:
     def _drop_route(self, route: _Route) -> None:
         if route.mapping is not None:
             route.mapping.close()
+        if route.lane is not None:
+            route.lane.close()
         # one agent can back two routes (a node remounted with the same memory under a new segment
         # id): its peer goes only with the last of them
         if route.peer is not None and self._endpoint is not None and not any(
@@ -238,24 +265,62 @@ class DataPlane:
                 job.route = self._route(job.segment)
             except TransferError as e:
                 errors[i] = e
+        on_lane, held = [False] * len(jobs), []  # held: the lanes this call acquired, each once
+        try:
+            for i, job in enumerate(checked):
+                if errors[i] is not None:
+                    continue
+                if job.route.peer is None and job.route.mapping is None and job.device is not None:
+                    errors[i] = TransferError("the segment lane moves host memory only: GPU memory needs the nixl path")
+                elif job.route.lane is not None and any(lane is job.route.lane for lane in held):
+                    on_lane[i] = job.route.peer is None  # path "lane" runs it after the other; auto: NIXL
+                else:
+                    on_lane[i] = self._takes_lane(job)
+                    if on_lane[i]:
+                        held.append(job.route.lane)
+            return self._run_jobs(op, checked, errors, on_lane, deadline)
+        finally:
+            for lane in held:
+                lane.release()
+
+    def _run_jobs(self, op: str, checked: list[_Checked], errors: list, on_lane: list[bool], deadline: float) -> list:
         posted, posted_idx = [], []
         for i, job in enumerate(checked):
-            if errors[i] is None and job.route.peer is not None and len(job.sizes):
+            if errors[i] is None and not on_lane[i] and job.route.peer is not None and len(job.sizes):
                 try:
                     posted.append(self._post(op, job))
                     posted_idx.append(i)
+                    self.jobs_by_path["nixl"] += 1
                 except TransferError as e:
                     errors[i] = e
         for i, job in enumerate(checked):
             if errors[i] is None and job.route.mapping is not None:
                 try:
                     job.route.mapping.copy(op, job.local_addrs, job.remote_offsets, job.sizes, job.device)
+                    self.jobs_by_path["shm"] += 1
+                except TransferError as e:
+                    errors[i] = e
+        for i, job in enumerate(checked):
+            if on_lane[i]:  # held since _takes_lane; released by the caller
+                try:
+                    job.route.lane.transfer(op, job.local_addrs, job.remote_offsets, job.sizes, deadline)
+                    self.jobs_by_path["lane"] += 1
                 except TransferError as e:
                     errors[i] = e
         if posted:
             for i, error in zip(posted_idx, self._endpoint.wait(posted, deadline)):
                 errors[i] = error
         return errors
+
+    def _takes_lane(self, job: _Checked) -> bool:
+        """Whether the job goes over its segment's lane; if so, the lane is now held for it."""
+        lane = job.route.lane
+        if lane is None or not len(job.sizes):
+            return False
+        if job.route.peer is None:  # path "lane": every job, waiting for the lane if it is busy
+            lane.acquire()
+            return True
+        return job.device is None and sum(job.sizes) <= self.lane_max_bytes and lane.try_acquire()
 
     def _post(self, op: str, job: _Checked):
         from kvpool.transfer.nixlio import descriptors
@@ -364,3 +429,7 @@ class DataPlane:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _path_of(route: _Route) -> str:
+    return "shm" if route.mapping is not None else "nixl" if route.peer is not None else "lane"

@@ -3,7 +3,9 @@
 Rules:
 - One SegmentMemory is one memfd mapping (see shm.py) registered with its own NIXL agent, so
   other hosts reach it with one-sided UCX READ/WRITE and same-host clients map it directly.
-- The node never touches object bytes: clients write and read; the master decides offsets.
+- The node never touches object bytes: clients write and read; the master decides offsets. With
+  `lane_host` it also serves small transfers over its segment lane (segment_lane.py: one TCP round
+  trip instead of UCX's emulated one-sided ops); the caller offers it only without authentication.
 - Agent names are unique per segment (node id, pid, random suffix): a restarted node must never
   be mistaken for its previous life by a client that cached the old agent.
 """
@@ -16,11 +18,13 @@ import uuid
 from kvpool.core.protocol import MountSegment, SegmentInfo
 from kvpool.transfer.hostinfo import host_id
 from kvpool.transfer.nixlio import NixlEndpoint
+from kvpool.transfer.segment_lane import SegmentLaneServer
 from kvpool.transfer.shm import SharedSegmentFile
 
 
 class SegmentMemory:
-    def __init__(self, size_bytes: int, name: str = "segment") -> None:
+    def __init__(self, size_bytes: int, name: str = "segment", lane_host: str | None = None) -> None:
+        """`lane_host`: serve the segment lane, announced at this address (None: no lane)."""
         if size_bytes <= 0:
             raise ValueError(f"size_bytes must be > 0, got {size_bytes}")
         self.size_bytes = size_bytes
@@ -35,6 +39,8 @@ class SegmentMemory:
             raise
         self.base_addr = self._file.base_addr
         self.shm_path: str | None = self._file.path
+        self._lane = SegmentLaneServer(self.base_addr, size_bytes, lane_host) if lane_host is not None else None
+        self.lane_address: str | None = self._lane.address if self._lane is not None else None
 
     def mount_request(self, node_id: str, recovering: bool = False) -> MountSegment:
         return MountSegment(
@@ -46,6 +52,7 @@ class SegmentMemory:
             agent_metadata=self.agent_metadata,
             shm_path=self.shm_path,
             recovering=recovering,
+            lane_address=self.lane_address,
         )
 
     def segment_info(self, segment_id: int, node_id: str) -> SegmentInfo:
@@ -61,6 +68,7 @@ class SegmentMemory:
             agent_name=m.agent_name,
             agent_metadata=m.agent_metadata,
             shm_path=m.shm_path,
+            lane_address=m.lane_address,
         )
 
     @property
@@ -70,6 +78,9 @@ class SegmentMemory:
     def close(self) -> None:
         """Deregister and unmap. Clients that mapped the segment keep their pages until they
         forget it; the kernel frees the memory after the last one."""
+        if self._lane is not None:
+            self._lane.close()  # first: its threads read and write the mapping
+            self._lane = None
         if self._endpoint is not None:
             try:
                 self._endpoint.deregister(self._registration)

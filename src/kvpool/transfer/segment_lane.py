@@ -1,0 +1,269 @@
+"""The segment lane: small transfers to a node's segment over one plain TCP round trip (issue 14).
+
+Why: across hosts without RDMA, NIXL runs on UCX's TCP transport, which emulates a one-sided read
+with active messages: posting a 64 KiB read cost ~400 us and waiting for it ~200 us more here,
+three times a plain TCP round trip (benchmarks/results/peers/fixes.md, section 7). Small jobs go
+over this lane instead: one request, one reply, the caller's own thread doing the I/O, bytes
+received straight into the caller's memory and sent straight from the segment (no staging copy).
+
+Wire format (little endian), one request and one reply at a time per connection:
+    request: b"KVSL" | u8 op (1 READ, 2 WRITE) | u32 regions | regions x (u64 offset, u64 size)
+             | WRITE only: the regions' bytes, in order
+    reply:   u8 status (0 ok, 1 refused) | u64 length | READ ok: the bytes | refused: a UTF-8 reason
+Rules:
+- Served by the segment's owner (SegmentMemory with `lane_host`) only where nothing is
+  authenticated: the lane has no encryption or keys, like the master's lane (lane.py). It exposes
+  what NIXL's UCX listener exposes (any byte of the segment to whoever reaches the port), no more.
+- Every region is checked against the segment before a byte moves; a request over the limits (or
+  malformed) is refused with its reason and the connection closed (a WRITE's bytes are then never
+  read). One thread per connection; close() shuts every connection and joins its thread before
+  the memory goes away, so no thread touches an unmapped segment.
+- Client side (`SegmentLane`): one connection per segment route, used by one thread at a time
+  (`try_acquire`: a busy lane sends the job to NIXL instead of queueing it). A failure closes the
+  connection (the next job reconnects) and is a TransferError for that job, never a hang.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import socket
+import struct
+import threading
+import time
+from collections.abc import Sequence
+
+from kvpool.core.errors import TransferError
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"KVSL"
+READ, WRITE = 1, 2
+_HEAD = struct.Struct("<4sBI")
+_REGION = struct.Struct("<QQ")
+_REPLY = struct.Struct("<BQ")
+MAX_REGIONS = 1 << 16
+MAX_REQUEST_BYTES = 64 << 20
+_OPS = {"READ": READ, "WRITE": WRITE}
+
+
+def _view(addr: int, size: int) -> memoryview:
+    return memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
+
+
+def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
+    got, size = 0, len(view)
+    while got < size:
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("connection closed mid-message")
+        got += n
+
+
+def reachable_address(peer_host: str) -> str:
+    """The local IP address that packets to `peer_host` leave from (what a peer there can reach)."""
+    family = socket.AF_INET6 if ":" in peer_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((peer_host, 9))  # UDP: no packet is sent
+        return probe.getsockname()[0]
+
+
+# ---- the segment's side ---------------------------------------------------------------------------
+
+
+class SegmentLaneServer:
+    """Serves READ/WRITE of [base_addr, base_addr + size_bytes) to lane clients."""
+
+    def __init__(self, base_addr: int, size_bytes: int, host: str) -> None:
+        self._segment = _view(base_addr, size_bytes)
+        self._size = size_bytes
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+        self._listener.listen(256)
+        self.address = f"[{host}]:{self._listener.getsockname()[1]}" if ":" in host else \
+            f"{host}:{self._listener.getsockname()[1]}"
+        self._lock = threading.Lock()
+        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._closed = False
+        self._acceptor = threading.Thread(target=self._accept_loop, name="kvpool-segment-lane", daemon=True)
+        self._acceptor.start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                if self._closed:
+                    return
+                time.sleep(0.05)  # e.g. out of file descriptors: keep serving the others
+                continue
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            thread = threading.Thread(target=self._serve, args=(conn,), name="kvpool-segment-lane-conn", daemon=True)
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._connections[conn] = thread
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        head = bytearray(_HEAD.size)
+        try:
+            while True:
+                try:
+                    _recv_exactly(conn, memoryview(head))
+                except ConnectionError:
+                    return  # the client went away between requests
+                refusal = self._serve_one(conn, head)
+                if refusal is not None:
+                    log.warning("segment lane: refused a request (%s); connection closed", refusal)
+                    conn.sendall(_REPLY.pack(1, len(refusal)) + refusal.encode())
+                    return
+        except OSError:
+            return  # reset, or close() shut the connection
+        finally:
+            with self._lock:
+                self._connections.pop(conn, None)
+            conn.close()
+
+    def _serve_one(self, conn: socket.socket, head: bytearray) -> str | None:
+        """One request; the reason it was refused, or None once it was answered."""
+        magic, op, count = _HEAD.unpack(head)
+        if magic != MAGIC or op not in (READ, WRITE):
+            return "not a segment-lane request"
+        if not 0 < count <= MAX_REGIONS:
+            return f"{count} regions (1..{MAX_REGIONS} allowed)"
+        table = bytearray(count * _REGION.size)
+        _recv_exactly(conn, memoryview(table))
+        regions = list(_REGION.iter_unpack(table))
+        total = 0
+        for offset, size in regions:
+            if size == 0 or offset + size > self._size:
+                return f"region at offset {offset} of {size} bytes is outside the {self._size}-byte segment"
+            total += size
+        if total > MAX_REQUEST_BYTES:
+            return f"{total} bytes in one request (at most {MAX_REQUEST_BYTES})"
+        segment = self._segment
+        if op == READ:
+            _send_all(conn, [memoryview(_REPLY.pack(0, total))] + [segment[o : o + s] for o, s in regions])
+        else:
+            for offset, size in regions:
+                _recv_exactly(conn, segment[offset : offset + size])
+            conn.sendall(_REPLY.pack(0, 0))
+        return None
+
+    def close(self) -> None:
+        """Stop serving; returns once no connection thread can touch the segment any more."""
+        with self._lock:
+            self._closed = True
+            connections = dict(self._connections)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for thread in connections.values():
+            thread.join(5.0)
+        self._acceptor.join(5.0)
+
+
+# ---- the client's side ----------------------------------------------------------------------------
+
+
+class SegmentLane:
+    """A client's connection to one segment's lane (connected on first use)."""
+
+    def __init__(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self.host = host[1:-1] if host.startswith("[") else host
+        self.port = int(port)
+        self.address = address
+        self._sock: socket.socket | None = None
+        self._busy = threading.Lock()
+
+    def try_acquire(self) -> bool:
+        return self._busy.acquire(blocking=False)
+
+    def acquire(self) -> None:
+        self._busy.acquire()
+
+    def release(self) -> None:
+        self._busy.release()
+
+    def transfer(self, op: str, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
+                 deadline_s: float) -> None:
+        """One job, over the lane (the caller holds it); TransferError if it did not complete."""
+        try:
+            self._transfer(_OPS[op], local_addrs, remote_offsets, sizes, deadline_s)
+        except TransferError:
+            self._close()
+            raise
+        except TimeoutError:
+            self._close()
+            raise TransferError(f"segment lane {self.address}: {op} timed out") from None
+        except OSError as e:
+            self._close()
+            raise TransferError(f"segment lane {self.address}: {op} failed: {e}") from None
+
+    def _transfer(self, op: int, local_addrs, remote_offsets, sizes, deadline_s: float) -> None:
+        remaining = deadline_s - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        sock = self._sock
+        if sock is None:
+            sock = socket.create_connection((self.host, self.port), timeout=min(remaining, 2.0))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock = sock
+        sock.settimeout(remaining)
+        count = len(sizes)
+        request = bytearray(_HEAD.size + count * _REGION.size)
+        _HEAD.pack_into(request, 0, MAGIC, op, count)
+        for i, (offset, size) in enumerate(zip(remote_offsets, sizes)):
+            _REGION.pack_into(request, _HEAD.size + i * _REGION.size, offset, size)
+        views = [_view(a, s) for a, s in zip(local_addrs, sizes)]
+        if op == WRITE:
+            _send_all(sock, [memoryview(request)] + views)
+        else:
+            sock.sendall(request)
+        reply = bytearray(_REPLY.size)
+        _recv_exactly(sock, memoryview(reply))
+        status, length = _REPLY.unpack(reply)
+        if status != 0:
+            reason = bytearray(min(length, 4096))
+            _recv_exactly(sock, memoryview(reason))
+            raise TransferError(f"segment lane {self.address} refused the {('', 'READ', 'WRITE')[op]}: "
+                                f"{reason.decode(errors='replace')}")
+        expected = sum(sizes) if op == READ else 0
+        if length != expected:
+            raise TransferError(f"segment lane {self.address} answered {length} bytes, expected {expected}")
+        for view in views if op == READ else ():
+            _recv_exactly(sock, view)
+
+    def _close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def close(self) -> None:
+        with self._busy:
+            self._close()
+
+
+def _send_all(sock: socket.socket, buffers: list[memoryview]) -> None:
+    """sendmsg until every buffer is sent (the kernel may take part of them per call, and at most
+    IOV_MAX = 1024 buffers per call)."""
+    i = 0
+    while i < len(buffers):
+        sent = sock.sendmsg(buffers[i : i + 512])
+        while i < len(buffers) and sent >= len(buffers[i]):
+            sent -= len(buffers[i])
+            i += 1
+        if sent:
+            buffers[i] = buffers[i][sent:]
