@@ -7,9 +7,9 @@ Rules:
 - NIXL requests are progressed by the thread that waits for them, without NIXL's progress thread
   (measured across hosts over UCX TCP: ~20 % less client CPU, 1 MiB gets ~1.2x; nixlio.py).
 - A cross-host job of at most `lane_max_bytes` goes over the segment's lane when its node serves
-  one (segment_lane.py: one TCP round trip; UCX's TCP transport emulates one-sided ops in several),
-  unless another thread is using that lane right then (it goes to NIXL instead of waiting). GPU
-  jobs never do. `lane` forces the lane for every job (benchmarks, tests).
+  one (segment_lane.py: one TCP round trip; UCX's TCP transport emulates one-sided ops in several;
+  without RDMA that is every job), unless another thread is using that lane right then (it goes to
+  NIXL instead of waiting). GPU jobs never do. `lane` forces the lane for every job (tests).
 - The NIXL agent starts lazily on the first segment that needs it (0.4 s), so a client that only
   talks to same-host segments never pays for it; memory registered before is registered then.
 - Every region is checked before any byte moves: local regions must lie inside registered memory,
@@ -38,12 +38,12 @@ import numpy as np
 from kvpool.core.errors import TransferError, UsageError
 from kvpool.core.protocol import SegmentInfo
 from kvpool.transfer.hostinfo import host_id
-from kvpool.transfer.segment_lane import SegmentLane
+from kvpool.transfer.segment_lane import SegmentLane, rdma_available
 from kvpool.transfer.shm import PeerMapping
 
 PATHS = ("auto", "nixl", "shm", "lane")
 LANE_MAX_BYTES_ENV = "KVPOOL_SEGMENT_LANE_MAX_BYTES"
-DEFAULT_LANE_MAX_BYTES = 256 << 10
+RDMA_LANE_MAX_BYTES = 256 << 10  # with RDMA, NIXL takes every larger job
 OPS = ("READ", "WRITE")
 
 _VECTORIZE_FROM = 64  # regions per job from which numpy checks them faster than a Python loop
@@ -83,12 +83,14 @@ class DataPlane:
         initiates transfers and progresses them while it waits; see NixlEndpoint). `read_only`:
         WRITE is refused and same-host segments are mapped read-only (a reader-only client).
         `lane_max_bytes`: the largest job the segment lane takes (None: $KVPOOL_SEGMENT_LANE_MAX_BYTES,
-        else 256 KiB; 0: never the lane unless `path` is "lane")."""
+        else 256 KiB where NIXL has RDMA and any size where it has not; 0: never the lane unless `path`
+        is "lane"; see segment_lane.py)."""
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {path!r}")
         if lane_max_bytes is None:
             try:
-                lane_max_bytes = int(os.environ.get(LANE_MAX_BYTES_ENV, DEFAULT_LANE_MAX_BYTES))
+                default = RDMA_LANE_MAX_BYTES if rdma_available() else 1 << 62
+                lane_max_bytes = int(os.environ.get(LANE_MAX_BYTES_ENV, default))
             except ValueError:
                 raise ValueError(f"${LANE_MAX_BYTES_ENV} must be a number of bytes, got "
                                  f"{os.environ[LANE_MAX_BYTES_ENV]!r}") from None
@@ -196,7 +198,7 @@ class DataPlane:
                     why_not_shm = f"cannot map {segment.shm_path}: {e}"
         if self.path == "shm":
             raise TransferError(f"segment {segment.segment_id} of node {segment.node_id}: {why_not_shm}")
-        lane = SegmentLane(segment.lane_address) if segment.lane_address else None
+        lane = SegmentLane(segment.lane_address) if segment.lane_address and self.path != "nixl" else None
         if self.path == "lane":
             if lane is None:
                 raise TransferError(f"segment {segment.segment_id} of node {segment.node_id} serves no segment lane")
