@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--num-keys", type=int, required=True)
     parser.add_argument("--size-bytes", type=int, required=True)
     parser.add_argument("--regions", type=int, default=1)
+    parser.add_argument("--path", default="auto")
     args = parser.parse_args()
 
     from kvpool.client import Client
@@ -41,7 +42,7 @@ def main() -> None:
         return np.concatenate([buffer[a - base : a - base + region_bytes] for a in addrs[i]])
 
     out: dict = {"host_id": host_id()}
-    with Client(args.master, "multihost", timeout_s=10.0) as client:
+    with Client(args.master, "multihost", timeout_s=10.0, path=args.path) as client:
         client.register(buffer)
         if args.op == "put":
             for i, value in enumerate(expected):
@@ -60,6 +61,7 @@ def main() -> None:
                 outcome.append("miss" if count == 0 else ("ok" if np.array_equal(gather(i), expected[i]) else "wrong"))
             out["outcome"] = outcome
         out["paths"] = sorted(set(client.plane.paths().values()))
+        out["jobs"] = client.plane.jobs_by_path
         out["nodes"] = {n.node_id: {"host_id": n.host_id, "num_objects": n.num_objects, "state": n.state}
                         for n in client.stats().nodes}  # fmt: skip
     print(json.dumps(out))

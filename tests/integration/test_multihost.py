@@ -1,7 +1,8 @@
 """The pool across separate hosts: a master on host `master`, storage nodes on `node1` and
 `node2`, clients on `client`, each host a network + PID + mount namespace of its own
 (kvpool.bench.hosts), so no same-host shortcut exists and the bytes take the cluster's path:
-NIXL over UCX's TCP transport between hosts. Every byte read is compared."""
+NIXL over UCX's TCP transport between hosts, or (path auto, no RDMA here) the nodes' segment
+lanes for jobs of up to 4 MiB. Every byte read is compared."""
 
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def cluster(tmp_path):
         assert not [ns for ns in hosts.existing_netns() if ns.startswith(net.switch.rsplit("-", 1)[0])]
 
 
-def run_client(net: hosts.HostNetwork, master: procs.ManagedProcess, op: str) -> tuple[dict, str]:
-    argv = [sys.executable, str(WORKER), op, "--master", master.info["address"], "--num-keys", str(NUM_KEYS),
+def run_client(net: hosts.HostNetwork, master: procs.ManagedProcess, op: str, path: str = "auto") -> tuple[dict, str]:
+    argv = [sys.executable, str(WORKER), op, "--master", master.info["address"], "--path", path, "--num-keys", str(NUM_KEYS),
             "--size-bytes", str(SIZE_BYTES), "--regions", str(REGIONS)]  # fmt: skip
     env = {**os.environ, "UCX_LOG_LEVEL": "info"}
     done = subprocess.run(net["client"].wrap(argv), capture_output=True, text=True, timeout=60, env=env)
@@ -60,9 +61,10 @@ def run_client(net: hosts.HostNetwork, master: procs.ManagedProcess, op: str) ->
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout + done.stderr
 
 
-def test_put_get_across_hosts_then_a_node_dies(cluster):
+@pytest.mark.parametrize("path", ["nixl", "auto"])
+def test_put_get_across_hosts_then_a_node_dies(cluster, path):
     net, master, nodes = cluster
-    put, _ = run_client(net, master, "put")
+    put, _ = run_client(net, master, "put", path)
     assert put["statuses"] == [PUT_ALLOCATED] * NUM_KEYS
     # three different hosts as kvpool sees them: the client's and both nodes'
     node_hosts = {name: n["host_id"] for name, n in put["nodes"].items()}
@@ -70,8 +72,12 @@ def test_put_get_across_hosts_then_a_node_dies(cluster):
     on_node = {name: n["num_objects"] for name, n in put["nodes"].items()}
     assert sum(on_node.values()) == NUM_KEYS and min(on_node.values()) > 0
 
-    got, log = run_client(net, master, "get")  # another process, no state shared with the writer
+    got, log = run_client(net, master, "get", path)  # another process, no state shared with the writer
     assert got["paths"] == ["nixl"]
+    # auto: the one-key gets (256 KiB jobs) over the segment lanes, the batch (one job of ~6 MiB per
+    # node, over the lane's 4 MiB) by NIXL; path nixl: everything by NIXL
+    want = {"nixl": {"lane": 0, "nixl": 2 + NUM_KEYS}, "auto": {"lane": NUM_KEYS, "nixl": 2}}[path]
+    assert {k: got["jobs"][k] for k in ("lane", "nixl")} == want
     assert got["batch_count"] == NUM_KEYS and got["batch_wrong"] == []
     assert got["outcome"] == ["ok"] * NUM_KEYS
     # UCX reached the nodes through TCP only: no same-kernel transport between the hosts
@@ -79,7 +85,7 @@ def test_put_get_across_hosts_then_a_node_dies(cluster):
     assert remote and all(tls == {"tcp"} for tls in remote), hosts.ucx_lanes(log)
 
     nodes["node1"].kill()  # SIGKILL: no unmount, the master learns it from the dead transfers or the TTL
-    after, _ = run_client(net, master, "get")
+    after, _ = run_client(net, master, "get", path)
     assert "wrong" not in after["outcome"]
     assert after["outcome"].count("ok") == on_node["node2"]
     assert after["outcome"].count("miss") == on_node["node1"]

@@ -8,7 +8,7 @@ Rules:
   (measured across hosts over UCX TCP: ~20 % less client CPU, 1 MiB gets ~1.2x; nixlio.py).
 - A cross-host job of at most `lane_max_bytes` goes over the segment's lane when its node serves
   one (segment_lane.py: one TCP round trip; UCX's TCP transport emulates one-sided ops in several;
-  without RDMA that is every job), unless another thread is using that lane right then (it goes to
+  without RDMA up to 4 MiB), unless another thread is using that lane right then (it goes to
   NIXL instead of waiting). GPU jobs never do. `lane` forces the lane for every job (tests).
 - The NIXL agent starts lazily on the first segment that needs it (0.4 s), so a client that only
   talks to same-host segments never pays for it; memory registered before is registered then.
@@ -44,6 +44,7 @@ from kvpool.transfer.shm import PeerMapping
 PATHS = ("auto", "nixl", "shm", "lane")
 LANE_MAX_BYTES_ENV = "KVPOOL_SEGMENT_LANE_MAX_BYTES"
 RDMA_LANE_MAX_BYTES = 256 << 10  # with RDMA, NIXL takes every larger job
+TCP_LANE_MAX_BYTES = 4 << 20  # without: UCX on TCP; NIXL's writes led from 4-16 MiB jobs (segment_lane.py)
 OPS = ("READ", "WRITE")
 
 _VECTORIZE_FROM = 64  # regions per job from which numpy checks them faster than a Python loop
@@ -83,13 +84,13 @@ class DataPlane:
         initiates transfers and progresses them while it waits; see NixlEndpoint). `read_only`:
         WRITE is refused and same-host segments are mapped read-only (a reader-only client).
         `lane_max_bytes`: the largest job the segment lane takes (None: $KVPOOL_SEGMENT_LANE_MAX_BYTES,
-        else 256 KiB where NIXL has RDMA and any size where it has not; 0: never the lane unless `path`
+        else 256 KiB where NIXL has RDMA and 4 MiB where it has not; 0: never the lane unless `path`
         is "lane"; see segment_lane.py)."""
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {path!r}")
         if lane_max_bytes is None:
             try:
-                default = RDMA_LANE_MAX_BYTES if rdma_available() else 1 << 62
+                default = RDMA_LANE_MAX_BYTES if rdma_available() else TCP_LANE_MAX_BYTES
                 lane_max_bytes = int(os.environ.get(LANE_MAX_BYTES_ENV, default))
             except ValueError:
                 raise ValueError(f"${LANE_MAX_BYTES_ENV} must be a number of bytes, got "

@@ -1,0 +1,160 @@
+"""The segment lane (transfer/segment_lane.py): a SegmentMemory serving its lane on loopback and a
+DataPlane reaching it as if from another host. Round trips, the request limits, refusals of bad
+requests (nothing moves, the connection closes, the server keeps serving), and which jobs take it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+
+import msgspec
+import numpy as np
+import pytest
+
+from kvpool.core.errors import TransferError
+from kvpool.transfer import DataPlane, SegmentMemory
+from kvpool.transfer import segment_lane as sl
+
+SEGMENT_BYTES = 4 << 20
+
+
+@pytest.fixture(scope="module")
+def segment():
+    with SegmentMemory(SEGMENT_BYTES, name="lane-unit", lane_host="127.0.0.1") as memory:
+        yield memory
+
+
+@pytest.fixture
+def info(segment):
+    """The segment as a client on another host sees it (so `auto` never maps it)."""
+    return msgspec.structs.replace(segment.segment_info(segment_id=1, node_id="n"), host_id="another-host")
+
+
+@pytest.fixture
+def buf():
+    return np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
+
+
+def _plane(*arrays, **kwargs) -> DataPlane:
+    plane = DataPlane(**kwargs)
+    for a in arrays:
+        plane.register(a.ctypes.data, a.nbytes)
+    return plane
+
+
+def test_the_segment_announces_its_lane(segment):
+    assert segment.lane_address.startswith("127.0.0.1:")
+    assert segment.mount_request("n").lane_address == segment.lane_address
+
+
+def test_round_trip_over_the_lane_scattered_regions(info, buf):
+    out = np.zeros_like(buf)
+    with _plane(buf, out, path="lane") as plane:
+        assert plane.path_for(info) == "lane"
+        offsets = [i * 9000 for i in range(100)]
+        plane.transfer("WRITE", info, [buf.ctypes.data + i * 4096 for i in range(100)], offsets, [4096] * 100, 5)
+        plane.transfer("READ", info, [out.ctypes.data + i * 4096 for i in range(100)], offsets, [4096] * 100, 5)
+        assert plane.jobs_by_path == {"shm": 0, "nixl": 0, "lane": 2}
+    np.testing.assert_array_equal(out[: 100 * 4096], buf[: 100 * 4096])
+
+
+def test_auto_sends_jobs_up_to_the_limit_over_the_lane_and_larger_ones_to_nixl(info, buf):
+    out = np.zeros_like(buf)
+    with _plane(buf, out, lane_max_bytes=64 << 10) as plane:
+        assert plane.path_for(info) == "nixl"  # the route; its small jobs take the lane
+        plane.transfer("WRITE", info, [buf.ctypes.data], [0], [64 << 10], 5)
+        assert plane.jobs_by_path["lane"] == 1
+        plane.transfer("READ", info, [out.ctypes.data], [0], [(64 << 10) + 1], 5)
+        assert plane.jobs_by_path == {"shm": 0, "nixl": 1, "lane": 1}
+    np.testing.assert_array_equal(out[: 64 << 10], buf[: 64 << 10])
+
+
+def test_path_nixl_never_takes_the_lane(info, buf):
+    with _plane(buf, path="nixl") as plane:
+        plane.transfer("WRITE", info, [buf.ctypes.data], [0], [4096], 5)
+        assert plane.jobs_by_path == {"shm": 0, "nixl": 1, "lane": 0}
+
+
+def test_a_job_over_the_request_limits_is_cut_into_requests():
+    parts = list(sl._requests([1000, 5000], [0, 100], [10, 25], max_bytes=16, max_regions=2))
+    # every part within 16 bytes and 2 regions; together exactly the job
+    assert all(sum(sizes) <= 16 and len(sizes) <= 2 for _, _, sizes in parts)
+    flat = [(a, o, s) for addrs, offs, sizes in parts for a, o, s in zip(addrs, offs, sizes)]
+    assert flat == [(1000, 0, 10), (5000, 100, 6), (5006, 106, 16), (5022, 122, 3)]
+    assert list(sl._requests([1], [2], [3])) == [([1], [2], [3])]
+
+
+def test_a_job_larger_than_one_request_round_trips(info, monkeypatch):
+    monkeypatch.setattr(sl, "MAX_REQUEST_BYTES", 1 << 20)  # the client's cut; the server keeps 64 MiB
+    big = np.random.default_rng(1).integers(0, 256, 3 << 20, dtype=np.uint8)
+    out = np.zeros_like(big)
+    with _plane(big, out, path="lane") as plane:
+        plane.transfer("WRITE", info, [big.ctypes.data], [0], [big.nbytes], 5)
+        plane.transfer("READ", info, [out.ctypes.data], [0], [big.nbytes], 5)
+    np.testing.assert_array_equal(out, big)
+
+
+def _raw(segment) -> socket.socket:
+    host, port = segment.lane_address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def _reply(sock) -> tuple[int, bytes]:
+    head = b""
+    while len(head) < sl._REPLY.size:
+        head += sock.recv(sl._REPLY.size - len(head))
+    status, length = sl._REPLY.unpack(head)
+    body = b""
+    while len(body) < length:
+        body += sock.recv(length - len(body))
+    return status, body
+
+
+@pytest.mark.parametrize("request_bytes,reason", [
+    (b"HTTP" + bytes(5), "not a segment-lane request"),
+    (struct.pack("<4sBI", b"KVSL", 1, 0), "0 regions"),
+    (struct.pack("<4sBI", b"KVSL", 1, sl.MAX_REGIONS + 1), "regions"),
+    (struct.pack("<4sBI", b"KVSL", 2, 1) + struct.pack("<QQ", SEGMENT_BYTES - 8, 16), "outside"),
+    (struct.pack("<4sBI", b"KVSL", 1, 1) + struct.pack("<QQ", 2**64 - 1, 1), "outside"),
+    (struct.pack("<4sBI", b"KVSL", 1, 1) + struct.pack("<QQ", 0, 0), "outside"),
+], ids=["not-the-protocol", "no-regions", "too-many-regions", "past-the-end", "offset-overflow", "empty-region"])
+def test_bad_requests_are_refused_with_a_reason_and_the_lane_keeps_serving(segment, info, buf, request_bytes, reason):
+    with _raw(segment) as sock:
+        sock.sendall(request_bytes)
+        status, body = _reply(sock)
+        assert status == 1 and reason in body.decode()
+        assert sock.recv(1) == b""  # closed after the refusal
+    out = np.zeros(4096, dtype=np.uint8)
+    with _plane(buf, out, path="lane") as plane:  # the server still serves others
+        plane.transfer("WRITE", info, [buf.ctypes.data], [0], [4096], 5)
+        plane.transfer("READ", info, [out.ctypes.data], [0], [4096], 5)
+    np.testing.assert_array_equal(out, buf[:4096])
+
+
+def test_a_refused_job_is_a_transfer_error_and_the_next_one_reconnects(info, buf, monkeypatch):
+    with _plane(buf, path="lane") as plane:
+        monkeypatch.setattr(sl, "MAX_REQUEST_BYTES", 1 << 30)  # the client no longer cuts: the server refuses
+        monkeypatch.setattr(sl, "MAX_REGIONS", 1 << 30)
+        error = plane.transfer_many("READ", [(info, [buf.ctypes.data] * 70000, [0] * 70000, [8] * 70000)], 5)[0]
+        assert isinstance(error, TransferError)  # refused ("70000 regions"), or reset while sending
+        monkeypatch.undo()
+        plane.transfer("READ", info, [buf.ctypes.data], [0], [4096], 5)
+
+
+def test_closing_the_segment_ends_its_connections(buf):
+    memory = SegmentMemory(1 << 20, name="lane-close", lane_host="127.0.0.1")
+    info = msgspec.structs.replace(memory.segment_info(1, "n"), host_id="another-host")
+    with _plane(buf, path="lane") as plane:
+        plane.transfer("WRITE", info, [buf.ctypes.data], [0], [4096], 5)  # a connection is open now
+        memory.close()  # returns with its connection threads gone (they touch the mapping)
+        error = plane.transfer_many("READ", [(info, [buf.ctypes.data], [0], [4096])], 2)[0]
+        assert isinstance(error, TransferError)
+
+
+def test_rdma_available_follows_ucx_tls(monkeypatch):
+    monkeypatch.setenv("UCX_TLS", "tcp,self")
+    assert sl.rdma_available() is False
+    monkeypatch.setenv("UCX_TLS", "rc_x,tcp")  # names an RDMA transport: then the devices decide
+    devices = os.path.isdir("/sys/class/infiniband") and any(True for _ in os.scandir("/sys/class/infiniband"))
+    assert sl.rdma_available() is devices
