@@ -201,7 +201,11 @@ PEERS: dict[str, Peer] = {
     p.name: p
     for p in [
         Peer("kvpool-same", "kvpool same-host", "same-host", _kvpool("kvsame", "kvsame", "kvsame")),
-        Peer("kvpool-nixl", "kvpool NIXL cross-host", "cross-host", _kvpool("kvmaster", "kvnode", "client")),
+        Peer("kvpool-nixl", "kvpool cross-host (NIXL + segment lane)", "cross-host",
+             _kvpool("kvmaster", "kvnode", "client")),
+        # every transfer by NIXL, none over the nodes' segment lanes (A/B for the lane)
+        Peer("kvpool-nixl-only", "kvpool cross-host, NIXL only (before the segment lane)", "cross-host",
+             _kvpool("kvmaster", "kvnode", "client", path="nixl")),
         # the client as before this session's first fix: NIXL's progress thread on (A/B for it)
         Peer("kvpool-nixl-pt", "kvpool NIXL cross-host, progress thread (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", nixl_progress_thread=True)),
