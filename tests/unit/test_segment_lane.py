@@ -158,3 +158,41 @@ def test_rdma_available_follows_ucx_tls(monkeypatch):
     monkeypatch.setenv("UCX_TLS", "rc_x,tcp")  # names an RDMA transport: then the devices decide
     devices = os.path.isdir("/sys/class/infiniband") and any(True for _ in os.scandir("/sys/class/infiniband"))
     assert sl.rdma_available() is devices
+
+
+def test_a_lane_pools_connections_up_to_its_maximum(segment):
+    lane = sl.SegmentLane(segment.lane_address, max_connections=2)
+    a, b = lane.try_acquire(), lane.try_acquire()
+    assert a is not None and b is not None and lane.try_acquire() is None  # both in use: the job goes to NIXL
+    lane.release(a)
+    assert lane.try_acquire() is a  # idle connections are reused
+    lane.close()
+    lane.release(a)
+    lane.release(b)
+    assert lane._open == 0
+
+
+def test_threads_share_a_route_and_every_byte_is_right(info, buf):
+    import threading
+
+    outs = [np.zeros(64 << 10, dtype=np.uint8) for _ in range(6)]
+    with _plane(buf, *outs, path="auto", lane_max_bytes=1 << 20) as plane:
+        plane.transfer("WRITE", info, [buf.ctypes.data], [0], [buf.nbytes], 5)
+        failures = []
+
+        def reader(k: int) -> None:
+            for n in range(40):
+                off = ((k * 40 + n) * 4096) % (buf.nbytes - outs[k].nbytes)
+                plane.transfer("READ", info, [outs[k].ctypes.data], [off], [outs[k].nbytes], 5)
+                if not np.array_equal(outs[k], buf[off : off + outs[k].nbytes]):
+                    failures.append((k, n))
+
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert failures == []
+        # up to 4 connections at once; a job finding all of them busy went to NIXL instead
+        assert plane.jobs_by_path["lane"] + plane.jobs_by_path["nixl"] == 1 + 6 * 40
+        assert plane.jobs_by_path["lane"] > 0

@@ -268,28 +268,32 @@ class DataPlane:
                 job.route = self._route(job.segment)
             except TransferError as e:
                 errors[i] = e
-        on_lane, held = [False] * len(jobs), []  # held: the lanes this call acquired, each once
+        on_lane: list = [None] * len(jobs)  # per job: the lane connection it runs on
+        held: dict[int, tuple] = {}  # id(lane) -> (lane, connection): each route's lane taken once per call
         try:
             for i, job in enumerate(checked):
                 if errors[i] is not None:
                     continue
+                lane = job.route.lane
                 if job.route.peer is None and job.route.mapping is None and job.device is not None:
                     errors[i] = TransferError("the segment lane moves host memory only: GPU memory needs the nixl path")
-                elif job.route.lane is not None and any(lane is job.route.lane for lane in held):
-                    on_lane[i] = job.route.peer is None  # path "lane" runs it after the other; auto: NIXL
-                else:
-                    on_lane[i] = self._takes_lane(job)
-                    if on_lane[i]:
-                        held.append(job.route.lane)
+                elif lane is not None and id(lane) in held:
+                    if job.route.peer is None:  # path "lane": after the other job, on its connection
+                        on_lane[i] = held[id(lane)][1]
+                elif self._takes_lane(job):
+                    conn = lane.acquire() if job.route.peer is None else lane.try_acquire()
+                    if conn is not None:
+                        held[id(lane)] = (lane, conn)
+                        on_lane[i] = conn
             return self._run_jobs(op, checked, errors, on_lane, deadline)
         finally:
-            for lane in held:
-                lane.release()
+            for lane, conn in held.values():
+                lane.release(conn)
 
-    def _run_jobs(self, op: str, checked: list[_Checked], errors: list, on_lane: list[bool], deadline: float) -> list:
+    def _run_jobs(self, op: str, checked: list[_Checked], errors: list, on_lane: list, deadline: float) -> list:
         posted, posted_idx = [], []
         for i, job in enumerate(checked):
-            if errors[i] is None and not on_lane[i] and job.route.peer is not None and len(job.sizes):
+            if errors[i] is None and on_lane[i] is None and job.route.peer is not None and len(job.sizes):
                 try:
                     posted.append(self._post(op, job))
                     posted_idx.append(i)
@@ -304,9 +308,9 @@ class DataPlane:
                 except TransferError as e:
                     errors[i] = e
         for i, job in enumerate(checked):
-            if on_lane[i]:  # held since _takes_lane; released by the caller
+            if on_lane[i] is not None:
                 try:
-                    job.route.lane.transfer(op, job.local_addrs, job.remote_offsets, job.sizes, deadline)
+                    on_lane[i].transfer(op, job.local_addrs, job.remote_offsets, job.sizes, deadline)
                     self.jobs_by_path["lane"] += 1
                 except TransferError as e:
                     errors[i] = e
@@ -316,14 +320,11 @@ class DataPlane:
         return errors
 
     def _takes_lane(self, job: _Checked) -> bool:
-        """Whether the job goes over its segment's lane; if so, the lane is now held for it."""
-        lane = job.route.lane
-        if lane is None or not len(job.sizes):
+        """Whether the job should go over its segment's lane (path "lane": every job; auto: a host-
+        memory job of at most lane_max_bytes, if a connection is free when it is asked for)."""
+        if job.route.lane is None or not len(job.sizes):
             return False
-        if job.route.peer is None:  # path "lane": every job, waiting for the lane if it is busy
-            lane.acquire()
-            return True
-        return job.device is None and sum(job.sizes) <= self.lane_max_bytes and lane.try_acquire()
+        return job.route.peer is None or (job.device is None and sum(job.sizes) <= self.lane_max_bytes)
 
     def _post(self, op: str, job: _Checked):
         from kvpool.transfer.nixlio import descriptors

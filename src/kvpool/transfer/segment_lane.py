@@ -24,9 +24,9 @@ Rules:
   regions, DataPlane alone, GB/s lane vs NIXL on UCX TCP): READ 0.89 vs 0.28 at 256 KiB, 1.10 vs
   0.44 at 1 MiB, 0.87 vs 0.56 at 4 MiB, 1.23 vs 0.77 at 64 MiB; WRITE 0.68 vs 0.52, 1.20 vs 0.95,
   1.24 vs 1.35, 1.42 vs 1.69 (so writes of more than 4 MiB stay on NIXL).
-- Client side (`SegmentLane`): one connection per segment route, used by one thread at a time
-  (`try_acquire`: a busy lane sends the job to NIXL instead of queueing it). A failure closes the
-  connection (the next job reconnects) and is a TransferError for that job, never a hang.
+- Client side (`SegmentLane`): up to 4 connections per segment route, each used by one thread at a
+  time (`try_acquire`: with all in use the job goes to NIXL instead of queueing). A failure closes
+  that connection (the next job reconnects) and is a TransferError for that job, never a hang.
 """
 
 from __future__ import annotations
@@ -135,14 +135,17 @@ class SegmentLaneServer:
             thread.start()
 
     def _serve(self, conn: socket.socket) -> None:
-        head = bytearray(_HEAD.size)
+        first = bytearray(_HEAD.size + _REGION.size)  # a request's head and its first region, usually one recv
+        view = memoryview(first)
         try:
             while True:
-                try:
-                    _recv_exactly(conn, memoryview(head))
-                except ConnectionError:
-                    return  # the client went away between requests
-                refusal = self._serve_one(conn, head)
+                got = 0
+                while got < _HEAD.size:
+                    n = conn.recv_into(view[got:])
+                    if n == 0:
+                        return  # the client went away (between requests, or mid-head)
+                    got += n
+                refusal = self._serve_one(conn, first, got)
                 if refusal is not None:
                     log.warning("segment lane: refused a request (%s); connection closed", refusal)
                     conn.sendall(_REPLY.pack(1, len(refusal)) + refusal.encode())
@@ -154,15 +157,19 @@ class SegmentLaneServer:
                 self._connections.pop(conn, None)
             conn.close()
 
-    def _serve_one(self, conn: socket.socket, head: bytearray) -> str | None:
-        """One request; the reason it was refused, or None once it was answered."""
-        magic, op, count = _HEAD.unpack(head)
+    def _serve_one(self, conn: socket.socket, first: bytearray, got: int) -> str | None:
+        """One request, whose first `got` bytes (>= its head) are in `first`; the reason it was
+        refused, or None once it was answered."""
+        magic, op, count = _HEAD.unpack_from(first)
         if magic != MAGIC or op not in (READ, WRITE):
             return "not a segment-lane request"
         if not 0 < count <= self._max_regions:
             return f"{count} regions (1..{self._max_regions} allowed)"
         table = bytearray(count * _REGION.size)
-        _recv_exactly(conn, memoryview(table))
+        have = got - _HEAD.size
+        table[:have] = first[_HEAD.size : got]
+        if have < len(table):
+            _recv_exactly(conn, memoryview(table)[have:])
         regions = list(_REGION.iter_unpack(table))
         total = 0
         for offset, size in regions:
@@ -204,7 +211,58 @@ class SegmentLaneServer:
 
 
 class SegmentLane:
-    """A client's connection to one segment's lane (connected on first use)."""
+    """A client's connections to one segment's lane: up to `max_connections`, each used by one
+    thread at a time and connected on first use."""
+
+    def __init__(self, address: str, max_connections: int = 4) -> None:
+        self.address = address
+        self._max = max_connections
+        self._open = 0  # connections made and not closed, idle or in use
+        self._idle: list[LaneConnection] = []
+        self._freed = threading.Condition()
+        self._closed = False
+
+    def try_acquire(self) -> LaneConnection | None:
+        """An idle connection, or a new one while fewer than the maximum are open; else None."""
+        with self._freed:
+            return self._take()
+
+    def acquire(self) -> LaneConnection:
+        """A connection, waiting for one to be released if all are in use."""
+        with self._freed:
+            while (conn := self._take()) is None:
+                self._freed.wait()
+            return conn
+
+    def _take(self) -> LaneConnection | None:
+        if self._idle:
+            return self._idle.pop()
+        if self._open < self._max:
+            self._open += 1
+            return LaneConnection(self.address)
+        return None
+
+    def release(self, conn: LaneConnection) -> None:
+        with self._freed:
+            if self._closed:
+                conn.close()
+                self._open -= 1
+            else:
+                self._idle.append(conn)
+            self._freed.notify()
+
+    def close(self) -> None:
+        """Closes the idle connections now and those in use when they are released."""
+        with self._freed:
+            self._closed = True
+            for conn in self._idle:
+                conn.close()
+            self._open -= len(self._idle)
+            self._idle.clear()
+
+
+class LaneConnection:
+    """One connection to a segment's lane (connected on first use, again after a failure)."""
 
     def __init__(self, address: str) -> None:
         host, _, port = address.rpartition(":")
@@ -212,21 +270,11 @@ class SegmentLane:
         self.port = int(port)
         self.address = address
         self._sock: socket.socket | None = None
-        self._busy = threading.Lock()
-
-    def try_acquire(self) -> bool:
-        return self._busy.acquire(blocking=False)
-
-    def acquire(self) -> None:
-        self._busy.acquire()
-
-    def release(self) -> None:
-        self._busy.release()
 
     def transfer(self, op: str, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
                  deadline_s: float) -> None:
-        """One job, over the lane (the caller holds it), in as many requests as the limits need;
-        TransferError if it did not complete."""
+        """One job, in as many requests as the limits need; TransferError if it did not complete
+        (the connection is then closed, and made again by the next job)."""
         try:
             for addrs, offsets, lengths in _requests(local_addrs, remote_offsets, sizes):
                 self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s)
@@ -256,32 +304,34 @@ class SegmentLane:
         for i, (offset, size) in enumerate(zip(remote_offsets, sizes)):
             _REGION.pack_into(request, _HEAD.size + i * _REGION.size, offset, size)
         views = [_view(a, s) for a, s in zip(local_addrs, sizes)]
+        reply = bytearray(_REPLY.size)
         if op == WRITE:
             _send_all(sock, [memoryview(request)] + views)
+            _recv_exactly(sock, memoryview(reply))
         else:
             sock.sendall(request)
-        reply = bytearray(_REPLY.size)
-        _recv_exactly(sock, memoryview(reply))
+            # the reply's head and bytes in as few receives as the kernel allows (one, when small); on
+            # a refusal the reason lands in the caller's memory, which a failed read leaves undefined
+            received = _recv_all(sock, [memoryview(reply), *views], _REPLY.size)
         status, length = _REPLY.unpack(reply)
         if status != 0:
-            reason = bytearray(min(length, 4096))
-            _recv_exactly(sock, memoryview(reason))
+            if op == WRITE:
+                reason = bytearray(min(length, 4096))
+                _recv_exactly(sock, memoryview(reason))
+            else:
+                reason = views[0][: max(0, min(length, received - _REPLY.size))].tobytes()
             raise TransferError(f"segment lane {self.address} refused the {('', 'READ', 'WRITE')[op]}: "
                                 f"{reason.decode(errors='replace')}")
         expected = sum(sizes) if op == READ else 0
         if length != expected:
             raise TransferError(f"segment lane {self.address} answered {length} bytes, expected {expected}")
-        for view in views if op == READ else ():
-            _recv_exactly(sock, view)
 
     def _close(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
 
-    def close(self) -> None:
-        with self._busy:
-            self._close()
+    close = _close
 
 
 def _requests(local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
@@ -311,6 +361,29 @@ def _requests(local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: 
                 addrs, offsets, lengths, total = [], [], [], 0
     if lengths:
         yield addrs, offsets, lengths
+
+
+def _recv_all(sock: socket.socket, buffers: list[memoryview], at_least: int, total: int | None = None) -> int:
+    """Scatter received bytes over `buffers` (recvmsg_into, at most 512 at a time) until `total`
+    bytes (default: all the buffers hold) or, once the first `at_least` bytes are in and their first
+    byte is not 0 (a refusal: only its reason follows), at once. Returns the bytes received."""
+    total = sum(len(b) for b in buffers) if total is None else total
+    got, i, offset = 0, 0, 0  # bytes so far; the buffer being filled and how far
+    while got < total:
+        n = sock.recvmsg_into([buffers[i][offset:], *buffers[i + 1 : i + 512]])[0]
+        if n == 0:
+            raise ConnectionError("connection closed mid-message")
+        if at_least and got < at_least <= got + n and buffers[0][0] != 0:
+            return got + n
+        got += n
+        while n:
+            left = len(buffers[i]) - offset
+            if n < left:
+                offset += n
+                break
+            n -= left
+            i, offset = i + 1, 0
+    return got
 
 
 def _send_all(sock: socket.socket, buffers: list[memoryview]) -> None:
