@@ -196,3 +196,24 @@ def test_threads_share_a_route_and_every_byte_is_right(info, buf):
         # up to 4 connections at once; a job finding all of them busy went to NIXL instead
         assert plane.jobs_by_path["lane"] + plane.jobs_by_path["nixl"] == 1 + 6 * 40
         assert plane.jobs_by_path["lane"] > 0
+
+
+def test_connections_over_the_limit_are_closed_and_jobs_still_complete(buf):
+    memory = SegmentMemory(1 << 20, name="lane-cap", lane_host="127.0.0.1")
+    memory._lane._max_connections = 2
+    info = msgspec.structs.replace(memory.segment_info(1, "n"), host_id="another-host")
+    try:
+        hogs = [_raw(memory) for _ in range(2)]  # idle connections holding both slots
+        with _plane(buf, path="lane") as plane:
+            error = plane.transfer_many("READ", [(info, [buf.ctypes.data], [0], [4096])], 2)[0]
+            assert isinstance(error, TransferError)  # closed on accept: a clear failure, not a hang
+            hogs.pop().close()
+            for _ in range(50):  # the server notices the closed hog as soon as it reads EOF
+                if plane.transfer_many("READ", [(info, [buf.ctypes.data], [0], [4096])], 2)[0] is None:
+                    break
+            else:
+                raise AssertionError("the lane never took a connection again")
+        for hog in hogs:
+            hog.close()
+    finally:
+        memory.close()

@@ -16,8 +16,9 @@ Rules:
   what NIXL's UCX listener exposes (any byte of the segment to whoever reaches the port), no more.
 - Every region is checked against the segment before a byte moves; a request over the limits (or
   malformed) is refused with its reason and the connection closed (a WRITE's bytes are then never
-  read). One thread per connection; close() shuts every connection and joins its thread before
-  the memory goes away, so no thread touches an unmapped segment.
+  read). One thread per connection, at most 256 connections (more are closed on accept: a client
+  that opens many cannot exhaust the node's threads); close() shuts every connection and joins its
+  thread before the memory goes away, so no thread touches an unmapped segment.
 - Which jobs (DataPlane decides): where NIXL has no RDMA (`rdma_available()` false: UCX runs on
   TCP) jobs of up to 4 MiB; with RDMA up to 256 KiB, where one round trip is the whole cost;
   $KVPOOL_SEGMENT_LANE_MAX_BYTES overrides either. Measured across harness hosts (one job of 1 MiB
@@ -51,6 +52,7 @@ _REGION = struct.Struct("<QQ")
 _REPLY = struct.Struct("<BQ")
 MAX_REGIONS = 1 << 16
 MAX_REQUEST_BYTES = 64 << 20
+MAX_CONNECTIONS = 256  # per segment: each is a thread; more are closed at once (clients then use NIXL)
 _OPS = {"READ": READ, "WRITE": WRITE}
 
 
@@ -102,7 +104,7 @@ class SegmentLaneServer:
     def __init__(self, base_addr: int, size_bytes: int, host: str) -> None:
         self._segment = _view(base_addr, size_bytes)
         self._size = size_bytes
-        self._max_regions, self._max_bytes = MAX_REGIONS, MAX_REQUEST_BYTES
+        self._max_regions, self._max_bytes, self._max_connections = MAX_REGIONS, MAX_REQUEST_BYTES, MAX_CONNECTIONS
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -131,6 +133,10 @@ class SegmentLaneServer:
                 if self._closed:
                     conn.close()
                     return
+                if len(self._connections) >= self._max_connections:
+                    log.warning("segment lane: %d connections open, refusing another", len(self._connections))
+                    conn.close()
+                    continue
                 self._connections[conn] = thread
             thread.start()
 
