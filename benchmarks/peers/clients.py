@@ -87,7 +87,9 @@ class KvpoolAdapter:
         self.client.remove(keys)
 
     def route(self) -> list[str]:
-        return sorted(set(self.client.plane.paths().values()))
+        """The routes made, and "lane" once a job went over a segment lane (a nixl route's small jobs)."""
+        used = {path for path, jobs in self.client.plane.jobs_by_path.items() if jobs}
+        return sorted(set(self.client.plane.paths().values()) | (used & {"lane"}))
 
     def close(self) -> None:
         self.client.close()
