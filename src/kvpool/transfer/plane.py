@@ -8,7 +8,8 @@ Rules:
   (measured across hosts over UCX TCP: ~20 % less client CPU, 1 MiB gets ~1.2x; nixlio.py).
 - A cross-host job of at most `lane_max_bytes` goes over the segment's lane when its node serves
   one (segment_lane.py: one TCP round trip; UCX's TCP transport emulates one-sided ops in several;
-  without RDMA up to 4 MiB), unless another thread is using that lane right then (it goes to
+  without RDMA up to 4 MiB, and scatter-gather jobs of regions of 256 KiB or less at any size),
+  unless another thread is using that lane right then (it goes to
   NIXL instead of waiting). GPU jobs never do. `lane` forces the lane for every job (tests).
 - The NIXL agent starts lazily on the first segment that needs it (0.4 s), so a client that only
   talks to same-host segments never pays for it; memory registered before is registered then.
@@ -45,6 +46,7 @@ PATHS = ("auto", "nixl", "shm", "lane")
 LANE_MAX_BYTES_ENV = "KVPOOL_SEGMENT_LANE_MAX_BYTES"
 RDMA_LANE_MAX_BYTES = 256 << 10  # with RDMA, NIXL takes every larger job
 TCP_LANE_MAX_BYTES = 4 << 20  # without: UCX on TCP; NIXL's writes led from 4-16 MiB jobs (segment_lane.py)
+TCP_LANE_REGION_BYTES = 256 << 10  # ... and a job of any size whose regions average this or less
 OPS = ("READ", "WRITE")
 
 _VECTORIZE_FROM = 64  # regions per job from which numpy checks them faster than a Python loop
@@ -98,6 +100,8 @@ class DataPlane:
         if lane_max_bytes < 0:
             raise ValueError(f"lane_max_bytes must be >= 0, got {lane_max_bytes}")
         self.lane_max_bytes = lane_max_bytes
+        # scatter-gather jobs (many small regions) cost UCX per region: without RDMA they take the lane
+        self.lane_region_bytes = TCP_LANE_REGION_BYTES if lane_max_bytes and not rdma_available() else 0
         self.jobs_by_path = {"shm": 0, "nixl": 0, "lane": 0}  # jobs run, for benchmarks and tests
         self.name = name or f"kvpool-client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.path = path
@@ -321,10 +325,14 @@ class DataPlane:
 
     def _takes_lane(self, job: _Checked) -> bool:
         """Whether the job should go over its segment's lane (path "lane": every job; auto: a host-
-        memory job of at most lane_max_bytes, if a connection is free when it is asked for)."""
+        memory job of at most lane_max_bytes, or whose regions average at most lane_region_bytes,
+        if a connection is free when it is asked for)."""
         if job.route.lane is None or not len(job.sizes):
             return False
-        return job.route.peer is None or (job.device is None and sum(job.sizes) <= self.lane_max_bytes)
+        if job.route.peer is None:
+            return True
+        total = sum(job.sizes)
+        return job.device is None and (total <= self.lane_max_bytes or total <= self.lane_region_bytes * len(job.sizes))
 
     def _post(self, op: str, job: _Checked):
         from kvpool.transfer.nixlio import descriptors
