@@ -59,13 +59,16 @@ def test_round_trip_over_the_lane_scattered_regions(info, buf):
     np.testing.assert_array_equal(out[: 100 * 4096], buf[: 100 * 4096])
 
 
-def test_auto_sends_jobs_up_to_the_limit_over_the_lane_and_larger_ones_to_nixl(info, buf):
+def test_auto_sends_jobs_up_to_the_limit_over_the_lane_and_larger_ones_to_nixl(info, buf, monkeypatch):
+    from kvpool.transfer import plane as plane_module
+
+    monkeypatch.setattr(plane_module, "rdma_available", lambda: True)  # the limit alone decides
     out = np.zeros_like(buf)
     with _plane(buf, out, lane_max_bytes=64 << 10) as plane:
         assert plane.path_for(info) == "nixl"  # the route; its small jobs take the lane
         plane.transfer("WRITE", info, [buf.ctypes.data], [0], [64 << 10], 5)
         assert plane.jobs_by_path["lane"] == 1
-        plane.transfer("READ", info, [out.ctypes.data], [0], [512 << 10], 5)  # over both limits
+        plane.transfer("READ", info, [out.ctypes.data], [0], [512 << 10], 5)  # over the limit
         assert plane.jobs_by_path == {"shm": 0, "nixl": 1, "lane": 1}
     np.testing.assert_array_equal(out[: 64 << 10], buf[: 64 << 10])
 
@@ -219,7 +222,7 @@ def test_connections_over_the_limit_are_closed_and_jobs_still_complete(buf):
         memory.close()
 
 
-def test_without_rdma_scatter_gather_jobs_of_any_size_take_the_lane(info, monkeypatch):
+def test_without_rdma_reads_and_scatter_gather_writes_of_any_size_take_the_lane(info, monkeypatch):
     from kvpool.transfer import plane as plane_module
 
     monkeypatch.setattr(plane_module, "rdma_available", lambda: False)
@@ -227,10 +230,11 @@ def test_without_rdma_scatter_gather_jobs_of_any_size_take_the_lane(info, monkey
     with _plane(big, lane_max_bytes=1 << 20) as plane:
         assert plane.lane_region_bytes == 256 << 10
         small_regions = [big.ctypes.data + i * (64 << 10) for i in range(48)]  # 3 MiB in 64 KiB regions
-        plane.transfer("READ", info, small_regions, [i * (64 << 10) for i in range(48)], [64 << 10] * 48, 5)
-        assert plane.jobs_by_path["lane"] == 1
-        plane.transfer("READ", info, [big.ctypes.data], [0], [3 << 20], 5)  # 3 MiB in one region: NIXL
-        assert plane.jobs_by_path == {"shm": 0, "nixl": 1, "lane": 1}
+        plane.transfer("WRITE", info, small_regions, [i * (64 << 10) for i in range(48)], [64 << 10] * 48, 5)
+        plane.transfer("READ", info, [big.ctypes.data], [0], [3 << 20], 5)  # any read
+        assert plane.jobs_by_path["lane"] == 2
+        plane.transfer("WRITE", info, [big.ctypes.data], [0], [3 << 20], 5)  # 3 MiB in one region: NIXL
+        assert plane.jobs_by_path == {"shm": 0, "nixl": 1, "lane": 2}
     monkeypatch.setattr(plane_module, "rdma_available", lambda: True)
     with _plane(big, lane_max_bytes=1 << 20) as plane:
         assert plane.lane_region_bytes == 0  # with RDMA only small jobs

@@ -8,8 +8,8 @@ Rules:
   (measured across hosts over UCX TCP: ~20 % less client CPU, 1 MiB gets ~1.2x; nixlio.py).
 - A cross-host job of at most `lane_max_bytes` goes over the segment's lane when its node serves
   one (segment_lane.py: one TCP round trip; UCX's TCP transport emulates one-sided ops in several;
-  without RDMA up to 4 MiB, and scatter-gather jobs of regions of 256 KiB or less at any size),
-  unless another thread is using that lane right then (it goes to
+  without RDMA every read, writes up to 4 MiB and scatter-gather writes of regions of 256 KiB or
+  less at any size: benchmarks/results/peers/segment_lane_sweep.md), unless another thread is using that lane right then (it goes to
   NIXL instead of waiting). GPU jobs never do. `lane` forces the lane for every job (tests).
 - The NIXL agent starts lazily on the first segment that needs it (0.4 s), so a client that only
   talks to same-host segments never pays for it; memory registered before is registered then.
@@ -284,7 +284,7 @@ class DataPlane:
                 elif lane is not None and id(lane) in held:
                     if job.route.peer is None:  # path "lane": after the other job, on its connection
                         on_lane[i] = held[id(lane)][1]
-                elif self._takes_lane(job):
+                elif self._takes_lane(op, job):
                     conn = lane.acquire() if job.route.peer is None else lane.try_acquire()
                     if conn is not None:
                         held[id(lane)] = (lane, conn)
@@ -323,16 +323,20 @@ class DataPlane:
                 errors[i] = error
         return errors
 
-    def _takes_lane(self, job: _Checked) -> bool:
+    def _takes_lane(self, op: str, job: _Checked) -> bool:
         """Whether the job should go over its segment's lane (path "lane": every job; auto: a host-
         memory job of at most lane_max_bytes, or whose regions average at most lane_region_bytes,
-        if a connection is free when it is asked for)."""
+        or without RDMA any READ; if a connection is free when it is asked for)."""
         if job.route.lane is None or not len(job.sizes):
             return False
         if job.route.peer is None:
             return True
         total = sum(job.sizes)
-        return job.device is None and (total <= self.lane_max_bytes or total <= self.lane_region_bytes * len(job.sizes))
+        if job.device is not None:
+            return False
+        if self.lane_region_bytes and op == "READ":
+            return True  # no RDMA: one TCP stream into the caller's memory beat UCX's reads at every size
+        return total <= self.lane_max_bytes or total <= self.lane_region_bytes * len(job.sizes)
 
     def _post(self, op: str, job: _Checked):
         from kvpool.transfer.nixlio import descriptors
