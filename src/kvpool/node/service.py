@@ -108,8 +108,16 @@ class StorageNode:
         credential = resolve_credential(self.config.credential, ENV_NODE_CREDENTIAL)
         lane_host = None
         if self.config.segment_lane and credential is None:  # the lane has no keys: never beside CURVE
-            lane_host = reachable_address(host_of(parse_addresses(self.config.master_address)[0]))
+            master_host = host_of(parse_addresses(self.config.master_address)[0])
+            try:
+                lane_host = reachable_address(master_host)
+            except OSError as e:  # no route to the master's host yet: serve NIXL only, say so
+                log.warning("node %s serves no segment lane: no local address reaches %s (%s)", self.node_id,
+                            master_host, e)
         self._segment = SegmentMemory(self.config.memory_bytes, name=self.node_id, lane_host=lane_host)
+        if self._segment.lane_address is not None:
+            log.info("node %s serves its segment lane (plain TCP, small transfers) on %s", self.node_id,
+                     self._segment.lane_address)
         self.metrics.segment_bytes.set(self.config.memory_bytes)
         self._channel = MasterChannel(self.config.master_address, timeout_s=self.config.timeout_s,
                                       credential=credential)

@@ -20,11 +20,11 @@ Rules:
   that opens many cannot exhaust the node's threads); close() shuts every connection and joins its
   thread before the memory goes away, so no thread touches an unmapped segment.
 - Which jobs (DataPlane decides): where NIXL has no RDMA (`rdma_available()` false: UCX runs on
-  TCP) jobs of up to 4 MiB; with RDMA up to 256 KiB, where one round trip is the whole cost;
-  $KVPOOL_SEGMENT_LANE_MAX_BYTES overrides either. Measured across harness hosts (one job of 1 MiB
-  regions, DataPlane alone, GB/s lane vs NIXL on UCX TCP): READ 0.89 vs 0.28 at 256 KiB, 1.10 vs
-  0.44 at 1 MiB, 0.87 vs 0.56 at 4 MiB, 1.23 vs 0.77 at 64 MiB; WRITE 0.68 vs 0.52, 1.20 vs 0.95,
-  1.24 vs 1.35, 1.42 vs 1.69 (so writes of more than 4 MiB stay on NIXL).
+  TCP) every read, writes of up to 4 MiB and writes in regions of 256 KiB or less; with RDMA jobs
+  of up to 256 KiB, where one round trip is the whole cost; $KVPOOL_SEGMENT_LANE_MAX_BYTES sets
+  the size limit. Measured across harness hosts (benchmarks/results/peers/segment_lane_sweep.md,
+  one job of 1 MiB regions, lane / NIXL on UCX TCP): READ 1.36-3.10x from 256 KiB to 64 MiB;
+  WRITE 1.39-2.03x up to 4 MiB, 0.85x at 16 MiB, 1.01x at 64 MiB (so those stay on NIXL).
 - Client side (`SegmentLane`): up to 4 connections per segment route, each used by one thread at a
   time (`try_acquire`: with all in use the job goes to NIXL instead of queueing). A failure closes
   that connection (the next job reconnects) and is a TransferError for that job, never a hang.
