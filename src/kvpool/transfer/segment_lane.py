@@ -334,11 +334,6 @@ class LaneConnection:
 
     def _close(self) -> None:
         if self._sock is not None:
-            # no TIME_WAIT left behind (nothing is pending when a lane closes): a reset, not a FIN
-            try:
-                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            except OSError:
-                pass
             self._sock.close()
             self._sock = None
 
