@@ -375,7 +375,6 @@ class Client:
 
     def _read_leased(self, keys, replicas: list[list[Replica]], reply: protocol.LookupReply, t0: float, addrs,
                      sizes) -> int:
-        tenant = self.config.tenant
         deadline = t0 + reply.lease_ttl_s
         num_hit = len(replicas)
         if num_hit:

@@ -40,8 +40,7 @@ from kvpool.node.config import NodeConfig
 from kvpool.node.directory import NodeDirectory
 from kvpool.node.disk_store import DiskError, DiskStore
 from kvpool.node.tier import DiskTierWorker
-from kvpool.transfer.control import MasterChannel, parse_addresses
-from kvpool.transfer.lane import host_of
+from kvpool.transfer.control import MasterChannel, host_of, parse_addresses
 from kvpool.transfer.credentials import ENV_NODE_CREDENTIAL, resolve_credential
 from kvpool.transfer.segment import SegmentMemory
 from kvpool.transfer.segment_lane import reachable_address

@@ -46,6 +46,12 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILE
 _POLL_SLICE_MS = 100  # a refused handshake is noticed within this, not at the call's timeout
 
 
+def host_of(address: str) -> str:
+    """'tcp://HOST:PORT' -> HOST (brackets of an IPv6 address removed)."""
+    host = address.split("://", 1)[1].rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host
+
+
 def parse_addresses(address: str | list[str] | tuple[str, ...]) -> list[str]:
     """'tcp://a:1,tcp://b:2' or a list of addresses -> the list; ValueError when empty or malformed."""
     items = address.split(",") if isinstance(address, str) else list(address)

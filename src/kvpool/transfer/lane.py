@@ -45,7 +45,7 @@ import zmq
 
 from kvpool.core import protocol
 from kvpool.core.errors import ProtocolError, UnavailableError, error_from_reply
-from kvpool.transfer.control import MasterChannel
+from kvpool.transfer.control import MasterChannel, host_of
 
 log = logging.getLogger(__name__)
 
@@ -207,12 +207,6 @@ class LaneServer:
 
 
 # ---- client side ----------------------------------------------------------------------------------
-
-
-def host_of(address: str) -> str:
-    """'tcp://HOST:PORT' -> HOST (brackets of an IPv6 address removed)."""
-    host = address.split("://", 1)[1].rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") else host
 
 
 class _LaneBroken(Exception):

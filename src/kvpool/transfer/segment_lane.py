@@ -60,15 +60,6 @@ def _view(addr: int, size: int) -> memoryview:
     return memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
 
 
-def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
-    got, size = 0, len(view)
-    while got < size:
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise ConnectionError("connection closed mid-message")
-        got += n
-
-
 _RDMA_TLS = ("all", "rc", "ud", "dc", "ib", "rdma", "srd", "gga")
 
 
@@ -175,7 +166,7 @@ class SegmentLaneServer:
         have = got - _HEAD.size
         table[:have] = first[_HEAD.size : got]
         if have < len(table):
-            _recv_exactly(conn, memoryview(table)[have:])
+            _recv_all(conn, [memoryview(table)[have:]], 0)
         regions = list(_REGION.iter_unpack(table))
         total = 0
         for offset, size in regions:
@@ -189,7 +180,7 @@ class SegmentLaneServer:
             _send_all(conn, [memoryview(_REPLY.pack(0, total))] + [segment[o : o + s] for o, s in regions])
         else:
             for offset, size in regions:
-                _recv_exactly(conn, segment[offset : offset + size])
+                _recv_all(conn, [segment[offset : offset + size]], 0)
             conn.sendall(_REPLY.pack(0, 0))
         return None
 
@@ -313,7 +304,7 @@ class LaneConnection:
         reply = bytearray(_REPLY.size)
         if op == WRITE:
             _send_all(sock, [memoryview(request)] + views)
-            _recv_exactly(sock, memoryview(reply))
+            _recv_all(sock, [memoryview(reply)], 0)
         else:
             sock.sendall(request)
             # the reply's head and bytes in as few receives as the kernel allows (one, when small); on
@@ -323,7 +314,7 @@ class LaneConnection:
         if status != 0:
             if op == WRITE:
                 reason = bytearray(min(length, 4096))
-                _recv_exactly(sock, memoryview(reason))
+                _recv_all(sock, [memoryview(reason)], 0)
             else:
                 reason = views[0][: max(0, min(length, received - _REPLY.size))].tobytes()
             raise TransferError(f"segment lane {self.address} refused the {('', 'READ', 'WRITE')[op]}: "
