@@ -12,6 +12,7 @@ written; a case whose bytes differ fails the worker. Prints one JSON line.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import statistics
 import sys
@@ -270,8 +271,80 @@ class RedisAdapter:
         self.redis.close()
 
 
+class RawTcpAdapter:
+    """The TCP ceiling (raw_tcp.py): each batch one request and one reply on one connection, values
+    sent from and received straight into registered memory; no metadata server, no checks."""
+
+    def __init__(self, spec: dict) -> None:
+        import socket
+
+        sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+        import raw_tcp
+
+        self.wire = raw_tcp
+        self.sock = socket.create_connection((spec["host"], spec["port"]), timeout=30)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def register(self, buf: np.ndarray) -> None:
+        pass  # any memory will do: the kernel copies from and into it
+
+    @staticmethod
+    def _views(addrs, sizes) -> list[memoryview]:
+        return [memoryview((ctypes.c_char * n).from_address(a)).cast("B")
+                for a_i, s_i in zip(addrs, sizes) for a, n in zip(a_i, s_i)]  # fmt: skip
+
+    def _ack(self, nbytes: int) -> bytes:
+        reply = bytearray(nbytes)
+        self.wire.recv_exact(self.sock, memoryview(reply))
+        return bytes(reply)
+
+    def put_from(self, keys, addrs, sizes) -> None:
+        head = self.wire.encode_request(self.wire.PUT, keys, [sum(s) for s in sizes])
+        self.wire.send_all(self.sock, [memoryview(head)] + self._views(addrs, sizes))
+        self._ack(1)
+
+    def get_into(self, keys, addrs, sizes) -> int:
+        self.sock.sendall(self.wire.encode_request(self.wire.GET, keys))
+        head = self._ack(8 * len(keys))
+        found = [self.wire.SIZE.unpack_from(head, 8 * i)[0] for i in range(len(keys))]
+        count = next((i for i, n in enumerate(found) if n == self.wire.MISSING), len(keys))
+        views = self._views(addrs[:count], sizes[:count])
+        for view in views:
+            self.wire.recv_exact(self.sock, view)
+        for n in found[count:]:  # values present after a miss: read and drop
+            if n != self.wire.MISSING:
+                self._ack(n)
+        return count
+
+    def exists_batch(self, keys) -> int:
+        self.sock.sendall(self.wire.encode_request(self.wire.EXISTS, keys))
+        return int.from_bytes(self._ack(4), "little")
+
+    def exists_one(self, key) -> bool:
+        return self.exists_batch([key]) == 1
+
+    def put_bytes(self, key, value: bytes) -> None:
+        self.sock.sendall(self.wire.encode_request(self.wire.PUT, [key], [len(value)]) + value)
+        self._ack(1)
+
+    def get_bytes(self, key) -> bytes | None:
+        self.sock.sendall(self.wire.encode_request(self.wire.GET, [key]))
+        n = self.wire.SIZE.unpack(self._ack(8))[0]
+        return None if n == self.wire.MISSING else self._ack(n)
+
+    def remove(self, keys) -> None:
+        self.sock.sendall(self.wire.encode_request(self.wire.DELETE, keys))
+        self._ack(1)
+
+    def route(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 ADAPTERS = {"kvpool": KvpoolAdapter, "mooncake": MooncakeAdapter, "mooncake-ipc": MooncakeIpcAdapter,
-            "redis": RedisAdapter}
+            "redis": RedisAdapter, "raw-tcp": RawTcpAdapter}
 
 
 # ---- cases ----------------------------------------------------------------------------------------

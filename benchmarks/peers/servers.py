@@ -25,7 +25,7 @@ from pathlib import Path
 from kvpool.bench import hosts, procs
 
 MiB = 1024 * 1024
-HOSTS = ["kvsame", "kvmaster", "kvnode", "mcmaster", "mcstore", "mcipc", "redis", "client"]
+HOSTS = ["kvsame", "kvmaster", "kvnode", "mcmaster", "mcstore", "mcipc", "redis", "rawtcp", "client"]
 
 
 class PeerUnavailable(RuntimeError):
@@ -197,6 +197,19 @@ def _redis(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: st
     return running
 
 
+def _raw_tcp(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: str) -> Running:
+    h = net["rawtcp"]
+    running = Running(net["client"], {}, python)
+    try:
+        argv = [python, str(Path(__file__).with_name("raw_tcp.py")), "--port", "7000", "--memory", str(storage_bytes)]
+        _start_listening(h, "raw-tcp", argv, (7000,), workdir, running)
+    except (RuntimeError, TimeoutError) as e:
+        running.stop()
+        raise PeerUnavailable(str(e)) from e
+    running.spec = {"adapter": "raw-tcp", "host": h.address, "port": 7000}
+    return running
+
+
 PEERS: dict[str, Peer] = {
     p.name: p
     for p in [
@@ -215,6 +228,8 @@ PEERS: dict[str, Peer] = {
         Peer("mooncake-tcp", "Mooncake TCP cross-host", "cross-host", _mooncake_tcp, needs=("mooncake",)),
         Peer("mooncake-ipc", "Mooncake IPC same-host", "same-host", _mooncake_ipc, needs=("mooncake",)),
         Peer("redis", "Redis cross-host", "cross-host", _redis, needs=("redis",)),
+        # the ceiling, not a competitor: one TCP round trip per batch, no metadata server, no checks
+        Peer("raw-tcp", "TCP ceiling (raw_tcp.py) cross-host", "cross-host", _raw_tcp),
     ]
 }
 
