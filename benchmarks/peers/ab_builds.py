@@ -13,8 +13,9 @@ clients all on one host: the shared-memory path). Each client process measures, 
 - the single-key lookup round trip (2,000 calls; P50 / P99);
 - a sequential agent-like loop (lookup of 9 keys, zero-copy get of 8 x 256 KiB, put of 2), 200
   loops: loops/s and P50 / P99 per loop;
-and for `bulk`: zero-copy put and get of 64 MiB in 1 MiB objects and of 128 MiB in 16 MiB objects
-(batches of 64 MiB at most, bytes compared; the median of 3 passes after a first one).
+and for `bulk`: zero-copy put and get of 64 MiB in 1 MiB objects, of 128 MiB in 16 MiB objects and
+of 64 MiB in objects of 32 x 64 KiB regions lying far apart (sg) (batches of 64 MiB at most, bytes
+compared; the median of 3 passes after a first one).
 Prints one JSON line per process and a summary: medians over rounds, and the median of the
 per-round ratios NEW / BASE (> 1: NEW better, inverted for latencies).
 """
@@ -45,8 +46,13 @@ client = Client(address, "ab", timeout_s=30.0)
 out = {}
 rng = np.random.default_rng(3)
 if "bulk" in cases:
-    for name, size, total in (("1m", 1 << 20, 64 << 20), ("16m", 16 << 20, 128 << 20)):
+    # sg: objects of 32 x 64 KiB regions, object i's region k at slot k * n + i (a paged KV cache)
+    for name, size, total, regions in (("1m", 1 << 20, 64 << 20, 1), ("16m", 16 << 20, 128 << 20, 1),
+                                       ("sg", 2 << 20, 64 << 20, 32)):
         n = total // size
+        region = size // regions
+        def where(buf, i):
+            return [buf.ctypes.data + (k * n + i) * region for k in range(regions)]
         src = rng.integers(0, 256, total, dtype=np.uint8)
         dst = np.zeros_like(src)
         client.register(src)
@@ -58,14 +64,14 @@ if "bulk" in cases:
             t = time.perf_counter()
             for b in range(0, n, batch):
                 ids = range(b, min(n, b + batch))
-                assert client.put_from([keys[i] for i in ids], [[src.ctypes.data + i * size] for i in ids],
-                                       [[size]] * len(ids), parents=[None] * len(ids)) == [0] * len(ids)
+                assert client.put_from([keys[i] for i in ids], [where(src, i) for i in ids],
+                                       [[region] * regions] * len(ids), parents=[None] * len(ids)) == [0] * len(ids)
             puts.append(total / (time.perf_counter() - t) / 1e9)
             dst[:] = 0
             t = time.perf_counter()
             for b in range(0, n, batch):
                 ids = range(b, min(n, b + batch))
-                got = client.get_into([keys[i] for i in ids], [[dst.ctypes.data + i * size] for i in ids], [[size]] * len(ids))
+                got = client.get_into([keys[i] for i in ids], [where(dst, i) for i in ids], [[region] * regions] * len(ids))
                 assert got == len(ids)
             gets.append(total / (time.perf_counter() - t) / 1e9)
             assert np.array_equal(src, dst)
@@ -129,6 +135,7 @@ print(json.dumps(out))
 '''
 
 HIGHER_BETTER = {"get_1m_gbs": True, "put_1m_gbs": True, "get_16m_gbs": True, "put_16m_gbs": True,
+                 "get_sg_gbs": True, "put_sg_gbs": True,
                  "plain_put_gbs": True, "plain_get_gbs": True, "lookup_p50_us": False, "lookup_p99_us": False,
                  "agent_loops_per_s": True, "agent_p50_ms": False, "agent_p99_ms": False, "cpu_s": False}
 

@@ -178,9 +178,8 @@ class SegmentLaneServer:
         segment = self._segment
         if op == READ:
             _send_all(conn, [memoryview(_REPLY.pack(0, total))] + [segment[o : o + s] for o, s in regions])
-        else:
-            for offset, size in regions:
-                _recv_all(conn, [segment[offset : offset + size]], 0)
+        else:  # scattered straight into the regions, many per receive (not one receive loop per region)
+            _recv_all(conn, [segment[o : o + s] for o, s in regions], 0)
             conn.sendall(_REPLY.pack(0, 0))
         return None
 
