@@ -129,10 +129,14 @@ class PlainVllm(Peer):
 
 @dataclass(frozen=True)
 class Kvpool(Peer):
+    lookup_on_arrival: bool = True  # the connector's default; False: the build before (A/B)
+    lookup_wait_ms: float = 2.0  # the connector's default: how long one engine step waits for a lookup
+
     def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
         master = procs.start_master(workdir, name="master")
         started.append(master)
-        extra = {"master_address": master.info["address"], "pool_memory_bytes": setup.extra_bytes_per_server}
+        extra = {"master_address": master.info["address"], "pool_memory_bytes": setup.extra_bytes_per_server,
+                 "lookup_on_arrival": self.lookup_on_arrival, "lookup_wait_ms": self.lookup_wait_ms}
         transfer = KVPOOL_CONNECTOR | {"kv_connector_extra_config": extra}
         router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes,
                                                 [transfer] * setup.num_servers, router_args=("--pooled",))  # fmt: skip
@@ -184,8 +188,10 @@ class LMCacheMP(Peer):
         transfers = [LMCACHE_CONNECTOR | {"kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1",
                                                                           "lmcache.mp.port": port}}
                      for port in (int(a.rsplit(":", 1)[1]) for a in addresses)]  # fmt: skip
+        # with the cache_aware router: both servers read one LMCache store, as kvpool's read one pool
+        pooled = ("--pooled",) if self.policy == "cache_aware" else ()
         router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes, transfers,
-                                                python=setup.lmcache_python)  # fmt: skip
+                                                python=setup.lmcache_python, router_args=pooled)  # fmt: skip
         return Stack(started, router, urls, note + "; vLLM <-> LMCache through shared memory (--shm-name)", leftovers)
 
     def _lmcache_server(self, setup: Setup, workdir: Path, name: str, l1_bytes: int, extra: tuple[str, ...],
@@ -219,10 +225,22 @@ class LMCacheMP(Peer):
 CONFIGS: dict[str, Peer] = {p.name: p for p in (
     PlainVllm("vllm", "plain vLLM"),
     PlainVllm("vllm_more_kv", "vLLM, the extra memory as local KV", more_kv=True),
+    # no pool, sessions kept on one server: what the memory is worth without sharing
+    PlainVllm("vllm_more_kv_cache_aware", "vLLM, the extra memory as local KV, cache_aware router", more_kv=True,
+              policy="cache_aware"),
     LMCacheMP("lmcache_shm", "LMCache MP, shared memory", backend="shm"),
+    # kvpool's own router in front of LMCache: what the pool adds beyond routing
+    LMCacheMP("lmcache_shm_cache_aware", "LMCache MP, shared memory, cache_aware router", backend="shm",
+              policy="cache_aware"),
     LMCacheMP("lmcache_redis", "LMCache MP per server + Redis", backend="redis"),
     Kvpool("kvpool_rr", "kvpool, round-robin"),
     Kvpool("kvpool_cache_aware", "kvpool, cache_aware router", policy="cache_aware"),
+    # A/B: lookups started at the first engine step, as before the connector looked up on arrival
+    Kvpool("kvpool_cache_aware_step_lookup", "kvpool, cache_aware router, lookup at the first step",
+           policy="cache_aware", lookup_on_arrival=False),
+    # A/B: an engine step waits up to 10 ms (not 2) for a lookup in flight before deferring its request
+    Kvpool("kvpool_cache_aware_wait10", "kvpool, cache_aware router, lookups waited for 10 ms",
+           policy="cache_aware", lookup_wait_ms=10.0),
 )}  # fmt: skip
 LMCACHE_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, LMCacheMP))
 KVPOOL_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, Kvpool))

@@ -130,6 +130,59 @@ def test_a_stalled_master_never_stalls_the_step_and_its_late_answer_is_a_miss():
         side.close()
 
 
+def test_a_lookup_started_when_the_request_arrives_answers_its_first_step():
+    lookups = StalledLookups({k for k in object_keys(HASHES, 1, 0, 4)})
+    side, _ = make(lookups, lookup_answer_wait_s=0.01)
+    req = request("r", num_tokens=16)
+    try:
+        side.on_new_request(req)  # returns at once although the master has not answered
+        assert lookups.calls == 0
+        lookups.release.set()  # the master answers before vLLM's first step asks
+        for _ in range(500):
+            if lookups.calls:
+                break
+            threading.Event().wait(0.01)
+        assert side.get_num_new_matched_tokens(req, 0) == (12, True)
+        assert lookups.calls == 1  # the step's ask took the prefetched answer
+        data = side.stats.take().data
+        assert data["lookups_prefetched"] == 1 and data.get("lookups_deferred", 0) == 0
+    finally:
+        lookups.release.set()
+        side.close()
+
+
+def test_a_prefetched_lookup_still_in_flight_is_waited_for_not_sent_twice():
+    lookups = StalledLookups({k for k in object_keys(HASHES, 1, 0, 4)})
+    side, _ = make(lookups, lookup_answer_wait_s=0.01)
+    req = request("r", num_tokens=16)
+    try:
+        side.on_new_request(req)
+        assert side.get_num_new_matched_tokens(req, 0) == (None, False)  # still in flight: ask again
+        lookups.release.set()
+        answers = [side.get_num_new_matched_tokens(req, 0) for _ in range(3)]  # later steps
+        while answers[-1] == (None, False) and len(answers) < 500:
+            answers.append(side.get_num_new_matched_tokens(req, 0))
+        assert answers[-1] == (12, True)
+        assert lookups.calls == 1  # the steps waited for the prefetched lookup, none sent another
+    finally:
+        lookups.release.set()
+        side.close()
+
+
+def test_no_lookup_is_started_for_a_request_too_short_to_load_or_while_the_pool_is_down():
+    lookups = Lookups()
+    side, _ = make(lookups)
+    side.on_new_request(request("short", num_tokens=4))  # one block, holding the last token: nothing to load
+    health = PoolHealth("test", 60.0, 60.0)
+    while health.available:
+        health.record_unavailable("down")
+    down, _ = make(lookups, health=health)
+    down.on_new_request(request("r", num_tokens=16))
+    side.close()
+    down.close()
+    assert lookups.calls == 0
+
+
 def test_lookup_hint_off_asks_every_time():
     lookups = Lookups({k for k in object_keys(HASHES, 1, 0, 4)})
     side, _ = make(lookups, lookup_cache_ttl_s=0.0)

@@ -13,6 +13,8 @@ Keys (all optional except `master_address`):
                        (default 0.5). Lookups run off the engine step (connector/lookups.py)
   lookup_wait_ms       how long one engine step may wait for a lookup in flight before vLLM is told to
                        ask again next step (default 2)
+  lookup_on_arrival    start a request's lookup when vLLM adds it, before its first step asks (default
+                       True; false: at the first step, which then often waits a step for the answer)
   lookup_cache_ttl_s   reuse a request's lookup answer while it waits for admission, at most this
                        long (default 1.0; 0 asks the master every scheduler step)
   load_async           report pool hits to vLLM as asynchronous loads (True) or load them in the
@@ -69,6 +71,7 @@ class ConnectorConfig:
     lookup_timeout_s: float = 0.5
     lookup_wait_ms: float = 2.0
     lookup_cache_ttl_s: float = 1.0
+    lookup_on_arrival: bool = True
     load_async: bool | None = None  # None: by device (see above)
     load_wait_ms: float = 5.0
     save_decode: bool = True
@@ -111,6 +114,8 @@ class ConnectorConfig:
             raise ValueError(f"num_replicas must be an int >= 1, got {self.num_replicas!r}")
         if not 0 < self.max_pinned_fraction <= 1:
             raise ValueError(f"max_pinned_fraction must be in (0, 1], got {self.max_pinned_fraction!r}")
+        if self.lookup_on_arrival not in (True, False):
+            raise ValueError(f"lookup_on_arrival must be true or false, got {self.lookup_on_arrival!r}")
         if self.checksums not in (True, False):
             raise ValueError(f"checksums must be true or false, got {self.checksums!r}")
         if self.transfer_path not in _PATHS:

@@ -206,6 +206,10 @@ class KVPoolConnector(KVConnectorBase_V1):
         if self._scheduler is not None:
             self._scheduler.bind_block_pool(gpu_block_pool)
 
+    def on_new_request(self, request) -> None:
+        if self._scheduler is not None and self.config.lookup_on_arrival:
+            self._scheduler.on_new_request(request)
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
         return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 

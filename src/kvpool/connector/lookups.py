@@ -14,6 +14,10 @@ Rules:
 - A failed lookup is a miss too; `on_result(ok, error)` tells the caller (health, stats).
 - `forget(req_id)` at admission or finish. Requests are independent: a slow lookup delays only
   its own request, never the step.
+- `prefetch` starts a request's lookup without waiting, when vLLM adds the request (before its
+  first step): its `ask` then usually finds the answer in. Measured on the demo trace (2-core VM,
+  the engine's model code holding the GIL): a lookup took ~8 ms in the engine core against a
+  ~0.2 ms round trip, so 117 of 140 requests missed the 2 ms wait and lost a whole engine step.
 """
 
 from __future__ import annotations
@@ -80,11 +84,22 @@ class AsyncLookups:
         else:
             state = None
         if state is None:
-            state = self._states[req_id] = LookupState(window, make_keys(), now)
-            self._queue.put(state)
+            state = self._start(req_id, window, make_keys, now)
         if state.done.wait(self._answer_wait_s):
             return state.num_hit, ANSWERED
         return ASK_AGAIN, DEFERRED
+
+    def prefetch(self, req_id: str, window: int, make_keys: Callable[[], list[str]]) -> None:
+        """Start the request's lookup now and return at once; a later `ask` for the same window
+        takes its answer (or waits for it as for any lookup in flight)."""
+        state = self._states.get(req_id)
+        if state is None or state.window != window:
+            self._start(req_id, window, make_keys, self._clock())
+
+    def _start(self, req_id: str, window: int, make_keys: Callable[[], list[str]], now: float) -> LookupState:
+        state = self._states[req_id] = LookupState(window, make_keys(), now)
+        self._queue.put(state)
+        return state
 
     def forget(self, req_id: str) -> None:
         self._states.pop(req_id, None)

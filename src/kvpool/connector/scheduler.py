@@ -111,6 +111,17 @@ class SchedulerSide:
 
     # ---- loads ---------------------------------------------------------------------------------
 
+    def on_new_request(self, request) -> None:
+        """vLLM added the request: look it up now, so its first step finds the answer in (lookups.py)."""
+        window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
+        if window <= 0 or not self._health.should_try():
+            return
+        self._lookups_async.prefetch(
+            request.request_id, window,
+            lambda: object_keys(request.block_hashes, self.geom.blocks_per_object, 0, window),
+        )  # fmt: skip
+        self.stats.add(lookups_prefetched=1)
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         rid = request.request_id
         self._lookups.pop(rid, None)

@@ -18,6 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 
 COUNTERS = {
     "lookups": "Prefix lookups sent to the pool master",
+    "lookups_prefetched": "Lookups started when vLLM added the request, before its first step asked",
     "lookups_cached": "Lookups answered from the per-request hint (vLLM asked again while the request waited)",
     "lookups_deferred": "Engine steps in which a request's lookup was still in flight (vLLM asked again later)",
     "lookups_given_up": "Lookups unanswered within lookup_timeout_s: the request was computed without the pool",
