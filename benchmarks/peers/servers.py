@@ -179,35 +179,35 @@ def _mooncake_ipc(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, pyt
     return running
 
 
+def _one_server(net: hosts.HostNetwork, host: str, name: str, argv: list[str], port: int, workdir: Path,
+                python: str, spec: dict) -> Running:
+    """A peer that is one listening process on `host` (clients on the client host)."""
+    running = Running(net["client"], {}, python)
+    try:
+        _start_listening(net[host], name, argv, (port,), workdir, running)
+    except (RuntimeError, TimeoutError) as e:
+        running.stop()
+        raise PeerUnavailable(str(e)) from e
+    running.spec = spec
+    return running
+
+
 def _redis(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: str) -> Running:
     server = shutil.which("redis-server")
     if server is None:
         raise PeerUnavailable("redis-server is not installed")
-    h = net["redis"]
-    running = Running(net["client"], {}, python)
-    try:
-        argv = [server, "--bind", h.address, "--port", "6379", "--save", "", "--appendonly", "no",
-                "--protected-mode", "no", "--maxmemory", str(storage_bytes), "--maxmemory-policy", "noeviction",
-                "--dir", str(workdir)]  # fmt: skip
-        _start_listening(h, "redis", argv, (6379,), workdir, running)
-    except (RuntimeError, TimeoutError) as e:
-        running.stop()
-        raise PeerUnavailable(str(e)) from e
-    running.spec = {"adapter": "redis", "host": h.address, "port": 6379}
-    return running
+    address = net["redis"].address
+    argv = [server, "--bind", address, "--port", "6379", "--save", "", "--appendonly", "no",
+            "--protected-mode", "no", "--maxmemory", str(storage_bytes), "--maxmemory-policy", "noeviction",
+            "--dir", str(workdir)]  # fmt: skip
+    return _one_server(net, "redis", "redis", argv, 6379, workdir, python,
+                       {"adapter": "redis", "host": address, "port": 6379})
 
 
 def _raw_tcp(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: str) -> Running:
-    h = net["rawtcp"]
-    running = Running(net["client"], {}, python)
-    try:
-        argv = [python, str(Path(__file__).with_name("raw_tcp.py")), "--port", "7000", "--memory", str(storage_bytes)]
-        _start_listening(h, "raw-tcp", argv, (7000,), workdir, running)
-    except (RuntimeError, TimeoutError) as e:
-        running.stop()
-        raise PeerUnavailable(str(e)) from e
-    running.spec = {"adapter": "raw-tcp", "host": h.address, "port": 7000}
-    return running
+    argv = [python, str(Path(__file__).with_name("raw_tcp.py")), "--port", "7000", "--memory", str(storage_bytes)]
+    return _one_server(net, "rawtcp", "raw-tcp", argv, 7000, workdir, python,
+                       {"adapter": "raw-tcp", "host": net["rawtcp"].address, "port": 7000})
 
 
 PEERS: dict[str, Peer] = {

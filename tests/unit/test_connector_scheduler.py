@@ -5,6 +5,7 @@ run the same code against a real master, nodes and vLLM.
 """
 
 import threading
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 from vllm.v1.core.block_pool import BlockPool
@@ -112,12 +113,22 @@ class StalledLookups(Lookups):
         return super().lookup_prefix(keys)
 
 
+@contextmanager
+def stalled_side(**kwargs):
+    """A scheduler side whose master answers only once `lookups.release` is set."""
+    lookups = StalledLookups({k for k in object_keys(HASHES, 1, 0, 4)})
+    side, _ = make(lookups, **kwargs)
+    try:
+        yield side, lookups
+    finally:
+        lookups.release.set()
+        side.close()
+
+
 def test_a_stalled_master_never_stalls_the_step_and_its_late_answer_is_a_miss():
     now = [0.0]
-    lookups = StalledLookups({k for k in object_keys(HASHES, 1, 0, 4)})
-    side, _ = make(lookups, lookup_answer_wait_s=0.01, lookup_give_up_s=0.5, clock=lambda: now[0])
-    req = request("r", num_tokens=16)
-    try:
+    with stalled_side(lookup_answer_wait_s=0.01, lookup_give_up_s=0.5, clock=lambda: now[0]) as (side, _):
+        req = request("r", num_tokens=16)
         assert side.get_num_new_matched_tokens(req, 0) == (None, False)  # in flight: ask again later
         now[0] = 0.4
         assert side.get_num_new_matched_tokens(req, 0) == (None, False)
@@ -125,48 +136,34 @@ def test_a_stalled_master_never_stalls_the_step_and_its_late_answer_is_a_miss():
         assert side.get_num_new_matched_tokens(req, 0) == (0, False)  # given up: computed without the pool
         data = side.stats.take().data
         assert data["lookups_deferred"] == 2 and data["lookups_given_up"] == 1
-    finally:
+
+
+def test_a_lookup_starts_when_the_request_arrives_and_its_first_step_takes_the_answer():
+    with stalled_side() as (side, lookups):
         lookups.release.set()
-        side.close()
-
-
-def test_a_lookup_started_when_the_request_arrives_answers_its_first_step():
-    lookups = StalledLookups({k for k in object_keys(HASHES, 1, 0, 4)})
-    side, _ = make(lookups, lookup_answer_wait_s=0.01)
-    req = request("r", num_tokens=16)
-    try:
-        side.on_new_request(req)  # returns at once although the master has not answered
-        assert lookups.calls == 0
-        lookups.release.set()  # the master answers before vLLM's first step asks
+        req = request("r", num_tokens=16)
+        side.on_new_request(req)  # returns at once; the lookup runs on its thread
         for _ in range(500):
             if lookups.calls:
                 break
             threading.Event().wait(0.01)
+        assert lookups.calls == 1  # sent before vLLM's first step asked
         assert side.get_num_new_matched_tokens(req, 0) == (12, True)
-        assert lookups.calls == 1  # the step's ask took the prefetched answer
-        data = side.stats.take().data
-        assert data["lookups_prefetched"] == 1 and data.get("lookups_deferred", 0) == 0
-    finally:
-        lookups.release.set()
-        side.close()
+        assert lookups.calls == 1  # the step took the answer of the lookup made on arrival
+        assert side.stats.take().data["lookups_prefetched"] == 1
 
 
-def test_a_prefetched_lookup_still_in_flight_is_waited_for_not_sent_twice():
-    lookups = StalledLookups({k for k in object_keys(HASHES, 1, 0, 4)})
-    side, _ = make(lookups, lookup_answer_wait_s=0.01)
-    req = request("r", num_tokens=16)
-    try:
+def test_a_lookup_still_in_flight_from_arrival_is_waited_for_not_sent_twice():
+    with stalled_side(lookup_answer_wait_s=0.01) as (side, lookups):
+        req = request("r", num_tokens=16)
         side.on_new_request(req)
-        assert side.get_num_new_matched_tokens(req, 0) == (None, False)  # still in flight: ask again
+        assert side.get_num_new_matched_tokens(req, 0) == (None, False)  # in flight: ask again
         lookups.release.set()
-        answers = [side.get_num_new_matched_tokens(req, 0) for _ in range(3)]  # later steps
+        answers = [side.get_num_new_matched_tokens(req, 0)]  # the next steps
         while answers[-1] == (None, False) and len(answers) < 500:
             answers.append(side.get_num_new_matched_tokens(req, 0))
         assert answers[-1] == (12, True)
-        assert lookups.calls == 1  # the steps waited for the prefetched lookup, none sent another
-    finally:
-        lookups.release.set()
-        side.close()
+        assert lookups.calls == 1  # the steps waited for the lookup made on arrival, none sent another
 
 
 def test_no_lookup_is_started_for_a_request_too_short_to_load_or_while_the_pool_is_down():
