@@ -25,7 +25,12 @@ class Lookups:
     """lookup_prefix answers from a set of stored keys (leading hits), counting calls."""
 
     def __init__(self, stored: set[str] | None = None, down: bool = False) -> None:
-        self.stored, self.down, self.calls = stored or set(), down, 0
+        self.stored, self.down, self.calls, self.pings = stored or set(), down, 0, 0
+
+    def ping(self) -> None:
+        self.pings += 1
+        if self.down:
+            raise UnavailableError("master did not answer")
 
     def lookup_prefix(self, keys: list[str], promotion_wait_s: float = 0.0) -> int:
         self.calls += 1
@@ -178,6 +183,20 @@ def test_no_lookup_is_started_for_a_request_too_short_to_load_or_while_the_pool_
     side.close()
     down.close()
     assert lookups.calls == 0
+
+
+def test_the_lookup_thread_connects_before_the_first_request_and_a_down_master_only_delays_that():
+    for down in (False, True):
+        lookups = Lookups({k for k in object_keys(HASHES, 1, 0, 4)}, down=down)
+        side, _ = make(lookups)
+        for _ in range(500):
+            if lookups.pings:
+                break
+            threading.Event().wait(0.01)
+        assert lookups.pings == 1 and lookups.calls == 0  # connected; nothing looked up yet
+        lookups.down = False  # the master is up by the first request
+        assert side.get_num_new_matched_tokens(request("r", num_tokens=16), 0) == (12, True)
+        side.close()
 
 
 def test_lookup_hint_off_asks_every_time():

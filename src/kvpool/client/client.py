@@ -574,6 +574,11 @@ class Client:
             return 0
         return self._call(protocol.Remove(self.config.tenant, list(keys)), protocol.OkReply).count
 
+    def ping(self) -> None:
+        """One round trip to the master that changes nothing there (connects the lane where the
+        master offers one). Raises UnavailableError when the master does not answer in time."""
+        self._call(protocol.LaneQuery(), protocol.LaneOffer)
+
     def stats(self) -> protocol.StatsReply:
         return self._call(protocol.Stats(), protocol.StatsReply)
 

@@ -14,6 +14,9 @@ Rules:
 - A failed lookup is a miss too; `on_result(ok, error)` tells the caller (health, stats).
 - `forget(req_id)` at admission or finish. Requests are independent: a slow lookup delays only
   its own request, never the step.
+- `warm_up` (optional) runs first on the lookup thread: the connection to the master is made
+  before the first request, so a first lookup is one round trip, not a connect and a lane
+  discovery within its timeout. Its failure is logged; the first lookup tries again.
 - `prefetch` starts a request's lookup without waiting, when vLLM adds the request (before its
   first step): its `ask` then usually finds the answer in. Measured on the demo trace (2-core VM,
   the engine's model code holding the GIL): a lookup took ~8 ms in the engine core against a
@@ -56,8 +59,10 @@ class AsyncLookups:
         give_up_s: float = 0.2,
         reuse_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        warm_up: Callable[[], None] | None = None,
     ) -> None:
         self._lookup = lookup
+        self._warm_up = warm_up
         self._on_result = on_result
         self._answer_wait_s = answer_wait_s
         self._give_up_s = give_up_s
@@ -105,6 +110,11 @@ class AsyncLookups:
         self._states.pop(req_id, None)
 
     def _run(self) -> None:
+        if self._warm_up is not None:
+            try:
+                self._warm_up()
+            except Exception as exc:  # the master may start later: lookups connect then
+                log.info("kvpool: could not reach the pool master at start (%s); the first lookup tries again", exc)
         while True:
             state = self._queue.get()
             if state is None:

@@ -95,7 +95,7 @@ class SchedulerSide:
         self._clock = clock
         self._lookups_async = AsyncLookups(
             self._lookup_now, self._lookup_done, answer_wait_s=lookup_answer_wait_s,
-            give_up_s=lookup_give_up_s, reuse_s=lookup_cache_ttl_s, clock=clock,
+            give_up_s=lookup_give_up_s, reuse_s=lookup_cache_ttl_s, clock=clock, warm_up=self._connect,
         )
         self._pending_loads: list[LoadSpec] = []
         # requests whose pool load came back short: vLLM recomputes them, and asking the pool again
@@ -141,6 +141,12 @@ class SchedulerSide:
         self._lookups[rid] = (num_computed_tokens, num_hit)
         num_external = external_tokens(self.geom, num_hit, num_computed_tokens)
         return num_external, self._load_async and num_external > 0
+
+    def _connect(self) -> None:
+        """On the lookup thread, before any lookup: make the client and its connection."""
+        if self._client is None:
+            self._client = self._make_client()
+        self._client.ping()
 
     def _lookup_now(self, keys: list[str]) -> int:
         """On the lookup thread: one round trip (the client is made there, on first use)."""
