@@ -129,7 +129,7 @@ class PlainVllm(Peer):
 
 @dataclass(frozen=True)
 class Kvpool(Peer):
-    lookup_on_arrival: bool = True  # the connector's default; False: the build before (A/B)
+    lookup_on_arrival: bool = False  # the connector's default (until 9dc1ff7..c8939a3: True)
     lookup_wait_ms: float = 2.0  # the connector's default: how long one engine step waits for a lookup
 
     def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
@@ -235,9 +235,12 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
     LMCacheMP("lmcache_redis", "LMCache MP per server + Redis", backend="redis"),
     Kvpool("kvpool_rr", "kvpool, round-robin"),
     Kvpool("kvpool_cache_aware", "kvpool, cache_aware router", policy="cache_aware"),
-    # A/B: lookups started at the first engine step, as before the connector looked up on arrival
+    # A/B of lookup_on_arrival; in quiet-ab/ (made while it was on by default) kvpool_cache_aware had it
+    # on and this configuration off, as its label says
     Kvpool("kvpool_cache_aware_step_lookup", "kvpool, cache_aware router, lookup at the first step",
            policy="cache_aware", lookup_on_arrival=False),
+    Kvpool("kvpool_cache_aware_arrival_lookup", "kvpool, cache_aware router, lookup on arrival",
+           policy="cache_aware", lookup_on_arrival=True),
     # A/B: an engine step waits up to 10 ms (not 2) for a lookup in flight before deferring its request
     Kvpool("kvpool_cache_aware_wait10", "kvpool, cache_aware router, lookups waited for 10 ms",
            policy="cache_aware", lookup_wait_ms=10.0),

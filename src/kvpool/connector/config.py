@@ -14,7 +14,8 @@ Keys (all optional except `master_address`):
   lookup_wait_ms       how long one engine step may wait for a lookup in flight before vLLM is told to
                        ask again next step (default 2)
   lookup_on_arrival    start a request's lookup when vLLM adds it, before its first step asks (default
-                       True; false: at the first step, which then often waits a step for the answer)
+                       False). Measured on the demo trace: 1.03x throughput, P50 level; it also looks
+                       up (and so keeps fresh in the master's LRU) prefixes vLLM then finds locally
   lookup_cache_ttl_s   reuse a request's lookup answer while it waits for admission, at most this
                        long (default 1.0; 0 asks the master every scheduler step)
   load_async           report pool hits to vLLM as asynchronous loads (True) or load them in the
@@ -71,7 +72,7 @@ class ConnectorConfig:
     lookup_timeout_s: float = 0.5
     lookup_wait_ms: float = 2.0
     lookup_cache_ttl_s: float = 1.0
-    lookup_on_arrival: bool = True
+    lookup_on_arrival: bool = False
     load_async: bool | None = None  # None: by device (see above)
     load_wait_ms: float = 5.0
     save_decode: bool = True

@@ -17,10 +17,12 @@ Rules:
 - `warm_up` (optional) runs first on the lookup thread: the connection to the master is made
   before the first request, so a first lookup is one round trip, not a connect and a lane
   discovery within its timeout. Its failure is logged; the first lookup tries again.
-- `prefetch` starts a request's lookup without waiting, when vLLM adds the request (before its
-  first step): its `ask` then usually finds the answer in. Measured on the demo trace (2-core VM,
-  the engine's model code holding the GIL): a lookup took ~8 ms in the engine core against a
-  ~0.2 ms round trip, so 117 of 140 requests missed the 2 ms wait and lost a whole engine step.
+- `prefetch` starts a request's lookup without waiting (the connector's `lookup_on_arrival`, off
+  by default): a later `ask` takes its answer. On the demo trace (2-core VM) lookups took 8-15 ms
+  in the engine against a ~0.3 ms round trip, because the master waited for a core
+  (benchmarks/results/e2e_peers/quiet/NOTES.md), and most requests lost an engine step to the
+  2 ms wait; starting at arrival gained little (1.03x throughput), as vLLM adds a request just
+  before the step that asks about it.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ class SchedulerSide:
     # ---- loads ---------------------------------------------------------------------------------
 
     def on_new_request(self, request) -> None:
-        """vLLM added the request: look it up now, so its first step finds the answer in (lookups.py)."""
+        """vLLM added the request: look it up now (with `lookup_on_arrival`; lookups.py)."""
         window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
         if window <= 0 or not self._health.should_try():
             return
