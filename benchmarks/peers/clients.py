@@ -278,8 +278,7 @@ class RawTcpAdapter:
     def __init__(self, spec: dict) -> None:
         import socket
 
-        sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-        import raw_tcp
+        import raw_tcp  # beside this script, so on its path
 
         self.wire = raw_tcp
         self.sock = socket.create_connection((spec["host"], spec["port"]), timeout=30)

@@ -116,11 +116,12 @@ class SchedulerSide:
         window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
         if window <= 0 or not self._health.should_try():
             return
-        self._lookups_async.prefetch(
-            request.request_id, window,
-            lambda: object_keys(request.block_hashes, self.geom.blocks_per_object, 0, window),
-        )  # fmt: skip
+        self._lookups_async.prefetch(request.request_id, window, self._keys_of(request, window))
         self.stats.add(lookups_prefetched=1)
+
+    def _keys_of(self, request, window: int):
+        """The keys of the request's first `window` objects, made only if a lookup is sent."""
+        return lambda: object_keys(request.block_hashes, self.geom.blocks_per_object, 0, window)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         rid = request.request_id
@@ -131,9 +132,7 @@ class SchedulerSide:
         window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
         if window * self.geom.tokens_per_object <= num_computed_tokens or not self._health.should_try():
             return 0, False
-        num_hit, how = self._lookups_async.ask(
-            rid, window, lambda: object_keys(request.block_hashes, self.geom.blocks_per_object, 0, window)
-        )
+        num_hit, how = self._lookups_async.ask(rid, window, self._keys_of(request, window))
         if how in _COUNTED:
             self.stats.add(**{_COUNTED[how]: 1})
         if num_hit is ASK_AGAIN:
@@ -142,24 +141,27 @@ class SchedulerSide:
         num_external = external_tokens(self.geom, num_hit, num_computed_tokens)
         return num_external, self._load_async and num_external > 0
 
+    def _lookup_client(self):
+        """The lookup thread's client, made there on first use."""
+        if self._client is None:
+            self._client = self._make_client()
+        return self._client
+
     def _connect(self) -> None:
         """On the lookup thread, before any lookup: make the client and its connection."""
-        if self._client is None:
-            self._client = self._make_client()
-        self._client.ping()
+        self._lookup_client().ping()
 
     def _lookup_now(self, keys: list[str]) -> int:
-        """On the lookup thread: one round trip (the client is made there, on first use)."""
-        if self._client is None:
-            self._client = self._make_client()
+        """On the lookup thread: one round trip."""
+        client = self._lookup_client()
         # keys on a node's disk are promoted to DRAM meanwhile: wait for them within the budget the
         # request may wait for its answer anyway (vLLM asks again every step until then)
         wait = self._promotion_wait_s
         if len(self._rank_namespaces) <= 1:
-            return self._client.lookup_prefix(keys, promotion_wait_s=wait)
+            return client.lookup_prefix(keys, promotion_wait_s=wait)
         num_hit = len(keys)
         for namespace in self._rank_namespaces:  # each asks only about what every earlier rank has
-            num_hit = self._client.lookup_prefix(keys[:num_hit], namespace=namespace, promotion_wait_s=wait) if num_hit else 0
+            num_hit = client.lookup_prefix(keys[:num_hit], namespace=namespace, promotion_wait_s=wait) if num_hit else 0
         return num_hit
 
     def _lookup_done(self, ok: bool, error: BaseException | None, latency_s: float) -> None:
