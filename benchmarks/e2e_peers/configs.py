@@ -131,9 +131,10 @@ class PlainVllm(Peer):
 class Kvpool(Peer):
     lookup_on_arrival: bool = False  # the connector's default (until 9dc1ff7..c8939a3: True)
     lookup_wait_ms: float = 2.0  # the connector's default: how long one engine step waits for a lookup
+    master_args: tuple[str, ...] = ()  # extra `kvpool master` options
 
     def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
-        master = procs.start_master(workdir, name="master")
+        master = procs.start_master(workdir, *self.master_args, name="master")
         started.append(master)
         extra = {"master_address": master.info["address"], "pool_memory_bytes": setup.extra_bytes_per_server,
                  "lookup_on_arrival": self.lookup_on_arrival, "lookup_wait_ms": self.lookup_wait_ms}
@@ -244,6 +245,9 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
     # A/B: an engine step waits up to 10 ms (not 2) for a lookup in flight before deferring its request
     Kvpool("kvpool_cache_aware_wait10", "kvpool, cache_aware router, lookups waited for 10 ms",
            policy="cache_aware", lookup_wait_ms=10.0),
+    # A/B: the master's eviction watermarks before 2026-12-02 (0.95 / 0.85: the pool ran 85-95 % full)
+    Kvpool("kvpool_cache_aware_wm95_85", "kvpool, cache_aware router, watermarks 0.95 / 0.85",
+           policy="cache_aware", master_args=("--high-watermark", "0.95", "--low-watermark", "0.85")),
 )}  # fmt: skip
 LMCACHE_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, LMCacheMP))
 KVPOOL_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, Kvpool))

@@ -206,6 +206,7 @@ def run_one(name: str, round_index: int, setup: Setup, sessions, args, workdir: 
         else:
             result = replay_with_progress(sessions, config, title, console)
         out["summary"] = reports.summarize(result)
+        out["requests"] = reports.request_rows(result.records)
         out["breakdown"] = breakdown.merge([_read_metrics(url) for url in stack.server_urls])
         out["interrupted"] = result.interrupted
         out["errors"] = sorted({r.error for r in result.records if r.error})[:10]

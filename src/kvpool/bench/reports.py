@@ -110,6 +110,21 @@ def summarize(result: ReplayResult) -> dict:
     }
 
 
+REQUEST_COLUMNS = ("session", "turn", "start_s", "prompt_tokens", "ideal_cached_tokens", "cached_tokens", "ttft_s",
+                   "e2e_s", "output_tokens", "status")
+
+
+def request_rows(records: list[RequestRecord]) -> dict:
+    """Every request in a compact table (columns, rows): enough to find and explain a tail request
+    without the per-token timings `to_json` keeps."""
+    def r3(x: float | None) -> float | None:
+        return None if x is None else round(x, 3)
+
+    rows = [[r.session_id, r.turn_index, r3(r.start_s), r.prompt_tokens, r.ideal_cached_tokens, r.cached_tokens,
+             r3(r.ttft_s), r3(r.e2e_s), r.output_tokens, r.status] for r in records]  # fmt: skip
+    return {"columns": list(REQUEST_COLUMNS), "rows": rows}
+
+
 def to_json(result: ReplayResult, summary: dict, label: str = "") -> dict:
     return {
         "label": label,

@@ -10,7 +10,7 @@ Rules:
 - Policies:
   lru          plain LRU over blocks (a lookup touches the blocks it hit; a write touches all).
   tail-lru     the master's own code (MasterCore via sim.pool.PoolModel, watermarks at 1.0/0.999
-               so it evicts on demand like the others): LRU among chain tails only.
+               so it evicts on demand like the others, or as given): LRU among chain tails only.
   session      the master's session-aware option (master/eviction.py, `SessionAwareOrder`).
   belady       the offline optimum for equal sizes: evict the block whose next use is farthest
                (never used again first). Uses the future; an upper bound, not a policy.
@@ -33,6 +33,7 @@ from kvpool.workload.analysis import PrefixCache
 from kvpool.workload.model import Session
 
 LOOKUP, WRITE = 1, 0  # at equal times a write lands before a lookup
+ON_DEMAND = (1.0, 0.999)  # master watermarks: evict only when full
 
 
 @dataclass(frozen=True)
@@ -162,9 +163,9 @@ class BeladyCache:
 class MasterCache:
     """The master's own index and eviction (tail-LRU, or its session-aware option)."""
 
-    def __init__(self, capacity: int, order: str) -> None:
-        master = MasterConfig(node_ttl_s=1e12, heartbeat_interval_s=1e11, put_timeout_s=1e12, high_watermark=1.0,
-                              low_watermark=0.999, alignment_bytes=64)
+    def __init__(self, capacity: int, order: str, watermarks: tuple[float, float] = ON_DEMAND) -> None:
+        master = MasterConfig(node_ttl_s=1e12, heartbeat_interval_s=1e11, put_timeout_s=1e12,
+                              high_watermark=watermarks[0], low_watermark=watermarks[1], alignment_bytes=64)
         self.pool = PoolModel(PoolConfig(capacity_bytes=capacity * 64, num_nodes=1), 64, master)
         self.session_order: SessionAwareOrder | None = None
         if order == "session":
@@ -186,20 +187,21 @@ class MasterCache:
             order.end_write()
 
 
-def make_cache(policy: str, capacity: int, log: Sequence[Access]):
+def make_cache(policy: str, capacity: int, log: Sequence[Access], watermarks: tuple[float, float] = ON_DEMAND):
     if policy == "lru":
         return LRUCache(capacity)
     if policy == "belady":
         return BeladyCache(capacity, log)
     if policy in ("tail-lru", "session"):
-        return MasterCache(capacity, policy)
+        return MasterCache(capacity, policy, watermarks)
     raise ValueError(f"unknown policy {policy!r}: lru, tail-lru, session, belady")
 
 
 def replay(policy: str, capacity: int, log: Sequence[Access], block_tokens: int,
-           on_access: Callable[[], None] | None = None) -> float:
-    """Pool hit rate (hit tokens / prompt tokens) of `policy` with `capacity` blocks."""
-    cache = make_cache(policy, capacity, log)
+           on_access: Callable[[], None] | None = None, watermarks: tuple[float, float] = ON_DEMAND) -> float:
+    """Pool hit rate (hit tokens / prompt tokens) of `policy` with `capacity` blocks (`watermarks`:
+    the master's high / low, for tail-lru and session)."""
+    cache = make_cache(policy, capacity, log, watermarks)
     hit = total = 0
     belady = isinstance(cache, BeladyCache)
     for i, a in enumerate(log):
