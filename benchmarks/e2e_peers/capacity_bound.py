@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"trace": args.trace, "sessions": len(sessions), "turns": sum(len(s.turns) for s in sessions),
            "blocks_written": blocks, "capacity_blocks": capacity, "block_bytes": block_bytes,
            "pool_mib": SERVERS * args.extra_mib / 2**20, "potential": potential, "rows": rows}
-    out_dir = args.out_dir / args.trace if args.trace != "demo" else args.out_dir
+    out_dir = args.out_dir  # run.py's: OUT/<trace> for a preset other than demo
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "capacity_bound.json").write_text(json.dumps(out, indent=1))
     md = [f"# Pool hit rate the e2e `{args.trace}` trace allows at the benchmark's pool size",

@@ -132,15 +132,19 @@ class Kvpool(Peer):
     lookup_on_arrival: bool = False  # the connector's default (until 9dc1ff7..c8939a3: True)
     lookup_wait_ms: float = 2.0  # the connector's default: how long one engine step waits for a lookup
     master_args: tuple[str, ...] = ()  # extra `kvpool master` options
+    touch_waiting_s: float | None = None  # None: the connector's default (connector/waiting.py)
+    router_args: tuple[str, ...] = ()  # extra `kvpool router` options
 
     def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
         master = procs.start_master(workdir, *self.master_args, name="master")
         started.append(master)
         extra = {"master_address": master.info["address"], "pool_memory_bytes": setup.extra_bytes_per_server,
                  "lookup_on_arrival": self.lookup_on_arrival, "lookup_wait_ms": self.lookup_wait_ms}
+        if self.touch_waiting_s is not None:
+            extra["touch_waiting_s"] = self.touch_waiting_s
         transfer = KVPOOL_CONNECTOR | {"kv_connector_extra_config": extra}
         router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes,
-                                                [transfer] * setup.num_servers, router_args=("--pooled",))  # fmt: skip
+                                                [transfer] * setup.num_servers, router_args=("--pooled", *self.router_args))  # fmt: skip
         return Stack(started, router, urls, f"a {_mib(setup.extra_bytes_per_server)} pool segment embedded in each server")
 
 
@@ -248,6 +252,14 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
     # A/B: the master's eviction watermarks before 2026-12-02 (0.95 / 0.85: the pool ran 85-95 % full)
     Kvpool("kvpool_cache_aware_wm95_85", "kvpool, cache_aware router, watermarks 0.95 / 0.85",
            policy="cache_aware", master_args=("--high-watermark", "0.95", "--low-watermark", "0.85")),
+    # A/B: requests waiting in vLLM's queue keep their prefix fresh in the pool's LRU every 2 s, or not
+    Kvpool("kvpool_cache_aware_touch", "kvpool, cache_aware router, waiting prefixes touched every 2 s",
+           policy="cache_aware", touch_waiting_s=2.0),
+    Kvpool("kvpool_cache_aware_no_touch", "kvpool, cache_aware router, waiting prefixes not touched",
+           policy="cache_aware", touch_waiting_s=0.0),
+    # A/B: the router's queue estimate from the tokens in flight only (before 2026-12-02)
+    Kvpool("kvpool_cache_aware_no_observed_wait", "kvpool, cache_aware router without the observed wait",
+           policy="cache_aware", router_args=("--no-observed-wait",)),
 )}  # fmt: skip
 LMCACHE_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, LMCacheMP))
 KVPOOL_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, Kvpool))

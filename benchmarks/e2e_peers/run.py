@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console  # noqa: E402
 
-from e2e_peers import breakdown, lmcache_env, profile, report  # noqa: E402
+from e2e_peers import breakdown, lmcache_env, profile, report, tails  # noqa: E402
 from e2e_peers.aggregate import RunRecord  # noqa: E402
 from e2e_peers.configs import CONFIGS, LMCACHE_CONFIGS, PeerUnavailable, Setup, find_redis_server  # noqa: E402
 from kvpool.bench import procs, reports  # noqa: E402
@@ -217,6 +217,7 @@ def run_one(name: str, round_index: int, setup: Setup, sessions, args, workdir: 
         out["log_tails"] = stack.log_tails()
     finally:
         stack.stop()
+    out["routes"] = tails.parse_router_log(workdir / "router.log")  # tails.py: why the slowest were slow
     out["machine_at_end"] = reports.machine()
     return out
 

@@ -22,6 +22,7 @@ class FakeBackend:
     mode: str = "ok"  # ok | status503 | die_before_first_chunk | die_mid_stream
     num_tokens: int = 4
     token_delay_s: float = 0.0
+    first_byte_delay_s: float = 0.0  # a queue: nothing is sent back before this
     fail_from_request: int | None = None  # answer 500 from this request (0-based) on
     requests: list[dict] = field(default_factory=list)
     runner: web.AppRunner | None = None
@@ -47,6 +48,8 @@ class FakeBackend:
             return web.json_response({"error": {"message": "injected failure"}}, status=500)
         if self.mode == "status503":
             return web.json_response({"error": "overloaded"}, status=503)
+        if self.first_byte_delay_s:
+            await asyncio.sleep(self.first_byte_delay_s)
         if not body.get("stream"):
             return web.json_response({"served_by": self.name, "choices": [{"text": "x" * self.num_tokens}]})
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})

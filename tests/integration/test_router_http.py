@@ -221,6 +221,36 @@ def test_load_in_flight_is_taken_back_when_requests_end():
     run(main())
 
 
+def test_a_backend_slow_to_answer_shows_its_oldest_wait_and_cache_aware_routes_around_it():
+    # the wiring: send times and first bytes reach the backend's oldest wait and its metric (which
+    # way the policy weighs it against tokens in flight: test_router_policy)
+    async def main():
+        a, b = await start("a", "b")
+        a.first_byte_delay_s = 2.0  # a's queue: invisible in the tokens the router sent it
+        try:
+            async with RunningRouter(config(a.url, b.url, policy="cache_aware")) as router, \
+                    aiohttp.ClientSession() as http:  # fmt: skip
+                routes = router.router.backends
+                waiting = [asyncio.create_task(stream(http, router.url, {"prompt": [k], "max_tokens": 1},
+                                                      headers={"x-session-id": f"s{k}"})) for k in range(6)]  # fmt: skip
+                await wait_for(lambda: routes[0].inflight_requests >= 1)
+                await asyncio.sleep(0.5)
+                async with http.get(router.url + "/metrics") as r:
+                    text = await r.text()
+                wait_a = float(text.split(f'kvpool_router_backend_oldest_wait_seconds{{backend="{a.url}"}} ')[1].split()[0])
+                assert 0.4 < wait_a < 2.0  # a request has sat on a for about half a second
+                later = [served_by((await stream(http, router.url, {"prompt": [100 + k], "max_tokens": 1},
+                                                 headers={"x-session-id": f"s{k}"}))[1]) for k in range(6)]  # fmt: skip
+                assert all(s == {"b"} for s in later), later  # the same sessions, now all on b
+                await asyncio.gather(*waiting)
+                assert [x.oldest_wait_s(1e12) for x in routes] == [0.0, 0.0]  # every wait ended
+        finally:
+            await a.stop()
+            await b.stop()
+
+    run(main())
+
+
 def test_prompt_chain_is_by_whole_blocks():
     assert len(prompt_chain(list(range(10)), 4)) == 2
     assert prompt_chain([1, 2, 3, 4], 4) == prompt_chain([1, 2, 3, 4, 5], 4)

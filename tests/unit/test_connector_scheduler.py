@@ -48,6 +48,7 @@ class Lookups:
 def make(lookups: Lookups, blocks_per_object: int = 1, **kwargs) -> tuple[SchedulerSide, BlockPool]:
     # the lookup thread answers these fakes at once: a long wait makes the plans deterministic here
     kwargs.setdefault("lookup_answer_wait_s", 5.0)
+    kwargs.setdefault("lookup_on_arrival", True)  # the tests of on_new_request's lookup
     health = kwargs.pop("health", PoolHealth("test", 60.0, 60.0))
     side = SchedulerSide(
         Geometry(BS, blocks_per_object), make_client=lambda: lookups,
@@ -321,3 +322,40 @@ def test_tensor_parallel_hit_is_what_every_rank_has():
     lookups.stored["r0"] = set()
     side.get_num_new_matched_tokens(request("b", num_tokens=17), 0)
     assert lookups.asked[2:] == [("r0", 4)]  # rank 0 has nothing: no trip for rank 1
+
+
+def test_a_request_waiting_past_touch_waiting_s_has_its_prefix_looked_up_again_until_admitted():
+    now = [0.0]
+    lookups = Lookups({k for k in object_keys(HASHES, 1, 0, 4)})
+    side, pool = make(lookups, lookup_on_arrival=False, touch_waiting_s=2.0, clock=lambda: now[0])
+    touched = []
+
+    def step_at(t: float) -> None:
+        now[0] = t
+        calls = lookups.calls
+        side.build_connector_meta(empty)
+        sent = objects = 0
+        for _ in range(200):  # a touch runs on the lookup thread; let it finish before time moves on
+            taken = side.stats.take()
+            data = taken.data if taken is not None else {}
+            sent += data.get("prefix_touches", 0)
+            objects += data.get("prefix_touched_objects", 0)
+            if not sent or objects:
+                break
+            threading.Event().wait(0.01)
+        touched.append(objects)
+        assert lookups.calls - calls == sent
+
+    waiting, quick = request("waiting", num_tokens=16), request("quick", num_tokens=16)
+    side.on_new_request(waiting)
+    side.on_new_request(quick)
+    side.update_state_after_alloc(quick, blocks([]), 0)  # admitted at once: never touched
+    empty = SimpleNamespace(scheduled_new_reqs=[], scheduled_cached_reqs=SimpleNamespace(req_ids=[], num_computed_tokens=[]),
+                            num_scheduled_tokens={}, scheduled_spec_decode_tokens={}, kv_connector_block_state=None)  # fmt: skip
+    for t in (0.0, 1.9, 2.0, 2.5, 4.1):
+        step_at(t)
+    assert touched == [0, 0, 3, 0, 3]  # at 2.0 and 4.1 the waiting request's 3 pool objects, refreshed
+    side.update_state_after_alloc(waiting, blocks([]), 0)
+    step_at(10.0)
+    side.close()
+    assert lookups.calls == 2 and touched[-1] == 0  # admitted: no more touches

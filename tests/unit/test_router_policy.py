@@ -185,3 +185,15 @@ def test_make_policy_names():
         make_policy("random", ["a"])
     with pytest.raises(ValueError, match="prefill_s_per_token"):
         CostModel(prefill_s_per_token=-1.0, pool_load_s_per_token=0.0)
+
+
+def test_a_backend_whose_oldest_request_has_waited_long_is_left_for_the_pool_copy():
+    policy = CacheAwarePolicy(COSTS)
+    # a's tokens in flight look cheap (0.01 s), but its oldest request has waited 8 s for a first token
+    backends = views("a", "b", local_prefix_tokens=[900, 0], inflight_prompt_tokens=[10, 0], oldest_wait_s=[8.0, 0.0])
+    assert policy.choose(req(1000, pool=900), backends) == Decision(1, "pool")  # 0.19 s on b against 8.1 on a
+    assert policy.choose(req(1000, pool=0), backends) == Decision(1, "cold")  # a full recompute (1 s) still wins
+    short_wait = views("a", "b", local_prefix_tokens=[900, 0], oldest_wait_s=[0.05, 0.0])
+    assert policy.choose(req(1000, pool=900), short_wait) == Decision(0, "local")  # a blip: the local copy wins
+    e = estimate_ttft(req(1000), BackendView("a", inflight_prompt_tokens=5000, oldest_wait_s=1.0), COSTS)
+    assert e.queue_s == pytest.approx(5.0)  # the larger of the two estimates

@@ -16,6 +16,9 @@ Keys (all optional except `master_address`):
   lookup_on_arrival    start a request's lookup when vLLM adds it, before its first step asks (default
                        False). Measured on the demo trace: 1.03x throughput, P50 level; it also looks
                        up (and so keeps fresh in the master's LRU) prefixes vLLM then finds locally
+  touch_waiting_s      a request waiting in vLLM's queue this long has its prefix looked up again (and
+                       so kept fresh in the pool's LRU) every this many seconds until admitted (default
+                       2.0; 0: off). See connector/waiting.py
   lookup_cache_ttl_s   reuse a request's lookup answer while it waits for admission, at most this
                        long (default 1.0; 0 asks the master every scheduler step)
   load_async           report pool hits to vLLM as asynchronous loads (True) or load them in the
@@ -73,6 +76,7 @@ class ConnectorConfig:
     lookup_wait_ms: float = 2.0
     lookup_cache_ttl_s: float = 1.0
     lookup_on_arrival: bool = False
+    touch_waiting_s: float = 2.0
     load_async: bool | None = None  # None: by device (see above)
     load_wait_ms: float = 5.0
     save_decode: bool = True
@@ -117,6 +121,8 @@ class ConnectorConfig:
             raise ValueError(f"max_pinned_fraction must be in (0, 1], got {self.max_pinned_fraction!r}")
         if self.lookup_on_arrival not in (True, False):
             raise ValueError(f"lookup_on_arrival must be true or false, got {self.lookup_on_arrival!r}")
+        if not 0 <= self.touch_waiting_s <= 3600:
+            raise ValueError(f"touch_waiting_s must be within 0..3600 (0: off), got {self.touch_waiting_s!r}")
         if self.checksums not in (True, False):
             raise ValueError(f"checksums must be true or false, got {self.checksums!r}")
         if self.transfer_path not in _PATHS:
@@ -141,7 +147,7 @@ class ConnectorConfig:
         if values.get("pool_memory_bytes") is not None:
             values["pool_memory_bytes"] = _parse_size(values["pool_memory_bytes"])
         for name in ("timeout_s", "lookup_timeout_s", "retry_initial_s", "retry_max_s", "load_wait_ms", "lookup_wait_ms",
-                     "lookup_cache_ttl_s"):
+                     "lookup_cache_ttl_s", "touch_waiting_s"):
             if isinstance(values.get(name), int) and not isinstance(values.get(name), bool):
                 values[name] = float(values[name])
         if "master_address" not in values:

@@ -130,7 +130,8 @@ class KVPoolConnector(KVConnectorBase_V1):
                 save_decode=cfg.save_decode, load_async=cfg.load_async,
                 lookup_cache_ttl_s=cfg.lookup_cache_ttl_s, lookup_answer_wait_s=cfg.lookup_wait_ms / 1000,
                 lookup_give_up_s=cfg.lookup_timeout_s, max_pinned_fraction=cfg.max_pinned_fraction,
-                rank_namespaces=self.rank_namespaces,
+                rank_namespaces=self.rank_namespaces, lookup_on_arrival=cfg.lookup_on_arrival,
+                touch_waiting_s=cfg.touch_waiting_s,
             )
         else:
             self.namespace = None  # known once the worker's ranks are (register_kv_caches)
@@ -207,7 +208,7 @@ class KVPoolConnector(KVConnectorBase_V1):
             self._scheduler.bind_block_pool(gpu_block_pool)
 
     def on_new_request(self, request) -> None:
-        if self._scheduler is not None and self.config.lookup_on_arrival:
+        if self._scheduler is not None:
             self._scheduler.on_new_request(request)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:

@@ -17,6 +17,9 @@ Rules:
 - `warm_up` (optional) runs first on the lookup thread: the connection to the master is made
   before the first request, so a first lookup is one round trip, not a connect and a lane
   discovery within its timeout. Its failure is logged; the first lookup tries again.
+- `touch` sends a lookup nobody waits for (waiting.py: a request stuck in vLLM's queue keeps its
+  prefix fresh in the master's LRU); counted apart (`on_touch`), skipped if older than `give_up_s`
+  when the thread reaches it.
 - `prefetch` starts a request's lookup without waiting (the connector's `lookup_on_arrival`, off
   by default): a later `ask` takes its answer. On the demo trace (2-core VM) lookups took 8-15 ms
   in the engine against a ~0.3 ms round trip, because the master waited for a core
@@ -40,9 +43,10 @@ ANSWERED, REUSED, GIVEN_UP, DEFERRED = "answered", "reused", "given_up", "deferr
 
 
 class LookupState:
-    __slots__ = ("window", "keys", "asked_s", "answered_s", "num_hit", "done")
+    __slots__ = ("window", "keys", "asked_s", "answered_s", "num_hit", "done", "touch")
 
-    def __init__(self, window: int, keys: list[str], now_s: float) -> None:
+    def __init__(self, window: int, keys: list[str], now_s: float, touch: bool = False) -> None:
+        self.touch = touch  # nobody waits for the answer
         self.window = window
         self.keys = keys
         self.asked_s = now_s
@@ -62,8 +66,10 @@ class AsyncLookups:
         reuse_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         warm_up: Callable[[], None] | None = None,
+        on_touch: Callable[[bool, int], None] | None = None,
     ) -> None:
         self._lookup = lookup
+        self._on_touch = on_touch
         self._warm_up = warm_up
         self._on_result = on_result
         self._answer_wait_s = answer_wait_s
@@ -103,6 +109,10 @@ class AsyncLookups:
         if state is None or state.window != window:
             self._start(req_id, window, make_keys, self._clock())
 
+    def touch(self, keys: list[str]) -> None:
+        """Look these keys up on the thread; nobody waits for the answer (`on_touch(ok, num_hit)`)."""
+        self._queue.put(LookupState(len(keys), keys, self._clock(), touch=True))
+
     def _start(self, req_id: str, window: int, make_keys: Callable[[], list[str]], now: float) -> LookupState:
         state = self._states[req_id] = LookupState(window, make_keys(), now)
         self._queue.put(state)
@@ -131,6 +141,13 @@ class AsyncLookups:
             except BaseException as exc:  # reported, never raised into the engine
                 state.num_hit, error = 0, exc
             state.answered_s = self._clock()
+            if state.touch:
+                if self._on_touch is not None:
+                    try:
+                        self._on_touch(error is None, state.num_hit)
+                    except Exception:
+                        log.exception("kvpool: recording a touch's outcome failed")
+                continue
             try:
                 self._on_result(error is None, error, time.perf_counter() - started)  # health first, then the answer
             except Exception:  # a bug there must not end the thread every later lookup needs

@@ -27,6 +27,10 @@ Facts this relies on (vLLM 0.32, v1/core/sched/scheduler.py):
   for one at most `lookup_answer_wait_s` (2 ms by default): a slow or stalled master delays the
   requests that wait for its answer, up to `lookup_give_up_s`, and then they are computed; it
   never stalls the step, and so never the requests already running.
+- A request that waits in vLLM's queue longer than `touch_waiting_s` has its prefix looked up
+  again every `touch_waiting_s` without anyone waiting for the answer (waiting.py), so the pool's
+  LRU does not evict the prefix of the request it is about to serve. `on_new_request` (vLLM's
+  add_request) starts the clock; admission or finish stops it.
 - Saves never starve admission: blocks pinned for saves (planned, not yet reported copied) are
   bounded by `max_pinned_fraction` of vLLM's blocks. Past it, a running request's save waits for
   a later step (`saves_deferred`; its blocks stay the request's anyway) and a finished request's is
@@ -55,6 +59,7 @@ from kvpool.connector.plan import (
     savable_objects,
 )
 from kvpool.connector.stats import StatsRecorder
+from kvpool.connector.waiting import WaitingRequests
 from kvpool.core.errors import KVPoolError, UnavailableError
 
 log = logging.getLogger(__name__)
@@ -69,7 +74,10 @@ class SchedulerSide:
         num_workers: int, save_decode: bool, load_async: bool, lookup_cache_ttl_s: float = 1.0,
         lookup_answer_wait_s: float = 0.002, lookup_give_up_s: float = 0.5, max_pinned_fraction: float = 0.25,
         clock: Callable[[], float] = time.monotonic, rank_namespaces: Sequence[str] = (),
+        lookup_on_arrival: bool = False, touch_waiting_s: float = 0.0,
     ) -> None:
+        self._lookup_on_arrival = lookup_on_arrival
+        self._waiting = WaitingRequests(touch_waiting_s) if touch_waiting_s > 0 else None
         # TP/PP > 1: each rank stores its shard under its own namespace; a prefix is a hit only
         # as far as every rank has it (vLLM's scheduler takes one answer for all ranks)
         self._rank_namespaces = list(rank_namespaces)
@@ -96,6 +104,7 @@ class SchedulerSide:
         self._lookups_async = AsyncLookups(
             self._lookup_now, self._lookup_done, answer_wait_s=lookup_answer_wait_s,
             give_up_s=lookup_give_up_s, reuse_s=lookup_cache_ttl_s, clock=clock, warm_up=self._connect,
+            on_touch=self._touch_done,
         )
         self._pending_loads: list[LoadSpec] = []
         # requests whose pool load came back short: vLLM recomputes them, and asking the pool again
@@ -112,12 +121,33 @@ class SchedulerSide:
     # ---- loads ---------------------------------------------------------------------------------
 
     def on_new_request(self, request) -> None:
-        """vLLM added the request: look it up now (with `lookup_on_arrival`; lookups.py)."""
+        """vLLM added the request: look it up now (with `lookup_on_arrival`; lookups.py) and start
+        its waiting clock (with `touch_waiting_s`; waiting.py)."""
+        if self._waiting is not None:
+            self._waiting.arrived(request.request_id, request, self._clock())
+        if not self._lookup_on_arrival:
+            return
         window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
         if window <= 0 or not self._health.should_try():
             return
         self._lookups_async.prefetch(request.request_id, window, self._keys_of(request, window))
         self.stats.add(lookups_prefetched=1)
+
+    def _touch_waiting(self) -> None:
+        """Once per engine step: touch the prefixes of requests that have waited long (waiting.py)."""
+        if self._waiting is None or not self._health.available:
+            return
+        for request in self._waiting.due(self._clock()):
+            window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
+            if window > 0:
+                self._lookups_async.touch(self._keys_of(request, window)())
+                self.stats.add(prefix_touches=1)
+
+    def _touch_done(self, ok: bool, num_hit: int) -> None:
+        if ok:
+            self.stats.add(prefix_touched_objects=num_hit)
+        else:
+            self.stats.add(prefix_touch_failures=1)
 
     def _keys_of(self, request, window: int):
         """The keys of the request's first `window` objects, made only if a lookup is sent."""
@@ -182,6 +212,8 @@ class SchedulerSide:
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         rid = request.request_id
         self._lookups_async.forget(rid)  # admitted: a later admission (after preemption) asks again
+        if self._waiting is not None:
+            self._waiting.admitted(rid)
         self._requests[rid] = request
         tracker = self._trackers.setdefault(rid, RequestTracker(rid))
         # a local hit was computed (or loaded) by this instance before and saved then: putting it
@@ -209,6 +241,7 @@ class SchedulerSide:
     # ---- saves ---------------------------------------------------------------------------------
 
     def build_connector_meta(self, scheduler_output) -> KVPoolMetadata:
+        self._touch_waiting()
         meta = KVPoolMetadata(loads=self._pending_loads, saves=self._late_saves)
         self._pending_loads, self._late_saves = [], []
         if self._block_pool is None or not self._health.available:
@@ -291,6 +324,8 @@ class SchedulerSide:
         self._requests.pop(rid, None)
         self._lookups.pop(rid, None)
         self._lookups_async.forget(rid)
+        if self._waiting is not None:
+            self._waiting.finished(rid)
         self._local_hits.pop(rid, None)
         self._load_failed.discard(rid)
         if tracker is not None and self._block_pool is not None and self._health.available:

@@ -131,6 +131,7 @@ class Router:
             self.metrics.inflight.labels(b.name).set(b.inflight_requests)
             self.metrics.inflight_tokens.labels(b.name, "prompt").set(b.inflight_prompt_tokens)
             self.metrics.inflight_tokens.labels(b.name, "decode").set(b.inflight_decode_tokens)
+            self.metrics.oldest_wait.labels(b.name).set(b.oldest_wait_s(time.perf_counter()))
             self.metrics.cached_blocks.labels(b.name).set(len(b.cache.present))
         return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
 
@@ -152,6 +153,7 @@ class Router:
     def _choose(self, routed: RoutedRequest, path: str) -> Attempt:
         """The next attempt's backend; raises NoHealthyBackend."""
         tried = routed.tried()
+        now = time.perf_counter() if self.config.observed_wait else None
         bs = routed.block_size
         usable = max(0, (routed.info.prompt_tokens - 1) // bs) if bs else 0
         local = [min(b.cache.prefix_blocks(routed.chain), usable) * bs for b in self.backends]
@@ -160,16 +162,17 @@ class Router:
             reason = "any"
         else:
             untried_healthy = any(b.healthy and b.name not in tried for b in self.backends)
-            views = [b.view(local[i], excluded=untried_healthy and b.name in tried) for i, b in enumerate(self.backends)]
+            views = [b.view(local[i], excluded=untried_healthy and b.name in tried, now_s=now)
+                     for i, b in enumerate(self.backends)]  # fmt: skip
             route = RouteRequest(routed.info.session_id, routed.info.prompt_tokens, routed.pool_tokens)
             decision = self.policy.choose(route, views)
             index, reason = decision.index, decision.reason
         backend = self.backends[index]
         costs = self.policy.costs if isinstance(self.policy, CacheAwarePolicy) else self.rates.costs()
         est = estimate_ttft(RouteRequest(routed.info.session_id, routed.info.prompt_tokens, routed.pool_tokens),
-                            backend.view(local[index]), costs)  # fmt: skip
+                            backend.view(local[index], now_s=now), costs)  # fmt: skip
         queued = backend.inflight_prompt_tokens
-        load = Load(backend, est.recompute_tokens, routed.info.max_tokens)
+        load = Load(backend, est.recompute_tokens, routed.info.max_tokens, sent_s=time.perf_counter())
         return Attempt(backend, reason, load, est.local_tokens, est.pool_tokens, est.recompute_tokens + queued,
                        time.perf_counter())  # fmt: skip
 

@@ -7,7 +7,8 @@ Rules:
   an answer resets the count; a stale keep-alive connection that is simply retried counts once, so
   one idle-closed socket never takes a live backend out of rotation.
 - In-flight load is added when a request is sent and removed as it progresses: its prompt tokens
-  to compute until the first byte comes back, its planned output tokens until it ends.
+  to compute until the first byte comes back, its planned output tokens until it ends. The send
+  times of requests still without a first byte give the oldest wait (policy.estimate_ttft).
 """
 
 from __future__ import annotations
@@ -30,12 +31,20 @@ class Backend:
     inflight_prompt_tokens: int = 0
     inflight_decode_tokens: int = 0
     cache: BackendCache = field(default_factory=BackendCache)
+    # send time of each request still waiting for its first byte, by id(Load); in send order
+    waiting_since: dict[int, float] = field(default_factory=dict)
 
-    def view(self, local_prefix_tokens: int = 0, excluded: bool = False) -> BackendView:
+    def oldest_wait_s(self, now_s: float) -> float:
+        for sent_s in self.waiting_since.values():
+            return max(0.0, now_s - sent_s)
+        return 0.0
+
+    def view(self, local_prefix_tokens: int = 0, excluded: bool = False, now_s: float | None = None) -> BackendView:
         return BackendView(self.name, healthy=self.healthy and not excluded,
                            inflight_prompt_tokens=self.inflight_prompt_tokens,
                            inflight_decode_tokens=self.inflight_decode_tokens,
-                           local_prefix_tokens=local_prefix_tokens)  # fmt: skip
+                           local_prefix_tokens=local_prefix_tokens,
+                           oldest_wait_s=self.oldest_wait_s(now_s) if now_s is not None else 0.0)  # fmt: skip
 
     def check_passed(self) -> bool:
         """A health check answered 200; True when this brought the backend back."""
@@ -70,6 +79,7 @@ class Load:
     backend: Backend
     prompt_tokens: int
     decode_tokens: int
+    sent_s: float = 0.0  # the router's clock (time.perf_counter)
     prefilled: bool = False
     ended: bool = False
 
@@ -77,11 +87,13 @@ class Load:
         self.backend.inflight_requests += 1
         self.backend.inflight_prompt_tokens += self.prompt_tokens
         self.backend.inflight_decode_tokens += self.decode_tokens
+        self.backend.waiting_since[id(self)] = self.sent_s
 
     def first_byte(self) -> None:
         if not self.prefilled:
             self.prefilled = True
             self.backend.inflight_prompt_tokens -= self.prompt_tokens
+            self.backend.waiting_since.pop(id(self), None)
 
     def end(self) -> None:
         if not self.ended:

@@ -24,6 +24,9 @@ class RouterConfig:
     keepalive_timeout_s: float = 3.0
     prior_costs: CostModel = DEFAULT_COSTS
     pool_ledger_blocks: int = 1_000_000
+    # a backend's queue is also how long its oldest request has waited for a first byte
+    # (policy.estimate_ttft); False: from the tokens in flight only (the router before 2026-12-02)
+    observed_wait: bool = True
 
     def __post_init__(self) -> None:
         if not self.backends:

@@ -20,6 +20,9 @@ class RouterMetrics:
         self.no_backend = Counter("kvpool_router_no_backend", "requests refused: no healthy backend", registry=r)
         self.healthy = Gauge("kvpool_router_backend_healthy", "1 while in rotation", ["backend"], registry=r)
         self.inflight = Gauge("kvpool_router_backend_inflight_requests", "requests in flight", ["backend"], registry=r)
+        self.oldest_wait = Gauge("kvpool_router_backend_oldest_wait_seconds",
+                                 "how long the oldest request in flight there has waited for its first byte",
+                                 ["backend"], registry=r)  # fmt: skip
         self.inflight_tokens = Gauge("kvpool_router_backend_inflight_tokens", "prompt tokens to compute / tokens to decode",
                                      ["backend", "phase"], registry=r)  # fmt: skip
         self.cached_blocks = Gauge("kvpool_router_backend_cached_blocks", "blocks in the backend's KV cache (events)",

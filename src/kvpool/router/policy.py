@@ -31,6 +31,9 @@ class BackendView:
     inflight_prompt_tokens: int = 0  # prompt tokens of requests sent there and not yet prefilled
     inflight_decode_tokens: int = 0  # tokens still to generate for requests there
     local_prefix_tokens: int = 0  # tokens of THIS request's prefix in that backend's own KV cache
+    # how long the oldest request sent there has waited for its first token: what its queue
+    # actually is, whatever the token counts say (a surprise recompute, KV memory full)
+    oldest_wait_s: float = 0.0
 
     @property
     def inflight_tokens(self) -> int:
@@ -196,13 +199,20 @@ class Estimate:
 
 def estimate_ttft(request: RouteRequest, backend: BackendView, costs: CostModel) -> Estimate:
     """Time to first token on `backend`: its queue, plus each prompt token by the cheapest way it
-    can get there (own cache free, pool at transfer cost, the rest recomputed)."""
+    can get there (own cache free, pool at transfer cost, the rest recomputed).
+
+    The queue is what the tokens in flight cost, or, when longer, how long the oldest request
+    there has already waited for its first token: a request routed there now queues behind it.
+    The token count misses what the router cannot see (a prefix it expected cached but the server
+    recomputed, requests held back because the server's KV memory is full); the observed wait does
+    not. On the long e2e trace every slowest request sat on one server the token estimate called
+    idle (benchmarks/results/e2e_peers/quiet-long-wm/tails.md)."""
     prompt = max(0, request.prompt_tokens)
     local = min(max(0, backend.local_prefix_tokens), prompt)
     pool = max(0, min(request.pool_prefix_tokens, prompt) - local)
     recompute = prompt - local - pool
-    queue_s = (backend.inflight_prompt_tokens * costs.prefill_s_per_token
-               + backend.inflight_decode_tokens * costs.decode_s_per_token)  # fmt: skip
+    queue_s = max(backend.inflight_prompt_tokens * costs.prefill_s_per_token
+                  + backend.inflight_decode_tokens * costs.decode_s_per_token, backend.oldest_wait_s)  # fmt: skip
     ttft_s = queue_s + pool * costs.pool_load_s_per_token + recompute * costs.prefill_s_per_token
     return Estimate(local, pool, recompute, queue_s, ttft_s)
 
