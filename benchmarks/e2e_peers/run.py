@@ -217,7 +217,7 @@ def run_one(name: str, round_index: int, setup: Setup, sessions, args, workdir: 
         out["log_tails"] = stack.log_tails()
     finally:
         stack.stop()
-    out["routes"] = tails.parse_router_log(workdir / "router.log")  # tails.py: why the slowest were slow
+    out["routes"] = tails.parse_router_log(workdir / "router.log", out["started_at"])  # tails.py: the slowest
     out["machine_at_end"] = reports.machine()
     return out
 

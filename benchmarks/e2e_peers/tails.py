@@ -18,6 +18,7 @@ import argparse
 import json
 import re
 import statistics
+from datetime import datetime
 from pathlib import Path
 
 # one line of the router's access log (router/app.py `_log`)
@@ -27,11 +28,23 @@ ROUTE_COLUMNS = ("session", "backend", "reason", "prompt_tokens", "local_tokens"
 SURPRISE_TOKENS = 1024  # expected cached minus served cached, at least this: a surprise recompute
 
 
-def parse_router_log(path: Path) -> dict:
-    """Every routed completion in the router's access log: {"columns", "rows"}."""
+def _logged_at(line: str) -> float | None:
+    """A log line's time (logging's default "%Y-%m-%d %H:%M:%S,mmm", local time) as unix time."""
+    try:
+        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return None
+
+
+def parse_router_log(path: Path, since_unix: float = 0.0, until_unix: float = float("inf")) -> dict:
+    """Every routed completion in the router's access log logged within [since_unix, until_unix]
+    (one run's: a workdir's log is appended to by every run made in it): {"columns", "rows"}."""
     rows = []
     if path.exists():
         for line in path.read_text(errors="replace").splitlines():
+            at = _logged_at(line)
+            if at is None or not since_unix <= at <= until_unix:
+                continue
             m = _ROUTE.search(line)
             if m and m.group(5) != "0":  # /v1/models and the like carry no prompt
                 session, backend, reason, _attempts, prompt, local, pool, _ttft = m.groups()
@@ -75,14 +88,17 @@ def run_tails(run: dict, worst: int = 8) -> dict:
 
 
 def attach(out_dir: Path, workdir: Path) -> int:
-    """Add `routes` to saved runs that lack them, from workdir/r<k>-<config>/router.log."""
+    """Add (or redo) `routes` of saved runs, from workdir/r<k>-<config>/router.log, the lines
+    logged after each run started."""
     n = 0
     for path in sorted((out_dir / "runs").glob("r*-*.json")):
         run = json.loads(path.read_text())
         log = workdir / path.stem / "router.log"
-        if run.get("routes") or not log.exists():
+        if not log.exists() or not run.get("started_at"):
             continue
-        run["routes"] = parse_router_log(log)
+        summary = run.get("summary") or {}
+        until = run["started_at"] + (run.get("startup_s") or 0.0) + summary.get("duration_s", 0.0) + 60.0
+        run["routes"] = parse_router_log(log, run["started_at"], until)
         path.write_text(json.dumps(run, indent=1, default=float))
         n += 1
     return n

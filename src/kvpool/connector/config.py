@@ -18,7 +18,8 @@ Keys (all optional except `master_address`):
                        up (and so keeps fresh in the master's LRU) prefixes vLLM then finds locally
   touch_waiting_s      a request waiting in vLLM's queue this long has its prefix looked up again (and
                        so kept fresh in the pool's LRU) every this many seconds until admitted (default
-                       2.0; 0: off). See connector/waiting.py
+                       0: off; on the long e2e trace 2 s lost 0.6-2.5 points of hits and P50 TTFT,
+                       benchmarks/results/e2e_peers/quiet-long-touch/). See connector/waiting.py
   lookup_cache_ttl_s   reuse a request's lookup answer while it waits for admission, at most this
                        long (default 1.0; 0 asks the master every scheduler step)
   load_async           report pool hits to vLLM as asynchronous loads (True) or load them in the
@@ -76,7 +77,7 @@ class ConnectorConfig:
     lookup_wait_ms: float = 2.0
     lookup_cache_ttl_s: float = 1.0
     lookup_on_arrival: bool = False
-    touch_waiting_s: float = 2.0
+    touch_waiting_s: float = 0.0
     load_async: bool | None = None  # None: by device (see above)
     load_wait_ms: float = 5.0
     save_decode: bool = True
