@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e_peers.run import parse_args  # noqa: E402
-from kvpool.bench.demo import Demo, DemoConfig  # noqa: E402
+from e2e_peers.run import demo_config, parse_args  # noqa: E402
+from kvpool.bench.demo import Demo  # noqa: E402
 from kvpool.sim.eviction_study import ON_DEMAND, access_log, replay, unique_blocks  # noqa: E402
 from kvpool.sim.fleet import simulate  # noqa: E402
 from kvpool.sim.hardware import MODELS  # noqa: E402
@@ -48,9 +48,7 @@ ROWS = (
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sessions = Demo(DemoConfig(num_sessions=args.sessions, scale=args.scale, max_turns=args.max_turns,
-                               time_scale=args.time_scale, seed=args.seed, sessions_file=args.sessions_file,
-                               sessions_scale=args.sessions_scale), status=lambda _m: None).sessions()  # fmt: skip
+    sessions = Demo(demo_config(args), status=lambda _m: None).sessions()
     # the access order only: local KV big enough for any prompt, the pool unbounded
     fleet = demo_fleet(pool=True, router="cache_aware")
     fleet = replace(fleet, kv_capacity_tokens=max(65536, 2 * args.max_model_len), time_scale=args.time_scale,

@@ -222,13 +222,18 @@ def run_one(name: str, round_index: int, setup: Setup, sessions, args, workdir: 
     return out
 
 
+def demo_config(args: argparse.Namespace) -> DemoConfig:
+    """The demo settings these options describe (trace, memory, model length, workdir)."""
+    return DemoConfig(num_sessions=args.sessions, scale=args.scale, max_turns=args.max_turns,
+                      time_scale=args.time_scale, seed=args.seed, sessions_file=args.sessions_file,
+                      sessions_scale=args.sessions_scale, kv_cache_bytes=args.kv_cache_mib,
+                      pool_bytes_per_server=args.extra_mib, max_model_len=args.max_model_len,
+                      workdir=args.workdir)  # fmt: skip
+
+
 def prepare(args: argparse.Namespace, console: Console) -> tuple[list, Setup]:
     """The trace's sessions and the model (the demo's own), LMCache's venv, the shared Setup."""
-    demo = Demo(DemoConfig(num_sessions=args.sessions, scale=args.scale, max_turns=args.max_turns,
-                           time_scale=args.time_scale, seed=args.seed, sessions_file=args.sessions_file,
-                           sessions_scale=args.sessions_scale, kv_cache_bytes=args.kv_cache_mib,
-                           pool_bytes_per_server=args.extra_mib, max_model_len=args.max_model_len,
-                           workdir=args.workdir), status=console.print)  # fmt: skip
+    demo = Demo(demo_config(args), status=console.print)
     sessions = demo.sessions()
     demo.prepare()
     lmcache_python = None

@@ -109,8 +109,9 @@ class AsyncLookups:
         if state is None or state.window != window:
             self._start(req_id, window, make_keys, self._clock())
 
-    def touch(self, keys: list[str]) -> None:
+    def touch(self, make_keys: Callable[[], list[str]]) -> None:
         """Look these keys up on the thread; nobody waits for the answer (`on_touch(ok, num_hit)`)."""
+        keys = make_keys()
         self._queue.put(LookupState(len(keys), keys, self._clock(), touch=True))
 
     def _start(self, req_id: str, window: int, make_keys: Callable[[], list[str]], now: float) -> LookupState:

@@ -140,7 +140,7 @@ class SchedulerSide:
         for request in self._waiting.due(self._clock()):
             window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
             if window > 0:
-                self._lookups_async.touch(self._keys_of(request, window)())
+                self._lookups_async.touch(self._keys_of(request, window))
                 self.stats.add(prefix_touches=1)
 
     def _touch_done(self, ok: bool, num_hit: int) -> None:

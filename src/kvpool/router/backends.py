@@ -35,9 +35,8 @@ class Backend:
     waiting_since: dict[int, float] = field(default_factory=dict)
 
     def oldest_wait_s(self, now_s: float) -> float:
-        for sent_s in self.waiting_since.values():
-            return max(0.0, now_s - sent_s)
-        return 0.0
+        oldest = next(iter(self.waiting_since.values()), None)  # the dict keeps send order
+        return 0.0 if oldest is None else max(0.0, now_s - oldest)
 
     def view(self, local_prefix_tokens: int = 0, excluded: bool = False, now_s: float | None = None) -> BackendView:
         return BackendView(self.name, healthy=self.healthy and not excluded,
@@ -79,7 +78,7 @@ class Load:
     backend: Backend
     prompt_tokens: int
     decode_tokens: int
-    sent_s: float = 0.0  # the router's clock (time.perf_counter)
+    sent_s: float  # the router's clock (time.perf_counter)
     prefilled: bool = False
     ended: bool = False
 
