@@ -76,6 +76,7 @@ class Peer:
     name: str
     label: str
     policy: str = "round_robin"
+    router_args: tuple[str, ...] = ()  # extra `kvpool router` options
 
     def problem(self, setup: Setup) -> str | None:
         """Why this configuration cannot run here (before anything starts), else None."""
@@ -110,7 +111,8 @@ class Peer:
             procs.wait_http_ok(server, server.info["url"] + "/health", setup.start_timeout_s)
         urls = [s.info["url"] for s in servers]
         events = [a for s in servers for a in ("--kv-events", s.info["kv_events"])]
-        router = procs.start_router(workdir, urls, "--policy", self.policy, *router_args, *events, name="router")
+        router = procs.start_router(workdir, urls, "--policy", self.policy, *router_args, *self.router_args, *events,
+                                    name="router")
         started.append(router)
         return router.info["url"], urls
 
@@ -133,7 +135,6 @@ class Kvpool(Peer):
     lookup_wait_ms: float = 2.0  # the connector's default: how long one engine step waits for a lookup
     master_args: tuple[str, ...] = ()  # extra `kvpool master` options
     touch_waiting_s: float | None = None  # None: the connector's default (connector/waiting.py)
-    router_args: tuple[str, ...] = ()  # extra `kvpool router` options
 
     def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
         master = procs.start_master(workdir, *self.master_args, name="master")
@@ -144,7 +145,7 @@ class Kvpool(Peer):
             extra["touch_waiting_s"] = self.touch_waiting_s
         transfer = KVPOOL_CONNECTOR | {"kv_connector_extra_config": extra}
         router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes,
-                                                [transfer] * setup.num_servers, router_args=("--pooled", *self.router_args))  # fmt: skip
+                                                [transfer] * setup.num_servers, router_args=("--pooled",))  # fmt: skip
         return Stack(started, router, urls, f"a {_mib(setup.extra_bytes_per_server)} pool segment embedded in each server")
 
 
@@ -260,6 +261,13 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
     # A/B: the router's queue estimate from the tokens in flight only (before 2026-12-02)
     Kvpool("kvpool_cache_aware_no_observed_wait", "kvpool, cache_aware router without the observed wait",
            policy="cache_aware", router_args=("--no-observed-wait",)),
+    # A/B: late binding, requests held at the router while both servers have N without a first token
+    Kvpool("kvpool_cache_aware_held1", "kvpool, cache_aware router, late binding (--max-waiting 1)",
+           policy="cache_aware", router_args=("--max-waiting", "1")),
+    Kvpool("kvpool_cache_aware_held2", "kvpool, cache_aware router, late binding (--max-waiting 2)",
+           policy="cache_aware", router_args=("--max-waiting", "2")),
+    LMCacheMP("lmcache_shm_cache_aware_held2", "LMCache MP, shared memory, cache_aware router, late binding "
+              "(--max-waiting 2)", backend="shm", policy="cache_aware", router_args=("--max-waiting", "2")),
 )}  # fmt: skip
 LMCACHE_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, LMCacheMP))
 KVPOOL_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, Kvpool))

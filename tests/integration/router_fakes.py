@@ -25,6 +25,8 @@ class FakeBackend:
     first_byte_delay_s: float = 0.0  # a queue: nothing is sent back before this
     fail_from_request: int | None = None  # answer 500 from this request (0-based) on
     requests: list[dict] = field(default_factory=list)
+    unanswered: int = 0  # requests here now without their first byte
+    max_unanswered: int = 0
     runner: web.AppRunner | None = None
     url: str = ""
 
@@ -48,8 +50,13 @@ class FakeBackend:
             return web.json_response({"error": {"message": "injected failure"}}, status=500)
         if self.mode == "status503":
             return web.json_response({"error": "overloaded"}, status=503)
-        if self.first_byte_delay_s:
-            await asyncio.sleep(self.first_byte_delay_s)
+        self.unanswered += 1
+        self.max_unanswered = max(self.max_unanswered, self.unanswered)
+        try:
+            if self.first_byte_delay_s:
+                await asyncio.sleep(self.first_byte_delay_s)
+        finally:
+            self.unanswered -= 1
         if not body.get("stream"):
             return web.json_response({"served_by": self.name, "choices": [{"text": "x" * self.num_tokens}]})
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})

@@ -99,6 +99,30 @@ def test_every_turn_served_once_and_blocks_returned_under_kv_pressure():
         assert r.arrival_s <= r.first_token_s <= r.finish_s
 
 
+@pytest.mark.parametrize("observed_wait", [True, False])
+def test_cache_aware_routing_sees_how_long_each_instance_has_left_a_request_waiting(observed_wait):
+    sessions = synth_sessions(SynthConfig(profile="seed-scaleout", num_sessions=6, block_size=64, scale=0.05))
+    config = FleetConfig(model="llama-8b", accelerator="h100", num_instances=2, kv_capacity_tokens=12_000,
+                         router="cache_aware", observed_wait=observed_wait,
+                         scheduler=SchedulerConfig(block_tokens=64, max_num_batched_tokens=2048))
+    fleet = Fleet(config, sessions)
+    seen: list[float] = []
+    choose = fleet.policy.choose
+
+    def spy(request, views):
+        seen.extend(v.oldest_wait_s for v in views)
+        return choose(request, views)
+
+    fleet.policy.choose = spy
+    result = fleet.run()
+    assert result.unfinished == 0
+    assert all(not inst.unanswered for inst in fleet.instances)  # every request's first token ends its wait
+    if observed_wait:  # KV pressure queues requests: some arrival sees an instance with one waiting
+        assert max(seen) > 0
+    else:
+        assert set(seen) == {0.0}
+
+
 def test_pool_turns_round_robin_misses_into_hits_and_faster_first_tokens():
     # think times desynchronise the sessions, so round-robin scatters each one's turns
     sessions = synth_sessions(SynthConfig(profile="codex", num_sessions=8, block_size=64, scale=0.25))

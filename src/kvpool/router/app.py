@@ -28,6 +28,7 @@ from prometheus_client import generate_latest
 
 from kvpool.router.backends import Backend, Load
 from kvpool.router.config import RouterConfig
+from kvpool.router.dispatch import ClientLeft, DispatchGate
 from kvpool.router.health import HealthChecker
 from kvpool.router.kv_events import EventStream, EventSubscriber
 from kvpool.router.metrics import RouterMetrics
@@ -86,6 +87,7 @@ class Router:
         streams = [EventStream(ep, b.cache) for ep, b in zip(config.kv_events, self.backends)]
         self.events = EventSubscriber(streams, self.ledger.add if config.pooled else lambda _h: None)
         self.health = HealthChecker(self.backends, config, self.metrics)
+        self.gate = DispatchGate(self.backends, config.max_waiting)
         self._http: aiohttp.ClientSession | None = None
         self._next_any = 0
         for b in self.backends:
@@ -150,8 +152,8 @@ class Router:
         pool_blocks = min(self.ledger.prefix_blocks(chain), usable) if self.config.pooled else 0
         return RoutedRequest(info, chain, block_size, pool_blocks * block_size)
 
-    def _choose(self, routed: RoutedRequest, path: str) -> Attempt:
-        """The next attempt's backend; raises NoHealthyBackend."""
+    def _choose(self, routed: RoutedRequest, path: str, rooms: list[bool] | None = None) -> Attempt:
+        """The next attempt's backend (among those with `rooms`, when given); raises NoHealthyBackend."""
         tried = routed.tried()
         now = time.perf_counter() if self.config.observed_wait else None
         bs = routed.block_size
@@ -162,8 +164,8 @@ class Router:
             reason = "any"
         else:
             untried_healthy = any(b.healthy and b.name not in tried for b in self.backends)
-            views = [b.view(local[i], excluded=untried_healthy and b.name in tried, now_s=now)
-                     for i, b in enumerate(self.backends)]  # fmt: skip
+            views = [b.view(local[i], excluded=(untried_healthy and b.name in tried) or (rooms is not None and not rooms[i]),
+                            now_s=now) for i, b in enumerate(self.backends)]  # fmt: skip
             route = RouteRequest(routed.info.session_id, routed.info.prompt_tokens, routed.pool_tokens)
             decision = self.policy.choose(route, views)
             index, reason = decision.index, decision.reason
@@ -197,13 +199,15 @@ class Router:
         try:
             while True:
                 try:
-                    attempt = self._choose(routed, request.path)
+                    attempt = await self._next_attempt(routed, request)
+                except ClientLeft:
+                    routed.status, routed.error = 499, "the client hung up while held at the router"
+                    return web.Response(status=499)  # nginx's "client closed request"; nobody reads it
                 except NoHealthyBackend as e:
                     self.metrics.no_backend.inc()
                     routed.status = 503 if not routed.attempts else 502
                     message = str(e) if not routed.attempts else f"every attempt failed; last: {routed.error}"
                     return _error_response(routed.status, message, "no_backend" if routed.status == 503 else "bad_gateway")
-                routed.attempts.append(attempt)
                 if len(routed.attempts) == 1 and attempt.reason != "any":  # a policy decision
                     self._count_decision(routed, attempt)
                 result = await self._try(request, body, headers, routed, attempt)
@@ -212,6 +216,7 @@ class Router:
                     return response
                 routed.error = result
                 attempt.load.end()  # the failed try no longer loads its backend
+                self.gate.notify()
                 if len(routed.attempts) >= self.config.max_attempts:
                     routed.status = 502
                     return _error_response(502, f"{len(routed.attempts)} attempts failed; last: {result}", "bad_gateway")
@@ -219,7 +224,30 @@ class Router:
         finally:
             for a in routed.attempts:
                 a.load.end()
+            self.gate.notify()
             self._log(request, routed)
+
+    async def _next_attempt(self, routed: RoutedRequest, request: web.Request) -> Attempt:
+        """Choose the next attempt and take its load. A first try of a completion goes through the
+        gate (late binding, dispatch.py); retries do not wait again."""
+        path = request.path
+        gated = self.gate.enabled and not routed.attempts and path.startswith("/v1/") and path != "/v1/models"
+        if not gated:
+            attempt = self._choose(routed, path)
+            routed.attempts.append(attempt)
+            return attempt
+        self.metrics.held.inc()
+        try:
+            while True:
+                async with self.gate.turn(self.metrics.held_s.observe, lambda: _client_gone(request)):
+                    rooms = self.gate.rooms()
+                    if any(rooms) or not any(b.healthy for b in self.backends):  # none healthy: 503 below
+                        attempt = self._choose(routed, path, rooms if any(rooms) else None)
+                        routed.attempts.append(attempt)
+                        return attempt
+                # the backend with room went out of rotation before this request took it: wait again
+        finally:
+            self.metrics.held.dec()
 
     def _count_decision(self, routed: RoutedRequest, attempt: Attempt) -> None:
         self.metrics.decisions.labels(self.config.policy, attempt.reason).inc()
@@ -302,6 +330,7 @@ class Router:
         now = time.perf_counter()
         attempt.first_byte_s = now
         attempt.load.first_byte()
+        self.gate.notify()
         if routed.info.stream and routed.info.prompt_tokens > 0:
             ttft = now - attempt.sent_s
             self.metrics.ttft_s.observe(ttft)
@@ -328,6 +357,11 @@ class Router:
             routed.pool_tokens, ttft, time.perf_counter() - routed.started_s, routed.bytes_out,
             f' error="{routed.error}"' if routed.error else "",
         )  # fmt: skip
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _error_response(status: int, message: str, kind: str) -> web.Response:

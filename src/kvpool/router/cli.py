@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-observed-wait", action="store_true",
                         help="cache_aware: estimate a backend's queue from the tokens in flight only, not also from "
                              "how long its oldest request has waited for a first token")
+    parser.add_argument("--max-waiting", type=int, default=0, metavar="N",
+                        help="late binding: hold a completion at the router while every backend has N requests "
+                             "still without a first token, and route it when one has room (default 0: off)")
     parser.add_argument("--max-attempts", type=int, default=3, help="tries per request, on different backends (default 3)")
     parser.add_argument("--health-interval-s", type=float, default=1.0, help="seconds between health checks (default 1)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -110,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         config = RouterConfig(backends=tuple(args.backend), policy=args.policy, kv_events=tuple(args.kv_events),
                               pooled=args.pooled, request_timeout_s=args.request_timeout_s,
                               health_interval_s=args.health_interval_s, max_attempts=args.max_attempts,
-                              prior_costs=prior, observed_wait=not args.no_observed_wait)  # fmt: skip
+                              prior_costs=prior, observed_wait=not args.no_observed_wait,
+                              max_waiting=args.max_waiting)  # fmt: skip
     except ValueError as e:
         print(f"kvpool router: {e}", file=sys.stderr)
         return 2

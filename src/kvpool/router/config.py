@@ -27,6 +27,9 @@ class RouterConfig:
     # a backend's queue is also how long its oldest request has waited for a first byte
     # (policy.estimate_ttft); False: from the tokens in flight only (the router before 2026-12-02)
     observed_wait: bool = True
+    # late binding (dispatch.py): a completion waits at the router while every backend already has
+    # this many requests without a first byte; 0: off, every request is sent as it arrives
+    max_waiting: int = 0
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -48,5 +51,7 @@ class RouterConfig:
                      "keepalive_timeout_s"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.max_waiting < 0:
+            raise ValueError(f"--max-waiting must be >= 0 (0: off), got {self.max_waiting}")
         if self.fail_threshold < 1 or self.max_attempts < 1 or self.pool_ledger_blocks < 1:
             raise ValueError("fail_threshold, max_attempts and pool_ledger_blocks must be >= 1")

@@ -62,6 +62,9 @@ class FleetConfig:
     decode_devices_per_instance: int | None = None  # disaggregated: the decode instance's size (default: same)
     kv_capacity_tokens: int | None = None  # per instance; None: from device memory
     router: str = "round_robin"
+    # cache_aware: a backend's queue is also how long its oldest request has waited for a first
+    # token, as `kvpool router` does by default (--no-observed-wait there, False here)
+    observed_wait: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     pool: PoolConfig = field(default_factory=PoolConfig)
     time_scale: float = 1.0  # think times and session start offsets are multiplied by this

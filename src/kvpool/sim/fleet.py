@@ -215,6 +215,8 @@ class Fleet:
         state.next_turn += 1
         inst = self._route(req, now_s)
         inst.inflight_prompt_tokens += prompt
+        req.routed_to = inst
+        inst.unanswered[id(req)] = now_s
         overhead_s = inst.cost.request_overhead_s
         if overhead_s > 0:
             req.instance = inst
@@ -246,6 +248,7 @@ class Fleet:
                 inflight_prompt_tokens=inst.inflight_prompt_tokens,
                 inflight_decode_tokens=inst.inflight_decode_tokens,
                 local_prefix_tokens=inst.cache.probe(req.keys) * self.bt if self._wants_local else 0,
+                oldest_wait_s=inst.oldest_wait_s(now_s) if self.config.observed_wait else 0.0,
             )
             for inst in self.instances
         ]

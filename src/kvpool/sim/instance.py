@@ -55,6 +55,14 @@ class Instance:
         self.steps = 0
         self.preemptions = 0
         self.polling = False  # requests wait for a pool lookup's answer: step again even if idle
+        # requests routed here still without a first token, in routing order: id -> routed at (s)
+        self.unanswered: dict[int, float] = {}
+
+    def oldest_wait_s(self, now_s: float) -> float:
+        """How long the oldest request routed here has waited for its first token (what the
+        router's observed wait sees: kvpool.router.backends)."""
+        oldest = next(iter(self.unanswered.values()), None)
+        return 0.0 if oldest is None else max(0.0, now_s - oldest)
 
     # ---- queue ---------------------------------------------------------------------------------
 
@@ -280,7 +288,7 @@ class Instance:
             self.steps += steps
             for r, _ in self.batch:
                 if r.outputs_done == 0:
-                    r.first_token_s = start_s + first_s
+                    _first_token(r, start_s + first_s)
                 r.outputs_done += steps
                 need = self._blocks_for(r.num_computed + steps) - r.num_blocks
                 r.num_computed += steps
@@ -304,7 +312,7 @@ class Instance:
                 if r.state != RUNNING:
                     continue
             if r.outputs_done == 0:
-                r.first_token_s = end_s
+                _first_token(r, end_s)
             r.outputs_done += 1
             if r.outputs_done >= r.output_tokens:
                 self._finish(r, end_s)
@@ -340,3 +348,9 @@ class Instance:
         r.held_keys = []
         r.anon = 0
         self.inflight_decode_tokens -= r.output_tokens
+
+
+def _first_token(r: Request, at_s: float) -> None:
+    r.first_token_s = at_s
+    if r.routed_to is not None:
+        r.routed_to.unanswered.pop(id(r), None)

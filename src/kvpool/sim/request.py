@@ -32,7 +32,7 @@ class Request:
     __slots__ = ("session", "turn_index", "prompt_tokens", "output_tokens", "keys", "arrival_s", "first_token_s",
                  "finish_s", "local_hit_tokens", "pool_hit_tokens", "num_computed", "target", "outputs_done",
                  "held_keys", "anon", "state", "instance", "prefill_instance", "preemptions", "lease_id",
-                 "looked_up", "pool_blocks", "pool_checked", "prefilled", "pool_asked")
+                 "looked_up", "pool_blocks", "pool_checked", "prefilled", "pool_asked", "routed_to")
 
     def __init__(self, session: SessionState, turn_index: int, prompt_tokens: int, output_tokens: int,
                  keys: list[int], arrival_s: float) -> None:
@@ -54,6 +54,7 @@ class Request:
         self.state = WAITING
         self.instance = None
         self.prefill_instance = None
+        self.routed_to = None  # the instance the router chose (its observed wait counts this request)
         self.preemptions = 0
         self.lease_id = 0
         self.looked_up = False  # hits counted (first admission)
