@@ -262,8 +262,8 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
     Kvpool("kvpool_cache_aware_no_observed_wait", "kvpool, cache_aware router without the observed wait",
            policy="cache_aware", router_args=("--no-observed-wait",)),
     # A/B: late binding, requests held at the router while both servers have N without a first token
-    Kvpool("kvpool_cache_aware_held1", "kvpool, cache_aware router, late binding (--max-waiting 1)",
-           policy="cache_aware", router_args=("--max-waiting", "1")),
+    Kvpool("kvpool_cache_aware_held4", "kvpool, cache_aware router, late binding (--max-waiting 4)",
+           policy="cache_aware", router_args=("--max-waiting", "4")),
     Kvpool("kvpool_cache_aware_held2", "kvpool, cache_aware router, late binding (--max-waiting 2)",
            policy="cache_aware", router_args=("--max-waiting", "2")),
     LMCacheMP("lmcache_shm_cache_aware_held2", "LMCache MP, shared memory, cache_aware router, late binding "

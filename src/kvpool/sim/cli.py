@@ -68,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-observed-wait", action="store_true",
                         help="cache_aware: estimate a backend's queue from its tokens in flight only, not also "
                              "from how long its oldest request has waited (`kvpool router --no-observed-wait`)")
+    parser.add_argument("--max-waiting", type=int, default=0, metavar="N",
+                        help="late binding: requests wait at the router while every instance has N without a "
+                             "first token (`kvpool router --max-waiting`; default 0: off)")
     parser.add_argument("--pool-gb", action="append", type=float, metavar="GB",
                         help="pool capacity in GB, repeatable; 0 = no pool, inf = unbounded (default: 0 and 1000)")
     parser.add_argument("--pool-nodes", type=int, default=4, help="pool nodes (default: 4)")
@@ -113,7 +116,8 @@ def _configs(args: argparse.Namespace) -> list[FleetConfig]:
                                     node_bandwidth_bytes_s=args.pool_node_gbps * 1e9, lookup_latency_s=args.lookup_ms / 1e3),
                 )
             name = f"{router}, " + ("no pool" if gb == 0 else f"pool {gb:g} GB")
-            configs.append(replace(c, name=name, time_scale=args.time_scale, observed_wait=not args.no_observed_wait))
+            configs.append(replace(c, name=name, time_scale=args.time_scale, observed_wait=not args.no_observed_wait,
+                                   max_waiting=args.max_waiting))
     return configs
 
 

@@ -65,6 +65,10 @@ class FleetConfig:
     # cache_aware: a backend's queue is also how long its oldest request has waited for a first
     # token, as `kvpool router` does by default (--no-observed-wait there, False here)
     observed_wait: bool = True
+    # late binding, as `kvpool router --max-waiting N`: a request waits at the router while every
+    # instance has N routed requests without a first token (0: off). First tokens found at the end
+    # of a multi-step decode segment free room only then (the simulator's steps are coarser there).
+    max_waiting: int = 0
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     pool: PoolConfig = field(default_factory=PoolConfig)
     time_scale: float = 1.0  # think times and session start offsets are multiplied by this
@@ -77,6 +81,8 @@ class FleetConfig:
             raise ValueError("a disaggregated fleet needs >= 1 prefill and >= 1 decode instance")
         if self.kv_capacity_tokens is not None and self.kv_capacity_tokens < self.scheduler.block_tokens:
             raise ValueError(f"kv_capacity_tokens must hold at least one block ({self.scheduler.block_tokens} tokens)")
+        if self.max_waiting < 0:
+            raise ValueError("max_waiting must be >= 0 (0: off)")
         if self.time_scale < 0:
             raise ValueError("time_scale must be >= 0")
         spec = self.model_spec

@@ -19,6 +19,7 @@ Rules:
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -96,6 +97,7 @@ class Fleet:
         self.pool = PoolModel(config.pool, self.bt * int(round(self.kv_bytes_per_token))) if config.pool.enabled else None
         self.chains = PrefixCache()
         self.heap: list[tuple[float, int, int, object, int]] = []
+        self.held: deque[Request] = deque()  # late binding: arrived, not yet routed (config.max_waiting)
         self.seq = 0
         self.now_s = 0.0
         self.records: list[RequestRecord] = []
@@ -175,6 +177,8 @@ class Fleet:
                 obj.instance.enqueue(obj, at_s)
             else:
                 self._transfer_done(obj, at_s)
+            if self.held:
+                self._send_held(at_s)
             if on_progress is not None and len(self.records) != done_before:
                 done_before = len(self.records)
                 on_progress(done_before)
@@ -213,8 +217,22 @@ class Fleet:
             self._name_output_kv(state, keys, now_s)
         req = Request(state, state.next_turn, prompt, max(1, turn.output_tokens), keys, now_s)
         state.next_turn += 1
+        if self.config.max_waiting and (self.held or not any(map(self._has_room, self.instances))):
+            self.held.append(req)  # late binding: waits at the router (kvpool.router.dispatch)
+            return
+        self._send(req, now_s)
+
+    def _has_room(self, inst: Instance) -> bool:
+        return len(inst.unanswered) < self.config.max_waiting
+
+    def _send_held(self, now_s: float) -> None:
+        """Late binding: route held requests, oldest first, while an instance has room."""
+        while self.held and any(map(self._has_room, self.instances)):
+            self._send(self.held.popleft(), now_s)
+
+    def _send(self, req: Request, now_s: float) -> None:
         inst = self._route(req, now_s)
-        inst.inflight_prompt_tokens += prompt
+        inst.inflight_prompt_tokens += req.prompt_tokens
         req.routed_to = inst
         inst.unanswered[id(req)] = now_s
         overhead_s = inst.cost.request_overhead_s
@@ -244,7 +262,7 @@ class Fleet:
         views = [
             BackendView(
                 name=inst.name,
-                healthy=True,
+                healthy=not self.config.max_waiting or self._has_room(inst),
                 inflight_prompt_tokens=inst.inflight_prompt_tokens,
                 inflight_decode_tokens=inst.inflight_decode_tokens,
                 local_prefix_tokens=inst.cache.probe(req.keys) * self.bt if self._wants_local else 0,
@@ -282,6 +300,7 @@ class Fleet:
         self.pool.release(req.lease_id, now_s)
         req.lease_id = 0
         req.num_computed = req.num_blocks * self.bt
+        req.instance.loading -= 1
         req.instance.enqueue(req, now_s, front=True)
 
     def prefill_done(self, req: Request, inst: Instance, now_s: float) -> None:
