@@ -300,7 +300,6 @@ class Fleet:
         self.pool.release(req.lease_id, now_s)
         req.lease_id = 0
         req.num_computed = req.num_blocks * self.bt
-        req.instance.loading -= 1
         req.instance.enqueue(req, now_s, front=True)
 
     def prefill_done(self, req: Request, inst: Instance, now_s: float) -> None:

@@ -55,7 +55,6 @@ class Instance:
         self.steps = 0
         self.preemptions = 0
         self.polling = False  # requests wait for a pool lookup's answer: step again even if idle
-        self.loading = 0  # requests whose pool load is in flight (they hold blocks meanwhile)
         # requests routed here still without a first token, in routing order: id -> routed at (s)
         self.unanswered: dict[int, float] = {}
 
@@ -228,7 +227,6 @@ class Instance:
                     r.num_computed = local * bt
                     waiting.popleft()
                     r.state = LOADING
-                    self.loading += 1
                     self.fleet.start_load(r, self, local, pool_blocks, now_s)
                     continue
                 if local and not cache.can_allocate(self._blocks_for(local * bt + 1) - local):
@@ -247,10 +245,8 @@ class Instance:
             else:
                 new = 1
             need = self._blocks_for(r.num_computed + new) - r.num_blocks
-            if not cache.can_allocate(need) and r.num_blocks and not running:
-                self._release_waiting_blocks(r)  # loaded requests holding blocks while none can run
             if not cache.can_allocate(need):
-                if r.num_blocks and not running and not self.loading:
+                if r.num_blocks and not running:
                     raise RuntimeError(
                         f"instance {self.name}: a {r.target}-token request cannot fit in "
                         f"{cache.capacity} blocks of {bt} tokens; raise the KV capacity or shorten the trace")
@@ -267,17 +263,6 @@ class Instance:
             waiting.extendleft(reversed(skipped))
             self.polling = True
         return budget
-
-    def _release_waiting_blocks(self, head: Request) -> None:
-        """Nothing runs and `head` cannot grow: the other waiting requests that hold blocks (loaded
-        from the pool, or hits they acquired) give them back and will be looked up again, as a
-        preemption would; otherwise two half-loaded long prompts could wait for each other for ever."""
-        for r in self.waiting:
-            if r is not head and r.num_blocks:
-                self.cache.release(r.held_keys, r.anon)
-                r.held_keys, r.anon, r.num_computed = [], 0, 0
-                r.pool_asked = False
-                self.preemptions += 1
 
     def _preempt(self, r: Request) -> None:
         self.running.remove(r)
