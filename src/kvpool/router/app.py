@@ -228,24 +228,29 @@ class Router:
             self._log(request, routed)
 
     async def _next_attempt(self, routed: RoutedRequest, request: web.Request) -> Attempt:
-        """Choose the next attempt and take its load. A first try of a completion goes through the
-        gate (late binding, dispatch.py); retries do not wait again."""
+        """Choose the next attempt and take its load. A first try of a streamed completion goes
+        through the gate (late binding, dispatch.py); retries do not wait again."""
         path = request.path
-        gated = self.gate.enabled and not routed.attempts and path.startswith("/v1/") and path != "/v1/models"
+        gated = (self.gate.enabled and not routed.attempts and routed.info.stream and path.startswith("/v1/")
+                 and path != "/v1/models")  # fmt: skip
         if not gated:
             attempt = self._choose(routed, path)
             routed.attempts.append(attempt)
             return attempt
         self.metrics.held.inc()
+        started = time.perf_counter()
         try:
+            front = False
             while True:
-                async with self.gate.turn(self.metrics.held_s.observe, lambda: _client_gone(request)):
+                async with self.gate.turn(lambda: _client_gone(request), front=front):
                     rooms = self.gate.rooms()
                     if any(rooms) or not any(b.healthy for b in self.backends):  # none healthy: 503 below
                         attempt = self._choose(routed, path, rooms if any(rooms) else None)
                         routed.attempts.append(attempt)
+                        self.metrics.held_s.observe(time.perf_counter() - started)
                         return attempt
-                # the backend with room went out of rotation before this request took it: wait again
+                # the room went (a retry took it, or its backend left the rotation): wait again, first
+                front = True
         finally:
             self.metrics.held.dec()
 

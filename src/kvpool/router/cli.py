@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cache_aware: estimate a backend's queue from the tokens in flight only, not also from "
                              "how long its oldest request has waited for a first token")
     parser.add_argument("--max-waiting", type=int, default=0, metavar="N",
-                        help="late binding: hold a completion at the router while every backend has N requests "
+                        help="late binding: hold a streamed completion at the router while every backend has N requests "
                              "still without a first token, and route it when one has room (default 0: off)")
     parser.add_argument("--max-attempts", type=int, default=3, help="tries per request, on different backends (default 3)")
     parser.add_argument("--health-interval-s", type=float, default=1.0, help="seconds between health checks (default 1)")

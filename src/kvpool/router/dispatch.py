@@ -13,8 +13,9 @@ Rules:
   room, in arrival order (FIFO: nobody waits behind later arrivals for ever), and is then routed
   by the policy among the backends with room, so the choice is made with the state of that
   moment.
-- Only completions go through the gate (`/v1/` paths but /v1/models); retries after a failure do
-  not wait again. A backend's room is re-checked whenever a request gets its first byte, fails or
+- Only streamed completions go through the gate (`/v1/` paths but /v1/models, `"stream": true`):
+  a non-streamed one sends its first byte when it ends, so holding it would cap the requests
+  running on a backend, not those queued there. Retries after a failure do not wait again. A backend's room is re-checked whenever a request gets its first byte, fails or
   ends, and at least every `recheck_s` by each held request (that is when a health change, or a
   held client that hung up, is seen).
 - If every backend is unhealthy the waiter is let through, and routing fails as it would without
@@ -68,16 +69,17 @@ class DispatchGate:
         return any(self.rooms()) or not any(b.healthy for b in self.backends)
 
     @contextlib.asynccontextmanager
-    async def turn(self, on_wait: Callable[[float], None] | None = None, gone: Callable[[], bool] | None = None):
+    async def turn(self, gone: Callable[[], bool] | None = None, *, front: bool = False):
         """`async with gate.turn(): <route the request>`: enters once this request may be routed
         (at once when nobody waits and a backend has room); the block must take the room (make the
-        request's Load) without awaiting. `on_wait(seconds)` is told how long a request was held;
-        `gone()` says whether its client has hung up (checked while held: ClientLeft)."""
+        request's Load) without awaiting. `gone()` says whether its client has hung up (checked
+        while held: ClientLeft). `front`: a request that had its turn but found the room taken
+        meanwhile (by a retry, which skips the gate) waits again at the head, not behind later ones."""
         if not self.enabled:
             yield
             return
         if self._waiters or self._handing_over or not self._open():
-            await self._wait(on_wait, gone or (lambda: False))
+            await self._wait(gone or (lambda: False), front)
         self._handing_over = True
         try:
             yield
@@ -85,11 +87,12 @@ class DispatchGate:
             self._handing_over = False
             self.notify()
 
-    async def _wait(self, on_wait: Callable[[float], None] | None, gone: Callable[[], bool]) -> None:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        future = loop.create_future()
-        self._waiters.append(future)
+    async def _wait(self, gone: Callable[[], bool], front: bool) -> None:
+        future = asyncio.get_running_loop().create_future()
+        if front:
+            self._waiters.appendleft(future)
+        else:
+            self._waiters.append(future)
         try:
             while not future.done():
                 try:
@@ -109,8 +112,6 @@ class DispatchGate:
                     self._waiters.remove(future)
             self.notify()
             raise
-        if on_wait is not None:
-            on_wait(loop.time() - started)
 
     def notify(self) -> None:
         """Something changed (a first byte, an end, a routed request): let the
