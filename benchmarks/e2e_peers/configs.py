@@ -266,8 +266,6 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
            policy="cache_aware", router_args=("--max-waiting", "4")),
     Kvpool("kvpool_cache_aware_held2", "kvpool, cache_aware router, late binding (--max-waiting 2)",
            policy="cache_aware", router_args=("--max-waiting", "2")),
-    LMCacheMP("lmcache_shm_cache_aware_held2", "LMCache MP, shared memory, cache_aware router, late binding "
-              "(--max-waiting 2)", backend="shm", policy="cache_aware", router_args=("--max-waiting", "2")),
 )}  # fmt: skip
 LMCACHE_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, LMCacheMP))
 KVPOOL_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, Kvpool))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvpool.router.policy import BackendView
+from kvpool.router.policy import BackendView, oldest_wait_s
 from kvpool.router.prefix_index import BackendCache
 
 
@@ -35,8 +35,7 @@ class Backend:
     waiting_since: dict[int, float] = field(default_factory=dict)
 
     def oldest_wait_s(self, now_s: float) -> float:
-        oldest = next(iter(self.waiting_since.values()), None)  # the dict keeps send order
-        return 0.0 if oldest is None else max(0.0, now_s - oldest)
+        return oldest_wait_s(self.waiting_since, now_s)  # the dict keeps send order
 
     def view(self, local_prefix_tokens: int = 0, excluded: bool = False, now_s: float | None = None) -> BackendView:
         return BackendView(self.name, healthy=self.healthy and not excluded,

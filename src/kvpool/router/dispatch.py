@@ -15,9 +15,10 @@ Rules:
   moment.
 - Only streamed completions go through the gate (`/v1/` paths but /v1/models, `"stream": true`):
   a non-streamed one sends its first byte when it ends, so holding it would cap the requests
-  running on a backend, not those queued there. Retries after a failure do not wait again. A backend's room is re-checked whenever a request gets its first byte, fails or
-  ends, and at least every `recheck_s` by each held request (that is when a health change, or a
-  held client that hung up, is seen).
+  running on a backend, not those queued there. Retries after a failure do not wait again.
+- A backend's room is re-checked whenever a request gets its first byte, fails or ends, and at
+  least every `recheck_s` by each held request (that is when a health change, or a held client
+  that hung up, is seen).
 - If every backend is unhealthy the waiter is let through, and routing fails as it would without
   the gate (503), instead of holding the client.
 """
@@ -114,9 +115,9 @@ class DispatchGate:
             raise
 
     def notify(self) -> None:
-        """Something changed (a first byte, an end, a routed request): let the
-        head waiter through if a backend has room. One at a time: the next is let through once
-        this one has taken its room (the end of its turn notifies again)."""
+        """Something changed (a first byte, an end, a routed request): let the head waiter through
+        if a backend has room. One at a time: the next is let through once this one has taken its
+        room (the end of its turn notifies again)."""
         if self._handing_over:
             return
         while self._waiters and self._waiters[0].done():

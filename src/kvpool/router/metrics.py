@@ -36,6 +36,7 @@ class RouterMetrics:
                                 buckets=(0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100), registry=r)  # fmt: skip
         self.held = Gauge("kvpool_router_held_requests", "requests waiting at the router for a backend with room "
                           "(--max-waiting)", registry=r)  # fmt: skip
-        self.held_s = Histogram("kvpool_router_held_seconds", "how long a streamed completion waited at the router (--max-waiting; 0 when sent at once)",
+        self.held_s = Histogram("kvpool_router_held_seconds",
+                                "how long a streamed completion waited at the router (--max-waiting; 0: sent at once)",
                                 buckets=(0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100), registry=r)  # fmt: skip
         self.cost = Gauge("kvpool_router_cost_s_per_token", "the cost model in use", ["kind"], registry=r)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -195,6 +195,13 @@ class Estimate:
     recompute_tokens: int
     queue_s: float
     ttft_s: float
+
+
+def oldest_wait_s(sent_at: Mapping[object, float], now_s: float) -> float:
+    """`BackendView.oldest_wait_s` from the send times of the requests still without a first token,
+    in send order (the router's backends and the simulator's instances keep them so)."""
+    oldest = next(iter(sent_at.values()), None)
+    return 0.0 if oldest is None else max(0.0, now_s - oldest)
 
 
 def estimate_ttft(request: RouteRequest, backend: BackendView, costs: CostModel) -> Estimate:

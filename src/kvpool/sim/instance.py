@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from kvpool.router.policy import oldest_wait_s
 from kvpool.sim.config import SchedulerConfig
 from kvpool.sim.cost import StepCost
 from kvpool.sim.kvcache import BlockCache
@@ -59,10 +60,8 @@ class Instance:
         self.unanswered: dict[int, float] = {}
 
     def oldest_wait_s(self, now_s: float) -> float:
-        """How long the oldest request routed here has waited for its first token (what the
-        router's observed wait sees: kvpool.router.backends)."""
-        oldest = next(iter(self.unanswered.values()), None)
-        return 0.0 if oldest is None else max(0.0, now_s - oldest)
+        """How long the oldest request routed here has waited for its first token (the router's rule)."""
+        return oldest_wait_s(self.unanswered, now_s)
 
     # ---- queue ---------------------------------------------------------------------------------
 
