@@ -136,10 +136,11 @@ def test_default_start_creates_keys_in_the_documented_place(tmp_path):
 
 def test_a_read_only_client_maps_segments_read_only_and_cannot_put(secure_pool):
     master, _, auth = secure_pool
+    doc = b"alice wrote this" * 8192  # 128 KiB: on a node (smaller values stay in the master)
     with client(master, auth, "tenant:alice") as alice:
-        assert alice.put("doc", b"alice wrote this")
+        assert alice.put("doc", doc)
     with client(master, auth, "tenant:alice", read_only=True, path="shm") as reader:
-        assert reader.get("doc") == b"alice wrote this"
+        assert reader.get("doc") == doc
         mappings = [r.mapping for r in reader.plane._routes.values() if r.mapping is not None]
         assert mappings, "the same-host path was not used"
         with open("/proc/self/maps") as maps:  # the segment's mapping has no write permission

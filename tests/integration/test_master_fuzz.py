@@ -198,11 +198,15 @@ requests = st.one_of(
     st.builds(p.ReleaseLeases, tenant=read_tenant, lease_ids=lease_ids),
     st.builds(p.Exists, tenant=read_tenant, keys=keys),
     st.builds(p.Remove, tenant=write_tenant, keys=keys),
+    st.builds(p.PutValue, tenant=write_tenant, key=key, value=st.one_of(
+        st.binary(max_size=64), st.integers(0, 200_000).map(lambda n: b"v" * n)), pinned=st.booleans()),
+    st.builds(p.GetValue, tenant=read_tenant, key=key),
     st.just(p.Stats()),
     st.just(p.LaneQuery()),
 )
 FUZZED_TYPES = {p.MountSegment, p.AnnounceObjects, p.UnmountSegment, p.Heartbeat, p.GetSegments, p.PutStart, p.PutEnd,
-                p.PutRevoke, p.EndQuarantine, p.LookupPrefix, p.ReleaseLeases, p.Exists, p.Remove, p.Stats, p.LaneQuery}
+                p.PutRevoke, p.EndQuarantine, p.LookupPrefix, p.ReleaseLeases, p.Exists, p.Remove, p.PutValue, p.GetValue,
+                p.Stats, p.LaneQuery}
 
 # what only the authenticated master is given (see the module comment); node calls are forbidden
 real_segment = st.integers(0, 9).map(lambda i: Learned("real_segment", i))

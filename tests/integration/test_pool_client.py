@@ -124,9 +124,9 @@ def test_many_threads_share_one_client(pool):
 
         def work(t: int) -> None:
             try:
-                for i in range(10):
+                for i in range(10):  # small values kept by the master and larger ones on nodes, mixed
                     key = f"t{t}/{i}"
-                    value = pattern(key, 32 * KiB + 64 * t)
+                    value = pattern(key, (32 if i % 2 else 96) * KiB + 64 * t)
                     assert client.put(key, value) is True
                     assert client.get(key) == value.tobytes()
             except BaseException as e:  # reported below, in the test's thread
@@ -138,18 +138,20 @@ def test_many_threads_share_one_client(pool):
         for th in threads:
             th.join(timeout=120)
         assert not errors, errors
-        assert client.stats().num_objects == 40
+        stats = client.stats()
+        assert (stats.num_objects, stats.inline_values) == (20, 20)
 
 
 def test_lease_expired_reads_are_never_reported(make_pool):
     # a 1 us lease cannot outlive a master round trip: every read finishes after it
     pool = make_pool(num_nodes=1, master_args=("--lease-ttl-s", "0.000001", "--max-lease-hold-s", "1"))
+    size = 128 * KiB  # over the master's inline limit: on a node, read under a lease
     with Client(pool.address, "lease") as client:
-        assert client.put("k0", b"x" * 4096) is True
+        assert client.put("k0", b"x" * size) is True
         before = REGISTRY.get_sample_value("kvpool_client_lease_expiries_total", {"tenant": "lease"}) or 0
-        buf = np.zeros(4096, dtype=np.uint8)
+        buf = np.zeros(size, dtype=np.uint8)
         client.register(buf)
-        assert client.get_into(["k0"], [[buf.ctypes.data]], [[4096]]) == 0
+        assert client.get_into(["k0"], [[buf.ctypes.data]], [[size]]) == 0
         assert client.get("k0") is None
         after = REGISTRY.get_sample_value("kvpool_client_lease_expiries_total", {"tenant": "lease"})
         assert after == before + 2
@@ -178,13 +180,16 @@ def test_client_metrics_count_what_callers_were_told(pool):
 
 def test_status_cli_table_and_json(pool):
     with Client(pool.address, "status") as client:
-        client.put("k", b"v" * 10_000)
+        client.put("k", b"v" * 100_000)
+        client.put("small", b"s" * 1000)
         client.get("k")
     run = [sys.executable, "-m", "kvpool", "status", "--master", pool.address]
     as_json = json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True, check=True, timeout=60).stdout)
     assert as_json["num_objects"] == 1 and len(as_json["nodes"]) == 2 and as_json["hit_keys"] >= 1
+    assert (as_json["inline_values"], as_json["inline_bytes"]) == (1, 1000)
     table = subprocess.run(run, capture_output=True, text=True, check=True, timeout=60, env={**os.environ, "COLUMNS": "160"})
     assert "node0" in table.stdout and "node1" in table.stdout and "hit rate" in table.stdout
+    assert "small values in the master" in table.stdout
     helped = subprocess.run([*run[:4], "--help"], capture_output=True, text=True, check=True, timeout=60)
     assert "--json" in helped.stdout and "--timeout-s" in helped.stdout
 
@@ -192,7 +197,7 @@ def test_status_cli_table_and_json(pool):
 def test_reads_release_their_leases_so_removed_space_is_freed_at_once(make_pool):
     # a 60 s lease: without the release, removed objects would hold their space for a minute
     pool = make_pool(num_nodes=1, master_args=("--lease-ttl-s", "60", "--max-lease-hold-s", "60"))
-    size = 64 * KiB
+    size = 128 * KiB  # over the master's inline limit: node objects, read under leases
     keys = chain_keys("rel", 4)
     buf = np.zeros(4 * size, dtype=np.uint8)
     with Client(pool.address, "release") as reader, Client(pool.address, "release") as other:

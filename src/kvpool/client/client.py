@@ -24,12 +24,18 @@ Rules:
 - Segment descriptions are cached by id (segments.py): unknown ids are fetched with GetSegments,
   ids the master no longer knows are forgotten by the data plane. A reply from a new master
   incarnation empties the cache (and the data plane's routes) before it is used.
+- Plain values (`put`, `get`): a value up to the master's inline limit put without a parent is
+  sent inside one PutValue and kept by the master (master/inline.py); `get` asks with one GetValue,
+  answered with the bytes, or with a leased lookup when a node holds the value (then read as
+  above). So a small value costs one round trip each way. Every reply names the master's limit
+  (0: inline values off), which the client follows from then on; a value over it goes to a node.
 - Thread-safe: the channel and caches have locks, the staging buffer has its own; no lock is held
   across a transfer except the staging buffer's.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
@@ -138,6 +144,7 @@ class Client:
         self._channel.add_epoch_listener(self._segments.on_new_epoch)
         self._metrics = TenantMetrics(client_metrics(), self.config.tenant)
         self._staging = StagingBuffer(self._register_region, staging_bytes)
+        self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # the master's, as its last reply said
         self._closed = False
 
     # ---- memory -----------------------------------------------------------------------------
@@ -332,11 +339,10 @@ class Client:
         self._check_registered(addrs, sizes)
         t0, reply, replicas = self._lookup_leased(keys, lookup_timeout_s)
         try:
-            for i, rs in enumerate(replicas):
-                if rs[0].size != sum(sizes[i]):
-                    raise UsageError(
-                        f"key {keys[i]!r} holds {rs[0].size} bytes but its regions total {sum(sizes[i])} bytes"
-                    )
+            held = [rs[0].size for rs in replicas] + [len(value) for value in reply.inline_values]
+            for i, size in enumerate(held):
+                if size != sum(sizes[i]):
+                    raise UsageError(f"key {keys[i]!r} holds {size} bytes but its regions total {sum(sizes[i])} bytes")
             count = self._read_leased(keys, replicas, reply, t0, addrs, sizes)
         finally:
             self._release(reply.lease_id)
@@ -350,14 +356,21 @@ class Client:
         t0 = time.monotonic()  # before sending: our deadline is never later than the master's
         reply = self._call(protocol.LookupPrefix(self.config.tenant, list(keys), lease=True), protocol.LookupReply,
                            timeout_s)
+        return t0, reply, self._leased_replicas(reply)
+
+    def _leased_replicas(self, reply: protocol.LookupReply) -> list[list[Replica]]:
+        """Per hit, its replicas; a malformed reply is released and raises ProtocolError."""
         try:
-            replicas = plan.split_replicas(reply.replica_locations, reply.replica_counts, reply.num_hit)
-            if reply.checksums and len(reply.checksums) != protocol.CHECKSUM_BYTES * reply.num_hit:
-                raise ValueError(f"{reply.num_hit} hits but {len(reply.checksums)} bytes of checksums")
+            on_nodes = reply.num_hit - len(reply.inline_values)
+            if on_nodes < 0:
+                raise ValueError(f"{reply.num_hit} hits but {len(reply.inline_values)} inline values")
+            replicas = plan.split_replicas(reply.replica_locations, reply.replica_counts, on_nodes)
+            if reply.checksums and len(reply.checksums) != protocol.CHECKSUM_BYTES * on_nodes:
+                raise ValueError(f"{on_nodes} hits on nodes but {len(reply.checksums)} bytes of checksums")
         except ValueError as e:
             self._release(reply.lease_id)
             raise ProtocolError(f"malformed lookup reply from the master: {e}") from None
-        return t0, reply, replicas
+        return replicas
 
     def _send_quietly(self, request) -> None:
         try:
@@ -413,10 +426,28 @@ class Client:
             self._metrics.lease_expiries.inc(expired)
         if count and self.config.checksums and reply.checksums:
             count = self._verified(keys, count, reply.checksums, addrs, sizes)
+        if count == num_hit and reply.inline_values:
+            count += self._copy_inline(reply.inline_values, addrs[count:], sizes[count:])
         self._metrics.get_keys.inc(len(keys))
         self._metrics.hit_keys.inc(count)
         self._metrics.get_bytes.inc(sum(sum(sizes[i]) for i in range(count)))
         return count
+
+    def _copy_inline(self, values: list[bytes], addrs, sizes) -> int:
+        """Copy values the master sent inline into their regions; how many leading ones were copied
+        (host memory only: one bound for GPU memory ends the hits there, a miss the caller recomputes)."""
+        import numpy as np
+
+        device = self._device_memory
+        for n, value in enumerate(values):
+            if len(device) and any(device.contains(a, 1) for a in addrs[n]):
+                return n
+            src, offset = np.frombuffer(value, dtype=np.uint8), 0
+            base = int(src.ctypes.data)
+            for addr, size in zip(addrs[n], sizes[n]):
+                copy_bytes(addr, base + offset, size)
+                offset += size
+        return len(values)
 
     def _verified(self, keys, count: int, packed: bytes, addrs, sizes) -> int:
         """How many of the first `count` objects read hold the bytes their writer checksummed."""
@@ -478,6 +509,10 @@ class Client:
         region = region_of(value, writable=False)
         if region.size_bytes <= 0:
             raise UsageError(f"cannot put an empty value under {key!r}")
+        if parent is None and region.device is None and region.size_bytes <= self._max_inline:
+            stored = self._put_inline(key, value, region, pinned)
+            if stored is not None:
+                return stored
         if self._registered.contains(region.addr, region.size_bytes):
             statuses, message = self._put_from([key], [[region.addr]], [[region.size_bytes]], [parent], pinned)
         else:
@@ -494,11 +529,30 @@ class Client:
             raise TransferError(f"writing {key!r} failed (a node died?); the put was revoked, retry it")
         return status == PUT_ALLOCATED
 
+    def _put_inline(self, key: str, value, region, pinned: bool) -> bool | None:
+        """Put a small value inside one PutValue; None: the master keeps no value this large."""
+        self._check_keys([key], unique=False)
+        if self.config.read_only:
+            raise UsageError("this client is read-only (read_only=True): it cannot put")
+        started = time.perf_counter()
+        data = value if isinstance(value, bytes) else ctypes.string_at(region.addr, region.size_bytes)
+        reply = self._call(protocol.PutValue(self.config.tenant, key, data, bool(pinned)), protocol.PutValueReply)
+        self._max_inline = reply.max_inline_bytes
+        if reply.status == protocol.PUT_TOO_LARGE:
+            return None
+        self._metrics.put_keys[_PUT_STATUS_NAMES.get(reply.status, str(reply.status))].inc()
+        if reply.status == PUT_NO_SPACE:
+            raise CapacityError(reply.message or f"no space for {key!r} ({len(data)} bytes)")
+        if reply.status == PUT_ALLOCATED:
+            self._metrics.put_bytes.inc(len(data))
+        self._metrics.latency_s["put"].observe(time.perf_counter() - started)
+        return reply.status == PUT_ALLOCATED
+
     def get(self, key: str) -> bytes | None:
         """The value stored under `key`, or None on a miss (or when no replica could be read)."""
         with self._staging.lock:
             view = self._get_staged(key)
-            return None if view is None else view.tobytes()
+            return view if view is None or isinstance(view, bytes) else view.tobytes()
 
     def get_array(self, key: str, dtype="uint8", shape: tuple[int, ...] | None = None):
         """A fresh numpy array with the value's bytes viewed as `dtype` (and `shape`), or None."""
@@ -508,7 +562,7 @@ class Client:
             view = self._get_staged(key)
             if view is None:
                 return None
-            array = np.array(view, copy=True)
+            array = np.array(np.frombuffer(view, dtype=np.uint8) if isinstance(view, bytes) else view, copy=True)
         array = array.view(dtype)
         return array if shape is None else array.reshape(shape)
 
@@ -523,10 +577,24 @@ class Client:
         return tensor if shape is None else tensor.reshape(shape)
 
     def _get_staged(self, key: str):
-        """Read `key` into the staging buffer (caller holds its lock); a view of the bytes or None."""
+        """The value's bytes (held by the master), or a view of the staging buffer after reading it
+        from a node (the caller holds the staging lock), or None."""
         self._check_keys([key], unique=False)
         started = time.perf_counter()
-        t0, reply, replicas = self._lookup_leased([key])
+        t0 = time.monotonic()  # before sending: our lease deadline is never later than the master's
+        answer = self._call(protocol.GetValue(self.config.tenant, key), protocol.ValueReply)
+        self._max_inline = answer.max_inline_bytes
+        if answer.inline:
+            self._metrics.get_keys.inc()
+            self._metrics.hit_keys.inc()
+            self._metrics.get_bytes.inc(len(answer.value))
+            self._metrics.latency_s["get"].observe(time.perf_counter() - started)
+            return answer.value
+        reply = answer.lookup
+        if reply is None:
+            raise ProtocolError("the master answered GetValue with neither a value nor a lookup")
+        replicas = self._leased_replicas(reply)
+        size = 0
         try:
             if not replicas:
                 self._metrics.get_keys.inc()

@@ -69,6 +69,9 @@ def render(stats: protocol.StatsReply, master: str):
         ("capacity", _human_bytes(stats.capacity_bytes)),
         ("used", f"{_human_bytes(stats.used_bytes)} ({_percent(stats.used_bytes, stats.capacity_bytes)})"),
         ("objects", f"{stats.num_objects} ({stats.num_pending} pending)"),
+        ("small values in the master", f"{stats.inline_values} ({_human_bytes(stats.inline_bytes)} of "
+                                       f"{_human_bytes(stats.inline_capacity_bytes)}, "
+                                       f"{stats.inline_evictions} evicted)"),
         ("puts", str(stats.puts)),
         ("gets (leased lookups)", str(stats.gets)),
         ("lookups", str(stats.lookups)),

@@ -244,6 +244,25 @@ class Remove(Struct, tag="remove", frozen=True):
     keys: list[str]
 
 
+class PutValue(Struct, tag="put_value", frozen=True):
+    """Store a small plain value in the master itself, in one round trip (master/inline.py).
+    Answered with PutValueReply; a value over the master's inline limit is PUT_TOO_LARGE (put it
+    on a node with PutStart instead)."""
+
+    tenant: str
+    key: str
+    value: bytes
+    pinned: bool = False
+
+
+class GetValue(Struct, tag="get_value", frozen=True):
+    """Read one plain value: ValueReply with the bytes when the master holds them inline, else
+    with a leased lookup of the key (as LookupPrefix([key]) would answer) to read it from a node."""
+
+    tenant: str
+    key: str
+
+
 class Stats(Struct, tag="stats", frozen=True):
     pass
 
@@ -268,6 +287,8 @@ Request = (
     | ReleaseLeases
     | Exists
     | Remove
+    | PutValue
+    | GetValue
     | Stats
     | LaneQuery
 )
@@ -344,6 +365,9 @@ class LookupReply(Struct, tag="lookup", frozen=True):
     # keys after the hits that sit in a node's disk tier and are being copied back to DRAM: a lookup
     # again in a moment (~ one node poll + the read) hits them; a client that ignores this sees a miss
     num_promoting: int = 0
+    # with a lease: the bytes of the last len(inline_values) hits, small values the master holds itself
+    # (master/inline.py); the replicas, counts and checksums above describe the hits before them
+    inline_values: list[bytes] = []
 
     def replica_lists(self) -> list[list[Replica]]:
         """Per hit, its replicas (slow path for tests and tools; the client decodes with numpy).
@@ -351,8 +375,9 @@ class LookupReply(Struct, tag="lookup", frozen=True):
         flat = unpack_replicas(self.replica_locations)
         if not flat:
             return []
-        counts = list(self.replica_counts) if self.replica_counts else [1] * self.num_hit
-        if len(counts) != self.num_hit or sum(counts) != len(flat) or (counts and min(counts) < 1):
+        on_nodes = self.num_hit - len(self.inline_values)
+        counts = list(self.replica_counts) if self.replica_counts else [1] * on_nodes
+        if len(counts) != on_nodes or sum(counts) != len(flat) or (counts and min(counts) < 1):
             raise ValueError(
                 f"lookup reply with {self.num_hit} hits has {len(self.replica_counts)} counts "
                 f"and {len(flat)} replicas"
@@ -362,6 +387,29 @@ class LookupReply(Struct, tag="lookup", frozen=True):
             out.append(flat[start : start + n])
             start += n
         return out
+
+
+PUT_TOO_LARGE = 4  # PutValueReply only: over the master's inline limit (max_inline_bytes)
+DEFAULT_MAX_INLINE_BYTES = 64 << 10  # the master's default; a client assumes it until told otherwise
+
+
+class PutValueReply(Struct, tag="value_put", frozen=True):
+    """`max_inline_bytes`: the largest value this master keeps inline (0: none), so a client
+    learns where to send the next one."""
+
+    status: int  # PUT_ALLOCATED (stored), PUT_EXISTS, PUT_NO_SPACE or PUT_TOO_LARGE
+    message: str = ""
+    max_inline_bytes: int = 0
+
+
+class ValueReply(Struct, tag="value", frozen=True):
+    """`inline`: the master held the value and `value` is its bytes. Otherwise `lookup` is a leased
+    lookup of the key (num_hit 0: a miss) whose lease the reader releases as after LookupPrefix."""
+
+    inline: bool
+    value: bytes = b""
+    lookup: LookupReply | None = None
+    max_inline_bytes: int = 0
 
 
 class ExistsReply(Struct, tag="exists_ok", frozen=True):
@@ -438,6 +486,10 @@ class StatsReply(Struct, tag="stats_ok", frozen=True):
     forbidden: int = 0  # requests refused by the access policy (a role's call it may not make)
     rate_limited: int = 0  # requests refused by an identity's rate limit
     refused_handshakes: int = 0  # connections whose CURVE key the master does not trust
+    inline_values: int = 0  # small plain values held by the master itself (master/inline.py)
+    inline_bytes: int = 0
+    inline_capacity_bytes: int = 0
+    inline_evictions: int = 0
 
 
 
@@ -455,6 +507,8 @@ Reply = (
     | PutStartReply
     | PutEndReply
     | LookupReply
+    | PutValueReply
+    | ValueReply
     | ExistsReply
     | StatsReply
     | LaneOffer

@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 from kvpool.core.protocol import MAX_MESSAGE_BYTES
+from kvpool.core.sizes import parse_size
 from kvpool.master.config import MasterConfig
 from kvpool.master.quotas import QuotaTable, parse_quota, quota_table_from_toml
 
@@ -68,6 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="object offsets inside segments are multiples of this (a power of two)")
     parser.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES,
                         help="control messages larger than this are answered with a protocol error")
+    parser.add_argument("--inline-capacity", type=parse_size, default=_D.inline_capacity_bytes, metavar="SIZE",
+                        help="memory the master keeps for small plain values (`client.put` of a value without a "
+                        "parent, up to --max-inline): each is stored and read in one round trip instead of going "
+                        "through a node; least recently used ones are evicted, a restart loses them; 0 turns it off "
+                        "(default %(default)s bytes)")
+    parser.add_argument("--max-inline", type=parse_size, default=_D.max_inline_bytes, metavar="SIZE",
+                        help="the largest plain value kept in the master (larger ones go to a node) "
+                        "(default %(default)s bytes)")
     secure = parser.add_mutually_exclusive_group()
     secure.add_argument("--auth", type=Path, default=None, metavar="DIR",
                         help="CURVE authentication with the keys and identities in DIR (`kvpool auth init DIR`). "
@@ -154,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
             max_message_bytes=args.max_message_bytes,
             rate_limit_keys_per_s=args.rate_limit_keys_per_s,
             rate_limit_burst_keys=args.rate_limit_burst_keys,
+            inline_capacity_bytes=args.inline_capacity,
+            max_inline_bytes=args.max_inline,
             quotas=quota_table(args.quota_file, args.quota, args.dedicated_tenant),
         )
     except ValueError as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvpool.core.protocol import MAX_MESSAGE_BYTES
+from kvpool.core.protocol import DEFAULT_MAX_INLINE_BYTES, MAX_MESSAGE_BYTES
 from kvpool.master.quotas import QuotaTable
 
 
@@ -36,6 +36,9 @@ class MasterConfig:
     quotas: QuotaTable = field(default_factory=QuotaTable)  # per-tenant bytes / objects (quotas.py)
     rate_limit_keys_per_s: float = 2_000_000.0  # per identity: keys named in lookups, puts, checks, removals
     rate_limit_burst_keys: float = 1_000_000.0  # what one identity may ask at once after a quiet spell
+    # small plain values (no parent) kept in the master itself, one round trip each (inline.py); 0: off
+    inline_capacity_bytes: int = 64 << 20
+    max_inline_bytes: int = DEFAULT_MAX_INLINE_BYTES  # capped at the capacity and half of max_message_bytes
     auth_dir: str | None = None  # CURVE keys and trusted identities (transfer/credentials.py); None: insecure
 
     def __post_init__(self) -> None:
@@ -69,5 +72,8 @@ class MasterConfig:
             raise ValueError(f"quotas must be a QuotaTable, got {type(self.quotas).__name__}")
         if self.rate_limit_burst_keys < 1:
             raise ValueError(f"rate_limit_burst_keys must be >= 1, got {self.rate_limit_burst_keys}")
+        if self.inline_capacity_bytes < 0 or self.max_inline_bytes < 0:
+            raise ValueError("inline_capacity_bytes and max_inline_bytes must be >= 0, got "
+                             f"{self.inline_capacity_bytes} and {self.max_inline_bytes}")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")

@@ -25,10 +25,11 @@ import msgspec
 from kvpool.core import protocol as p
 from kvpool.core.errors import ForbiddenError, KVPoolError, UsageError
 from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
-from kvpool.master.access import OPEN, TENANT_CALLS, Principal, refusal, scoped_tenant
+from kvpool.master.access import OPEN, TENANT_CALLS, Principal, namespace_owner, refusal, scoped_tenant
 from kvpool.master.config import MasterConfig
 from kvpool.master.ids import IdSource, new_epoch
 from kvpool.master.index import ObjectIndex
+from kvpool.master.inline import InlineValues
 from kvpool.master.segments import SegmentTable
 
 
@@ -61,6 +62,8 @@ class MasterCore:
         self.segments = SegmentTable(config.alignment_bytes, config.heartbeat_interval_s, config.node_ttl_s, self.ids,
                                      config.directory_max_ops)
         self.index = ObjectIndex(config, self.segments, self.ids)
+        self.inline = InlineValues(config.inline_capacity_bytes,
+                                   min(config.max_inline_bytes, config.inline_capacity_bytes, config.max_message_bytes // 2))
         self.segments_expired = 0
         self.forbidden = 0  # requests refused by the access policy
         self._node_owners: dict[str, str] = {}  # node id -> public key of the identity that mounted it
@@ -78,6 +81,8 @@ class MasterCore:
             p.ReleaseLeases: self._release_leases,
             p.Exists: self._exists,
             p.Remove: self._remove,
+            p.PutValue: self._put_value,
+            p.GetValue: self._get_value,
             p.Stats: lambda req, now_s: self.stats(now_s),
         }
 
@@ -191,6 +196,10 @@ class MasterCore:
         segment.last_heartbeat_s = now_s  # a long announcement must not look like a dead node
         segment.mounted_s = now_s  # the recovery timeout counts silence, not the announcement's length
         accepted, rejected = self.index.announce(segment, req.entries, req.ages_s, now_s)
+        if len(self.inline):  # one namespace: a key a node brings back replaces one put inline meanwhile
+            for entry in req.entries:
+                if entry.size and self.inline.holds_any(entry.tenant):
+                    self.inline.remove(entry.tenant, [entry.key])
         if req.disk_entries:
             accepted += len(req.disk_entries) - self.index.tiers.announce(segment, req.disk_entries, now_s)
         if req.last:
@@ -215,11 +224,53 @@ class MasterCore:
             raise UsageError("object sizes must be > 0 bytes")
         if not 1 <= req.num_replicas <= p.MAX_REPLICAS:
             raise UsageError(f"num_replicas must be in 1..{p.MAX_REPLICAS}, got {req.num_replicas}")
+        if self.inline.holds_any(req.tenant):
+            return self._put_start_beside_inline(req, now_s)
         statuses, replicas, message, tokens = self.index.put_start(
             req.tenant, req.keys, req.sizes, req.parents, req.num_replicas, req.pinned, now_s
         )
         return p.PutStartReply(statuses=statuses, replicas=replicas, message=message,  # type: ignore[arg-type]
                                tokens=tokens, put_timeout_s=self.config.put_timeout_s)
+
+    def _put_start_beside_inline(self, req: p.PutStart, now_s: float) -> p.PutStartReply:
+        """PutStart in a namespace that holds inline values: those keys exist (one namespace)."""
+        held = [self.inline.contains(req.tenant, key) for key in req.keys]
+        rest = [i for i, h in enumerate(held) if not h]
+        statuses, replicas, tokens = [p.PUT_EXISTS] * len(held), [[]] * len(held), [0] * len(held)
+        message = ""
+        if rest:
+            parents = [req.parents[i] for i in rest] if req.parents else []
+            got, placed, message, granted = self.index.put_start(
+                req.tenant, [req.keys[i] for i in rest], [req.sizes[i] for i in rest], parents,
+                req.num_replicas, req.pinned, now_s)
+            for n, i in enumerate(rest):
+                statuses[i], replicas[i], tokens[i] = got[n], placed[n], granted[n]
+        return p.PutStartReply(statuses=statuses, replicas=replicas, message=message,  # type: ignore[arg-type]
+                               tokens=tokens, put_timeout_s=self.config.put_timeout_s)
+
+    def _put_value(self, req: p.PutValue, now_s: float) -> p.PutValueReply:
+        _check_keys([req.key])
+        inline = self.inline
+        if not req.value:
+            raise UsageError("a value must be at least 1 byte")
+        if not inline.accepts(len(req.value)):
+            return p.PutValueReply(p.PUT_TOO_LARGE, f"{len(req.value)} bytes is over this master's inline limit of "
+                                   f"{inline.max_value_bytes} bytes: put it on a node", inline.max_value_bytes)
+        if self.index.holds(req.tenant, req.key):
+            return p.PutValueReply(p.PUT_EXISTS, "", inline.max_value_bytes)
+        owner = namespace_owner(req.tenant)
+        quota = self.config.quotas.quota_of(owner)
+        status, message = inline.put(req.tenant, owner, req.key, req.value, req.pinned,
+                                     quota.max_bytes if quota is not None else None)
+        return p.PutValueReply(status, message, inline.max_value_bytes)
+
+    def _get_value(self, req: p.GetValue, now_s: float) -> p.ValueReply:
+        _check_keys([req.key])
+        value = self.inline.get(req.tenant, req.key)
+        if value is not None:
+            return p.ValueReply(True, value, None, self.inline.max_value_bytes)
+        lookup = self._lookup_prefix(p.LookupPrefix(req.tenant, [req.key], True), now_s)
+        return p.ValueReply(False, b"", lookup, self.inline.max_value_bytes)
 
     def _put_end(self, req: p.PutEnd, now_s: float) -> p.PutEndReply:
         _check_same_length("put_end", req.keys, req.tokens, req.checksums)
@@ -241,17 +292,44 @@ class MasterCore:
         num_hit, lease_id, locations, counts, checksums = self.index.lookup_prefix(
             req.tenant, req.keys, req.lease, now_s
         )
+        promoting = self.index.last_num_promoting
+        inline_values: list[bytes] = []
+        if num_hit < len(req.keys) and not promoting and self.inline.holds_any(req.tenant):
+            if req.lease:  # a read: the inline values right after the node hits travel in the reply
+                inline_values = self.inline.run(req.tenant, req.keys, num_hit, read=True)
+                num_hit += len(inline_values)
+            else:
+                num_hit, promoting = self._count_beside_inline(req, num_hit, now_s)
         return p.LookupReply(num_hit, self.config.lease_ttl_s, lease_id, locations, counts, checksums,
-                             self.index.last_num_promoting)
+                             promoting, inline_values)
+
+    def _count_beside_inline(self, req: p.LookupPrefix, num_hit: int, now_s: float) -> tuple[int, int]:
+        """A counting lookup walks on through inline and index keys alike: (hits, promoting)."""
+        keys = req.keys
+        while num_hit < len(keys):
+            run = len(self.inline.run(req.tenant, keys, num_hit, read=False))
+            if not run:
+                break
+            num_hit += run
+            if num_hit < len(keys):
+                more = self.index.lookup_prefix(req.tenant, keys[num_hit:], False, now_s)[0]
+                num_hit += more
+                if self.index.last_num_promoting:
+                    return num_hit, self.index.last_num_promoting
+        return num_hit, 0
 
     def _release_leases(self, req: p.ReleaseLeases, now_s: float) -> p.OkReply:
         return p.OkReply(count=self.index.release_leases(req.tenant, req.lease_ids, now_s))
 
     def _exists(self, req: p.Exists, now_s: float) -> p.ExistsReply:
-        return p.ExistsReply(exists=self.index.exists(req.tenant, req.keys))
+        exists = self.index.exists(req.tenant, req.keys)
+        if self.inline.holds_any(req.tenant):
+            contains = self.inline.contains
+            exists = [e or contains(req.tenant, key) for e, key in zip(exists, req.keys)]
+        return p.ExistsReply(exists=exists)
 
     def _remove(self, req: p.Remove, now_s: float) -> p.OkReply:
-        return p.OkReply(count=self.index.remove(req.tenant, req.keys, now_s))
+        return p.OkReply(count=self.index.remove(req.tenant, req.keys, now_s) + self.inline.remove(req.tenant, req.keys))
 
     # ---- timed work and stats ------------------------------------------------------------------
 
@@ -327,4 +405,8 @@ class MasterCore:
             tiers=index.tiers.stats(),
             forbidden=self.forbidden,
             tenants=index.tenant_stats(),
+            inline_values=len(self.inline),
+            inline_bytes=self.inline.used_bytes,
+            inline_capacity_bytes=self.inline.capacity_bytes,
+            inline_evictions=self.inline.evictions,
         )

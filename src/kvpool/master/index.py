@@ -417,6 +417,11 @@ class ObjectIndex:
                     zombies.discard(rec)
                     self._free_replicas(rec.replicas)
 
+    def holds(self, tenant: str, key: str) -> bool:
+        """Whether the key names a record here in any state (pending, complete, disk-only)."""
+        space = self.tenants.get(tenant)
+        return space is not None and key in space
+
     def exists(self, tenant: str, keys: list[str]) -> list[bool]:
         """Complete or not, per key. Never leases and never touches recency: a probe is not a use."""
         space = self.tenants.get(tenant)

@@ -32,6 +32,12 @@ class MasterCollector(Collector):
         yield GaugeMetricFamily("kvpool_master_pending_objects", "Objects being written", value=s.num_pending)
         yield GaugeMetricFamily("kvpool_master_quarantined", "Allocations held: their write may still land",
                                 value=s.quarantined)
+        yield GaugeMetricFamily("kvpool_master_inline_values", "Small plain values held by the master itself",
+                                value=s.inline_values)
+        yield GaugeMetricFamily("kvpool_master_inline_bytes", "Bytes of small plain values held by the master",
+                                value=s.inline_bytes)
+        yield GaugeMetricFamily("kvpool_master_inline_capacity_bytes", "The master's room for small plain values",
+                                value=s.inline_capacity_bytes)
         info = GaugeMetricFamily("kvpool_master_info", "1, labelled with this incarnation's epoch", labels=["epoch"])
         info.add_metric([f"{s.epoch:016x}"], 1)
         yield info
@@ -58,6 +64,7 @@ class MasterCollector(Collector):
             ("forbidden", "Requests refused by the access policy (role, namespace or node ownership)", s.forbidden),
             ("rate_limited", "Requests refused by their identity's rate limit", s.rate_limited),
             ("refused_handshakes", "Connections refused: CURVE key not trusted", s.refused_handshakes),
+            ("inline_evictions", "Small plain values the master evicted to make room", s.inline_evictions),
         ):
             yield CounterMetricFamily(f"kvpool_master_{name}", doc, value=value)
         labels = ["node_id", "segment_id", "state"]
