@@ -95,7 +95,7 @@ out["plain_get_gbs"] = 256 * (64 << 10) / (time.perf_counter() - t) / 1e9
 assert got == values
 client.remove(keys)
 
-client.put(f"{tag}/one", b"x" * 4096)
+client.put(f"{tag}/one", b"x" * (128 << 10))  # over 64 KiB: a node object (smaller ones stay in the master)
 for _ in range(200):
     client.lookup_prefix([f"{tag}/one"])
 samples = np.empty(2000)
