@@ -159,3 +159,34 @@ def test_an_authenticated_master_offers_no_lane(tmp_path):
         assert service._lane is None
     finally:
         service.stop()
+
+
+def test_large_values_cross_the_lane_whole_however_they_are_split(master):
+    """Requests and replies larger than one read (inline values up to 64 KiB, and frames sent in
+    pieces with pauses between them) arrive whole: the master reads on while a frame is incomplete."""
+    values = {f"v{n}": bytes([n]) * size for n, size in enumerate((1, 60_000, 64 << 10, 65_000))}
+    channel = LaneChannel(MasterChannel(master.address, timeout_s=5.0))
+    sock = raw_lane(master)
+    try:
+        for key, value in values.items():
+            assert channel.call(p.PutValue("t", key, value)).status == p.PUT_ALLOCATED
+        assert channel.on_lane
+        for key, value in values.items():
+            reply = channel.call(p.GetValue("t", key))
+            assert reply.inline and reply.value == value
+        # by hand: one frame in three pieces with pauses between them, then two frames in one send
+        payload = p.request_encoder.encode(p.PutValue("t", "split", b"s" * 65_000))
+        frame = struct.pack("<IQ", len(payload), 7) + payload
+        for piece in (frame[:5], frame[5:40_000], frame[40_000:]):
+            sock.sendall(piece)
+            time.sleep(0.05)
+        request_id, reply = read_reply(sock)
+        assert request_id == 7 and reply.status == p.PUT_ALLOCATED
+        assert channel.call(p.GetValue("t", "split")).value == b"s" * 65_000
+        two = b"".join(struct.pack("<IQ", len(x), i) + x for i, x in (
+            (8, p.request_encoder.encode(p.GetValue("t", "v2"))), (9, p.request_encoder.encode(p.GetValue("t", "v3")))))
+        sock.sendall(two)
+        assert [(rid, r.value) for rid, r in (read_reply(sock), read_reply(sock))] == [(8, values["v2"]), (9, values["v3"])]
+    finally:
+        sock.close()
+        channel.close()

@@ -506,11 +506,15 @@ class Client:
     def put(self, key: str, value, parent: str | None = None, *, pinned: bool = False) -> bool:
         """Store bytes, a numpy array or a CPU tensor. True: stored; False: the key existed.
         Raises CapacityError when the pool cannot hold it, TransferError when the write failed."""
+        if type(value) is bytes and parent is None and 0 < len(value) <= self._max_inline:  # no address needed
+            stored = self._put_inline(key, value, pinned)
+            if stored is not None:
+                return stored
         region = region_of(value, writable=False)
         if region.size_bytes <= 0:
             raise UsageError(f"cannot put an empty value under {key!r}")
         if parent is None and region.device is None and region.size_bytes <= self._max_inline:
-            stored = self._put_inline(key, value, region, pinned)
+            stored = self._put_inline(key, ctypes.string_at(region.addr, region.size_bytes), pinned)
             if stored is not None:
                 return stored
         if self._registered.contains(region.addr, region.size_bytes):
@@ -529,13 +533,12 @@ class Client:
             raise TransferError(f"writing {key!r} failed (a node died?); the put was revoked, retry it")
         return status == PUT_ALLOCATED
 
-    def _put_inline(self, key: str, value, region, pinned: bool) -> bool | None:
+    def _put_inline(self, key: str, data: bytes, pinned: bool) -> bool | None:
         """Put a small value inside one PutValue; None: the master keeps no value this large."""
         self._check_keys([key], unique=False)
         if self.config.read_only:
             raise UsageError("this client is read-only (read_only=True): it cannot put")
         started = time.perf_counter()
-        data = value if isinstance(value, bytes) else ctypes.string_at(region.addr, region.size_bytes)
         reply = self._call(protocol.PutValue(self.config.tenant, key, data, bool(pinned)), protocol.PutValueReply)
         self._max_inline = reply.max_inline_bytes
         if reply.status == protocol.PUT_TOO_LARGE:

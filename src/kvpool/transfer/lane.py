@@ -122,6 +122,7 @@ class LaneServer:
             if len(data) == _REQUEST_HEAD.size + length and length <= self._max_frame:
                 return [(conn.key, data[4:12], memoryview(data)[_REQUEST_HEAD.size :])]
         inbox += data
+        self._read_more(conn)  # a large request: what has arrived of it now, not at the next poll
         out = []
         start, end = 0, len(inbox)
         while end - start >= _REQUEST_HEAD.size:
@@ -138,6 +139,23 @@ class LaneServer:
         if start:
             del inbox[:start]
         return out
+
+    def _read_more(self, conn: _Connection) -> None:
+        """Read on while the first frame in the inbox is incomplete and its bytes are there, each
+        read as large as what is missing (a broken connection is found at the next poll)."""
+        inbox, sock = conn.inbox, conn.sock
+        while len(inbox) >= _REQUEST_HEAD.size:
+            length = _REQUEST_HEAD.unpack_from(inbox)[0]
+            missing = _REQUEST_HEAD.size + length - len(inbox)
+            if missing <= 0 or length > self._max_frame:
+                return
+            try:
+                data = sock.recv(max(missing, _RECV_CHUNK))
+            except OSError:  # nothing more yet (or broken: found at the next poll)
+                return
+            if not data:
+                return
+            inbox += data
 
     def reply(self, key: bytes, request_id: bytes, epoch: int, payload: bytes) -> None:
         if request_id == _ONE_WAY_BYTES:
@@ -351,8 +369,11 @@ class LaneChannel:
                                            "(lane)")
                 sock.settimeout(remaining)
             first = False
+            want = _RECV_CHUNK
+            if len(inbox) >= _REPLY_HEAD.size:  # a large reply under way: the rest in one read
+                want = max(want, _REPLY_HEAD.size + _REPLY_HEAD.unpack_from(inbox)[0] - len(inbox))
             try:
-                data = sock.recv(_RECV_CHUNK)
+                data = sock.recv(want)
             except TimeoutError:
                 continue
             except OSError as e:
