@@ -324,12 +324,14 @@ class LaneChannel:
         self._inbox = bytearray()
 
     def _lane_call(self, sock: socket.socket, request: protocol.Request, deadline_s: float) -> protocol.Reply:
-        payload = protocol.request_encoder.encode(request)
+        frame = bytearray(_REQUEST_HEAD.size)  # the payload is encoded behind the head: no copy to join them
+        protocol.request_encoder.encode_into(request, frame, _REQUEST_HEAD.size)
         request_id = self.channel.next_request_id()
+        _REQUEST_HEAD.pack_into(frame, 0, len(frame) - _REQUEST_HEAD.size, request_id)
         try:
             # one timeout for the send and the first receive (each settimeout costs, a loop resets it)
             sock.settimeout(max(1e-3, deadline_s - time.monotonic()))
-            sock.sendall(_REQUEST_HEAD.pack(len(payload), request_id) + payload)
+            sock.sendall(frame)
         except TimeoutError:
             self._close_lane()
             raise UnavailableError(f"master {self.address} does not take requests (lane send timed out)") from None
