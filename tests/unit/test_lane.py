@@ -190,3 +190,32 @@ def test_large_values_cross_the_lane_whole_however_they_are_split(master):
     finally:
         sock.close()
         channel.close()
+
+
+def test_a_master_that_stops_answering_is_unavailable_at_the_call_deadline(tmp_path):
+    """The lane waits with the kernel's timeouts (transfer/timeouts.py): a stopped master makes a
+    call fail at its deadline (the lane is closed then, so the next, shorter call waits on ZMQ),
+    and calls are answered again once the master resumes."""
+    import os
+    import signal
+
+    from kvpool.bench import procs
+    from kvpool.core.errors import UnavailableError
+
+    master = procs.start_master(tmp_path)
+    channel = LaneChannel(MasterChannel(master.info["address"], timeout_s=5.0))
+    try:
+        assert isinstance(lookup(channel), p.LookupReply) and channel.on_lane
+        os.kill(master.pid, signal.SIGSTOP)
+        try:
+            for timeout_s in (0.3, 0.1):
+                started = time.monotonic()
+                with pytest.raises(UnavailableError):
+                    channel.call(p.Stats(), timeout_s)
+                assert timeout_s * 0.8 < time.monotonic() - started < timeout_s + 1.0
+        finally:
+            os.kill(master.pid, signal.SIGCONT)
+        assert isinstance(lookup(channel), p.LookupReply)
+    finally:
+        channel.close()
+        master.stop()

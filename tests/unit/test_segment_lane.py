@@ -238,3 +238,22 @@ def test_without_rdma_reads_and_scatter_gather_writes_of_any_size_take_the_lane(
     monkeypatch.setattr(plane_module, "rdma_available", lambda: True)
     with _plane(big, lane_max_bytes=1 << 20) as plane:
         assert plane.lane_region_bytes == 0  # with RDMA only small jobs
+
+
+def test_a_peer_that_never_answers_is_a_timeout_within_the_deadline(buf):
+    """The lane's sockets wait with the kernel's timeouts (transfer/timeouts.py): a node that takes
+    the request and says nothing ends the job at its deadline, as a TransferError."""
+    import time
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        conn = sl.LaneConnection(f"127.0.0.1:{silent.getsockname()[1]}")
+        started = time.monotonic()
+        with pytest.raises(TransferError, match="timed out"):
+            conn.transfer("READ", [buf.ctypes.data], [0], [4096], time.monotonic() + 0.3)
+        assert 0.25 < time.monotonic() - started < 1.5
+        with pytest.raises(TransferError, match="timed out"):  # a new connection, a shorter deadline
+            conn.transfer("READ", [buf.ctypes.data], [0], [4096], time.monotonic() + 0.1)
+        conn.close()
+    finally:
+        silent.close()

@@ -46,6 +46,7 @@ import zmq
 from kvpool.core import protocol
 from kvpool.core.errors import ProtocolError, UnavailableError, error_from_reply
 from kvpool.transfer.control import MasterChannel, host_of
+from kvpool.transfer.timeouts import KernelTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +241,7 @@ class LaneChannel:
         self._sock: socket.socket | None = None
         self._next_look_s = 0.0  # monotonic time of the next LaneQuery
         self._inbox = bytearray()
+        self._timeouts: KernelTimeouts | None = None  # the lane socket's (timeouts.py)
 
     # the MasterChannel interface
     @property
@@ -279,7 +281,7 @@ class LaneChannel:
             if self._sock is not None:
                 payload = protocol.request_encoder.encode(request)
                 try:
-                    self._sock.settimeout(self.channel.timeout_s)  # not what the last call had left
+                    self._timeouts.arm(self.channel.timeout_s)
                     self._sock.sendall(_REQUEST_HEAD.pack(len(payload), ONE_WAY_ID) + payload)
                     return
                 except OSError:
@@ -313,6 +315,7 @@ class LaneChannel:
                      offer.port, e)
             return None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._timeouts = KernelTimeouts(sock)
         self._sock = sock
         self._inbox = bytearray()
         return sock
@@ -329,10 +332,9 @@ class LaneChannel:
         request_id = self.channel.next_request_id()
         _REQUEST_HEAD.pack_into(frame, 0, len(frame) - _REQUEST_HEAD.size, request_id)
         try:
-            # one timeout for the send and the first receive (each settimeout costs, a loop resets it)
-            sock.settimeout(max(1e-3, deadline_s - time.monotonic()))
+            self._timeouts.arm(deadline_s - time.monotonic())
             sock.sendall(frame)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
             self._close_lane()
             raise UnavailableError(f"master {self.address} does not take requests (lane send timed out)") from None
         except OSError as e:
@@ -369,14 +371,14 @@ class LaneChannel:
                     self._close_lane()
                     raise UnavailableError(f"master {self.address} did not answer {type(request).__name__} in time "
                                            "(lane)")
-                sock.settimeout(remaining)
+                self._timeouts.arm(remaining)
             first = False
             want = _RECV_CHUNK
             if len(inbox) >= _REPLY_HEAD.size:  # a large reply under way: the rest in one read
                 want = max(want, _REPLY_HEAD.size + _REPLY_HEAD.unpack_from(inbox)[0] - len(inbox))
             try:
                 data = sock.recv(want)
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError, InterruptedError):
                 continue
             except OSError as e:
                 raise _LaneBroken(e) from None

@@ -42,6 +42,7 @@ import time
 from collections.abc import Sequence
 
 from kvpool.core.errors import TransferError
+from kvpool.transfer.timeouts import KernelTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +267,7 @@ class LaneConnection:
         self.port = int(port)
         self.address = address
         self._sock: socket.socket | None = None
+        self._timeouts: KernelTimeouts | None = None  # the socket's (timeouts.py: no poll() per receive)
 
     def transfer(self, op: str, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
                  deadline_s: float) -> None:
@@ -277,7 +279,7 @@ class LaneConnection:
         except TransferError:
             self._close()
             raise
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):  # BlockingIOError: a send or receive waited past its timeout
             self._close()
             raise TransferError(f"segment lane {self.address}: {op} timed out") from None
         except OSError as e:
@@ -292,8 +294,9 @@ class LaneConnection:
         if sock is None:
             sock = socket.create_connection((self.host, self.port), timeout=min(remaining, 2.0))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._timeouts = KernelTimeouts(sock)
             self._sock = sock
-        sock.settimeout(remaining)
+        self._timeouts.arm(remaining)
         count = len(sizes)
         request = bytearray(_HEAD.size + count * _REGION.size)
         _HEAD.pack_into(request, 0, MAGIC, op, count)
