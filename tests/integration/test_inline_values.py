@@ -7,6 +7,7 @@ import numpy as np
 
 from kvpool.bench import procs
 from kvpool.client import Client
+from kvpool.master.inline import entry_cost
 from pool_worker import chain_keys, pattern, wait_until
 from test_integrity import FAST, _directory_objects, _mounted, _port
 
@@ -20,7 +21,8 @@ def test_small_values_go_to_the_master_and_larger_ones_to_nodes(pool):
             assert client.put(name, pattern(name, size)) is True
             assert client.put(name, b"other") is False  # a put never overwrites, inline or not
         stats = client.stats()
-        assert (stats.inline_values, stats.inline_bytes, stats.num_objects) == (3, 1 + 68 * KiB, 1)
+        charged = sum(entry_cost("inline", name, size) for name, size in sizes.items() if name != "over")
+        assert (stats.inline_values, stats.inline_bytes, stats.num_objects) == (3, charged, 1)
         for name, size in sizes.items():
             assert client.get(name) == pattern(name, size).tobytes()
             assert np.array_equal(client.get_array(name), pattern(name, size))
@@ -86,3 +88,38 @@ def test_a_master_restart_loses_small_values_and_serves_nothing_else(tmp_path):
     finally:
         node.stop(grace_s=5.0)
         master.stop(grace_s=5.0)
+
+
+def test_when_pinned_values_fill_the_masters_room_a_small_value_goes_to_a_node(make_pool):
+    pool = make_pool(num_nodes=1, master_args=("--inline-capacity", "1KiB", "--max-inline", "512"))
+    with Client(pool.address, "full") as client:
+        assert client.put("pinned", b"p" * 500, pinned=True) is True
+        assert client.put("small", b"s" * 500) is True  # no room in the master: stored on the node
+        stats = client.stats()
+        assert (stats.inline_values, stats.num_objects) == (1, 1)
+        assert client.get("pinned") == b"p" * 500 and client.get("small") == b"s" * 500
+
+
+def test_a_master_that_predates_inline_values_still_serves_plain_values(tmp_path):
+    """An older master answers PutValue / GetValue with a protocol error: the client falls back to
+    nodes and leased lookups for good (a rolling upgrade must not break plain values)."""
+    from kvpool.core import protocol as p
+    from kvpool.master.config import MasterConfig
+    from kvpool.master.service import MasterService
+
+    service = MasterService(MasterConfig(port=0))
+    for kind in (p.PutValue, p.GetValue):
+        del service.core._handlers[kind]  # as a master from before them: "unknown request type"
+    service.start()
+    node = procs.start_node(tmp_path, service.address, "16MiB")
+    try:
+        with Client(service.address, "old") as client:
+            for i in range(3):
+                assert client.put(f"k{i}", pattern(f"k{i}", 4 * KiB)) is True
+            assert [client.get(f"k{i}") for i in range(3)] == [pattern(f"k{i}", 4 * KiB).tobytes() for i in range(3)]
+            assert client.get("missing") is None
+            stats = client.stats()
+            assert (stats.inline_values, stats.num_objects) == (0, 3)
+    finally:
+        node.stop(grace_s=5.0)
+        service.stop()

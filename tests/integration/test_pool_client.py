@@ -15,6 +15,7 @@ import torch
 from prometheus_client import REGISTRY
 
 from kvpool.client import PUT_ALLOCATED, PUT_EXISTS, Client
+from kvpool.master.inline import entry_cost
 from kvpool.core import protocol
 from kvpool.core.errors import UsageError
 from pool_worker import chain_keys, pattern, scattered_regions
@@ -186,7 +187,7 @@ def test_status_cli_table_and_json(pool):
     run = [sys.executable, "-m", "kvpool", "status", "--master", pool.address]
     as_json = json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True, check=True, timeout=60).stdout)
     assert as_json["num_objects"] == 1 and len(as_json["nodes"]) == 2 and as_json["hit_keys"] >= 1
-    assert (as_json["inline_values"], as_json["inline_bytes"]) == (1, 1000)
+    assert (as_json["inline_values"], as_json["inline_bytes"]) == (1, entry_cost("status", "small", 1000))
     table = subprocess.run(run, capture_output=True, text=True, check=True, timeout=60, env={**os.environ, "COLUMNS": "160"})
     assert "node0" in table.stdout and "node1" in table.stdout and "hit rate" in table.stdout
     assert "small values in the master" in table.stdout

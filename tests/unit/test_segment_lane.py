@@ -257,3 +257,39 @@ def test_a_peer_that_never_answers_is_a_timeout_within_the_deadline(buf):
         conn.close()
     finally:
         silent.close()
+
+
+def test_a_peer_that_reads_a_trickle_cannot_hold_a_write_past_its_deadline():
+    """The kernel's send timeout bounds each send, not the job: a node taking a few KiB at a time
+    would keep a blocking sendmsg going; the job still ends at its deadline."""
+    import threading
+    import time
+
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = server.accept()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        while not stop.is_set():
+            try:
+                conn.recv(4096)
+            except OSError:
+                return
+            time.sleep(0.01)
+        conn.close()
+
+    reader = threading.Thread(target=trickle, daemon=True)
+    reader.start()
+    big = np.zeros(16 << 20, dtype=np.uint8)
+    try:
+        conn = sl.LaneConnection(f"127.0.0.1:{server.getsockname()[1]}")
+        started = time.monotonic()
+        with pytest.raises(TransferError, match="timed out"):
+            conn.transfer("WRITE", [big.ctypes.data], [0], [big.nbytes], time.monotonic() + 0.5)
+        assert time.monotonic() - started < 2.0
+        conn.close()
+    finally:
+        stop.set()
+        server.close()
+        reader.join(timeout=5)

@@ -28,7 +28,9 @@ Rules:
   sent inside one PutValue and kept by the master (master/inline.py); `get` asks with one GetValue,
   answered with the bytes, or with a leased lookup when a node holds the value (then read as
   above). So a small value costs one round trip each way. Every reply names the master's limit
-  (0: inline values off), which the client follows from then on; a value over it goes to a node.
+  (0: inline values off), which the client follows from then on; a value over it goes to a node,
+  and so does one the master has no room for (pinned values fill it). A master that cannot decode
+  PutValue / GetValue (older) is asked no more until a new master incarnation answers.
 - Thread-safe: the channel and caches have locks, the staging buffer has its own; no lock is held
   across a transfer except the staging buffer's.
 """
@@ -144,7 +146,8 @@ class Client:
         self._channel.add_epoch_listener(self._segments.on_new_epoch)
         self._metrics = TenantMetrics(client_metrics(), self.config.tenant)
         self._staging = StagingBuffer(self._register_region, staging_bytes)
-        self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # the master's, as its last reply said
+        self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # the master's, as its last reply said (-1: none)
+        self._channel.add_epoch_listener(self._on_new_epoch)
         self._closed = False
 
     # ---- memory -----------------------------------------------------------------------------
@@ -539,17 +542,31 @@ class Client:
         if self.config.read_only:
             raise UsageError("this client is read-only (read_only=True): it cannot put")
         started = time.perf_counter()
-        reply = self._call(protocol.PutValue(self.config.tenant, key, data, bool(pinned)), protocol.PutValueReply)
-        self._max_inline = reply.max_inline_bytes
-        if reply.status == protocol.PUT_TOO_LARGE:
+        try:
+            reply = self._call(protocol.PutValue(self.config.tenant, key, data, bool(pinned)), protocol.PutValueReply)
+        except ProtocolError:
+            self._master_without_values()
             return None
+        self._max_inline = reply.max_inline_bytes
+        if reply.status in (protocol.PUT_TOO_LARGE, PUT_NO_SPACE):
+            return None  # a node takes it (pinned values or the tenant's inline share fill the master's room)
         self._metrics.put_keys[_PUT_STATUS_NAMES.get(reply.status, str(reply.status))].inc()
-        if reply.status == PUT_NO_SPACE:
-            raise CapacityError(reply.message or f"no space for {key!r} ({len(data)} bytes)")
         if reply.status == PUT_ALLOCATED:
             self._metrics.put_bytes.inc(len(data))
         self._metrics.latency_s["put"].observe(time.perf_counter() - started)
         return reply.status == PUT_ALLOCATED
+
+    def _on_new_epoch(self, old_epoch: int | None, new_epoch: int) -> None:
+        if old_epoch is not None and self._max_inline < 0:
+            self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # a new master: ask it again
+
+    def _master_without_values(self) -> None:
+        """The master could not take PutValue / GetValue (it predates them): plain values go
+        through nodes from now on (until a reply from a new master incarnation says otherwise)."""
+        if self._max_inline >= 0:
+            log.info("kvpool: master %s keeps no small values itself (an older master?): plain values go "
+                     "through nodes", self.config.master_address)
+        self._max_inline = -1
 
     def get(self, key: str) -> bytes | None:
         """The value stored under `key`, or None on a miss (or when no replica could be read)."""
@@ -585,8 +602,15 @@ class Client:
         self._check_keys([key], unique=False)
         started = time.perf_counter()
         t0 = time.monotonic()  # before sending: our lease deadline is never later than the master's
-        answer = self._call(protocol.GetValue(self.config.tenant, key), protocol.ValueReply)
-        self._max_inline = answer.max_inline_bytes
+        if self._max_inline < 0:  # a master from before inline values: the leased lookup as it knows it
+            answer = protocol.ValueReply(False, b"", self._lookup_leased([key])[1])
+        else:
+            try:
+                answer = self._call(protocol.GetValue(self.config.tenant, key), protocol.ValueReply)
+                self._max_inline = answer.max_inline_bytes
+            except ProtocolError:
+                self._master_without_values()
+                answer = protocol.ValueReply(False, b"", self._lookup_leased([key])[1])
         if answer.inline:
             self._metrics.get_keys.inc()
             self._metrics.hit_keys.inc()

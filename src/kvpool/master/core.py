@@ -34,6 +34,7 @@ from kvpool.master.segments import SegmentTable
 
 
 MAX_SEGMENT_BYTES = 1 << 60  # per segment
+_UNBOUNDED = 1 << 62  # a byte limit that never binds (a counting lookup sends no values)
 MAX_POOL_BYTES = 1 << 62  # all mounted DRAM together: every sum the master reports stays a 64-bit integer
 
 
@@ -63,7 +64,8 @@ class MasterCore:
                                      config.directory_max_ops)
         self.index = ObjectIndex(config, self.segments, self.ids)
         self.inline = InlineValues(config.inline_capacity_bytes,
-                                   min(config.max_inline_bytes, config.inline_capacity_bytes, config.max_message_bytes // 2))
+                                   min(config.max_inline_bytes, config.inline_capacity_bytes, config.max_message_bytes // 4))
+        self._max_inline_reply = config.max_message_bytes // 4  # inline bytes in one lookup reply
         self.segments_expired = 0
         self.forbidden = 0  # requests refused by the access policy
         self._node_owners: dict[str, str] = {}  # node id -> public key of the identity that mounted it
@@ -198,7 +200,7 @@ class MasterCore:
         accepted, rejected = self.index.announce(segment, req.entries, req.ages_s, now_s)
         if len(self.inline):  # one namespace: a key a node brings back replaces one put inline meanwhile
             for entry in req.entries:
-                if entry.size and self.inline.holds_any(entry.tenant):
+                if entry.size and self.inline.holds_any(entry.tenant) and self.index.holds(entry.tenant, entry.key):
                     self.inline.remove(entry.tenant, [entry.key])
         if req.disk_entries:
             accepted += len(req.disk_entries) - self.index.tiers.announce(segment, req.disk_entries, now_s)
@@ -262,12 +264,18 @@ class MasterCore:
         quota = self.config.quotas.quota_of(owner)
         status, message = inline.put(req.tenant, owner, req.key, req.value, req.pinned,
                                      quota.max_bytes if quota is not None else None)
+        if status == p.PUT_ALLOCATED:
+            self.index.puts += 1  # readable at once, as a node object after its PutEnd
         return p.PutValueReply(status, message, inline.max_value_bytes)
 
     def _get_value(self, req: p.GetValue, now_s: float) -> p.ValueReply:
         _check_keys([req.key])
         value = self.inline.get(req.tenant, req.key)
         if value is not None:
+            index = self.index  # counted as the leased lookup it replaces
+            index.lookups += 1
+            index.gets += 1
+            index.hit_keys += 1
             return p.ValueReply(True, value, None, self.inline.max_value_bytes)
         lookup = self._lookup_prefix(p.LookupPrefix(req.tenant, [req.key], True), now_s)
         return p.ValueReply(False, b"", lookup, self.inline.max_value_bytes)
@@ -289,34 +297,40 @@ class MasterCore:
         return p.OkReply(count=self.index.end_quarantine(req.tenant, req.tokens))
 
     def _lookup_prefix(self, req: p.LookupPrefix, now_s: float) -> p.LookupReply:
-        num_hit, lease_id, locations, counts, checksums = self.index.lookup_prefix(
-            req.tenant, req.keys, req.lease, now_s
-        )
-        promoting = self.index.last_num_promoting
+        index = self.index
+        num_hit, lease_id, locations, counts, checksums = index.lookup_prefix(req.tenant, req.keys, req.lease, now_s)
+        promoting = index.last_num_promoting
         inline_values: list[bytes] = []
         if num_hit < len(req.keys) and not promoting and self.inline.holds_any(req.tenant):
+            before = num_hit
             if req.lease:  # a read: the inline values right after the node hits travel in the reply
-                inline_values = self.inline.run(req.tenant, req.keys, num_hit, read=True)
+                inline_values = self.inline.run(req.tenant, req.keys, num_hit, True, self._max_inline_reply)
                 num_hit += len(inline_values)
             else:
                 num_hit, promoting = self._count_beside_inline(req, num_hit, now_s)
+            index.hit_keys += num_hit - before  # the index counted those keys as misses
+            index.miss_keys -= num_hit - before
         return p.LookupReply(num_hit, self.config.lease_ttl_s, lease_id, locations, counts, checksums,
                              promoting, inline_values)
 
     def _count_beside_inline(self, req: p.LookupPrefix, num_hit: int, now_s: float) -> tuple[int, int]:
-        """A counting lookup walks on through inline and index keys alike: (hits, promoting)."""
-        keys = req.keys
+        """A counting lookup walks on through inline and index keys alike: (hits, promoting). The
+        index's own counters see one lookup (the caller's), not one per stretch of index keys."""
+        index, keys = self.index, req.keys
+        counted = (index.lookups, index.hit_keys, index.miss_keys)
+        promoting = 0
         while num_hit < len(keys):
-            run = len(self.inline.run(req.tenant, keys, num_hit, read=False))
+            run = len(self.inline.run(req.tenant, keys, num_hit, False, _UNBOUNDED))
             if not run:
                 break
             num_hit += run
             if num_hit < len(keys):
-                more = self.index.lookup_prefix(req.tenant, keys[num_hit:], False, now_s)[0]
-                num_hit += more
-                if self.index.last_num_promoting:
-                    return num_hit, self.index.last_num_promoting
-        return num_hit, 0
+                num_hit += index.lookup_prefix(req.tenant, keys[num_hit:], False, now_s)[0]
+                promoting = index.last_num_promoting
+                if promoting:
+                    break
+        index.lookups, index.hit_keys, index.miss_keys = counted
+        return num_hit, promoting
 
     def _release_leases(self, req: p.ReleaseLeases, now_s: float) -> p.OkReply:
         return p.OkReply(count=self.index.release_leases(req.tenant, req.lease_ids, now_s))

@@ -13,10 +13,16 @@ Rules:
   answers PUT_EXISTS whichever way it was stored. `exists`, `remove` and prefix lookups see both
   (core.py): a counting lookup walks on through index and inline keys alike; a leased one (a read)
   returns its node hits, then the values of the inline keys right after them, and ends there.
-- Bounded: at most `capacity_bytes` of values (0 turns inline values off). A put that does not fit
-  evicts the least recently used unpinned values (a get is a use); if pinned ones fill it, the put
-  is PUT_NO_SPACE. A tenant with a byte quota holds at most that many bytes here (evicting its own
-  values first, never another tenant's to make room for its quota): its node quota is separate.
+- Bounded: at most `capacity_bytes` (0 turns inline values off), each value charged its bytes plus
+  its key's and namespace's length plus ENTRY_OVERHEAD_BYTES (the master's own memory per entry:
+  1-byte values under long keys must not hold GiBs). A put that does not fit evicts the least
+  recently used unpinned values (a get is a use); if pinned ones fill it, the put is PUT_NO_SPACE.
+  A tenant with a byte quota holds at most that much here (evicting its own values, never another
+  tenant's, to make room under its quota): its node quota is separate. Victims are chosen for both
+  limits before any is evicted, so a refused put evicts nothing. Pinned values are kept out of the
+  LRU orders, so eviction never walks past them.
+- A read's reply carries at most `max_reply_bytes` of values (a lookup naming one key a million
+  times must not make the master build a 64 GiB reply): the run of inline hits ends there.
 - Gone on a master restart: a restarted master holds no inline values, so a reader misses (and
   recomputes) rather than reading anything else. Nothing is written to nodes.
 """
@@ -27,26 +33,37 @@ from collections import OrderedDict
 
 from kvpool.core.protocol import PUT_ALLOCATED, PUT_EXISTS, PUT_NO_SPACE
 from kvpool.core.sizes import format_size
-from kvpool.master.access import namespace_owner
+
+ENTRY_OVERHEAD_BYTES = 200  # the master's memory per entry beyond its bytes and names (measured ~180-420)
+
+_Key = tuple[str, str]  # (namespace, key)
 
 
 class _Value:
-    __slots__ = ("data", "pinned")
+    __slots__ = ("data", "pinned", "owner", "cost")
 
-    def __init__(self, data: bytes, pinned: bool) -> None:
+    def __init__(self, data: bytes, pinned: bool, owner: str, cost: int) -> None:
         self.data = data
         self.pinned = pinned
+        self.owner = owner
+        self.cost = cost
+
+
+def entry_cost(namespace: str, key: str, size: int) -> int:
+    """What one value is charged against the capacity and quotas."""
+    return size + len(key) + len(namespace) + ENTRY_OVERHEAD_BYTES
 
 
 class InlineValues:
     def __init__(self, capacity_bytes: int, max_value_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
         self.max_value_bytes = max_value_bytes if capacity_bytes else 0
-        # (namespace, key) -> value, least recently used first
-        self._values: OrderedDict[tuple[str, str], _Value] = OrderedDict()
-        self._owner_bytes: dict[str, int] = {}  # quota owner -> bytes it holds here
+        self._values: dict[_Key, _Value] = {}
+        self._lru: OrderedDict[_Key, _Value] = OrderedDict()  # unpinned ones, least recently used first
+        self._owner_lru: dict[str, OrderedDict[_Key, _Value]] = {}  # the same, per quota owner
+        self._owner_bytes: dict[str, int] = {}  # quota owner -> bytes charged to it (pinned too)
         self._namespaces: dict[str, int] = {}  # namespace -> values it holds (a cheap "any here?")
-        self.used_bytes = 0
+        self.used_bytes = 0  # charged (entry_cost), pinned included
         self.evictions = 0
         self.evicted_bytes = 0
 
@@ -64,22 +81,36 @@ class InlineValues:
 
     def put(self, namespace: str, owner: str, key: str, data: bytes, pinned: bool,
             quota_bytes: int | None) -> tuple[int, str]:
-        """(PUT_ALLOCATED, "") when stored; PUT_EXISTS when the key is here; PUT_NO_SPACE and why.
-        The caller has checked the size (`accepts`) and that the index does not hold the key."""
+        """(PUT_ALLOCATED, "") when stored; PUT_EXISTS when the key is here; PUT_NO_SPACE and why
+        (nothing evicted then). The caller has checked the size (`accepts`) and that the index does
+        not hold the key."""
         entry_key = (namespace, key)
         if entry_key in self._values:
             return PUT_EXISTS, ""
-        size = len(data)
-        if quota_bytes is not None and not self._make_room(size, quota_bytes, owner):
-            return PUT_NO_SPACE, (f"tenant {owner!r} holds {format_size(self._owner_bytes.get(owner, 0))} of inline "
-                                  f"values (pinned ones stay) and a quota of {format_size(quota_bytes)}: "
-                                  f"{format_size(size)} more do not fit")
-        if not self._make_room(size, self.capacity_bytes, None):
+        cost = entry_cost(namespace, key, len(data))
+        victims: list[_Key] = []
+        freed = 0
+        if quota_bytes is not None:
+            held = self._owner_bytes.get(owner, 0)
+            planned = self._victims(self._owner_lru.get(owner), held + cost - quota_bytes, ())
+            if planned is None:
+                return PUT_NO_SPACE, (f"tenant {owner!r} holds {format_size(held)} of inline values (pinned ones "
+                                      f"stay) under a quota of {format_size(quota_bytes)}: "
+                                      f"{format_size(cost)} more do not fit")
+            victims, freed = planned
+        planned = self._victims(self._lru, self.used_bytes - freed + cost - self.capacity_bytes, set(victims))
+        if planned is None:
             return PUT_NO_SPACE, (f"the master's {format_size(self.capacity_bytes)} for inline values are held "
                                   "by pinned values")
-        self._values[entry_key] = _Value(data, pinned)
-        self.used_bytes += size
-        self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + size
+        for entry_key_ in victims + planned[0]:
+            self._evict(entry_key_)
+        value = _Value(data, pinned, owner, cost)
+        self._values[entry_key] = value
+        if not pinned:
+            self._lru[entry_key] = value
+            self._owner_lru.setdefault(owner, OrderedDict())[entry_key] = value
+        self.used_bytes += cost
+        self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + cost
         self._namespaces[namespace] = self._namespaces.get(namespace, 0) + 1
         return PUT_ALLOCATED, ""
 
@@ -91,22 +122,26 @@ class InlineValues:
         value = self._values.get(entry_key)
         if value is None:
             return None
-        self._values.move_to_end(entry_key)
+        self._touch(entry_key, value)
         return value.data
 
-    def run(self, namespace: str, keys: list[str], start: int, read: bool) -> list[bytes]:
-        """The values of the keys held here from keys[start] on, up to the first one that is not.
-        `read`: they are being read (each becomes the most recently used); else only counted."""
+    def run(self, namespace: str, keys: list[str], start: int, read: bool, max_bytes: int) -> list[bytes]:
+        """The values of the keys held here from keys[start] on, up to the first one that is not, or
+        until they would pass `max_bytes` together. `read`: they are being read (each becomes the most
+        recently used); else only counted."""
         if namespace not in self._namespaces:
             return []
-        values, get = [], self._values.get
+        values, get, total = [], self._values.get, 0
         for n in range(start, len(keys)):
             entry_key = (namespace, keys[n])
             value = get(entry_key)
             if value is None:
                 break
+            total += len(value.data)
+            if total > max_bytes:
+                break
             if read:
-                self._values.move_to_end(entry_key)
+                self._touch(entry_key, value)
             values.append(value.data)
         return values
 
@@ -115,46 +150,55 @@ class InlineValues:
             return 0
         removed = 0
         for key in keys:
-            value = self._values.pop((namespace, key), None)
-            if value is not None:
-                self._forget(namespace, value)
+            if (namespace, key) in self._values:
+                self._drop((namespace, key))
                 removed += 1
         return removed
 
-    def _make_room(self, size: int, limit: int, owner: str | None) -> bool:
-        """Evict least recently used unpinned values (only `owner`'s, unless None) until `size` more
-        bytes fit under `limit`; False (nothing evicted) when they cannot."""
-        used = self.used_bytes if owner is None else self._owner_bytes.get(owner, 0)
-        if used + size <= limit:
-            return True
+    def _touch(self, entry_key: _Key, value: _Value) -> None:
+        if not value.pinned:
+            self._lru.move_to_end(entry_key)
+            self._owner_lru[value.owner].move_to_end(entry_key)
+
+    @staticmethod
+    def _victims(order: OrderedDict | None, need: int, skip) -> tuple[list[_Key], int] | None:
+        """The least recently used entries of `order` (not in `skip`) freeing >= `need` bytes, and
+        what they free; None when all of them would not."""
+        if need <= 0:
+            return [], 0
         victims, freed = [], 0
-        for entry_key, value in self._values.items():  # oldest first
-            if value.pinned or (owner is not None and namespace_owner(entry_key[0]) != owner):
+        for entry_key, value in (order or {}).items():  # oldest first
+            if entry_key in skip:
                 continue
             victims.append(entry_key)
-            freed += len(value.data)
-            if used - freed + size <= limit:
-                break
-        else:
-            return False
-        for entry_key in victims:
-            value = self._values.pop(entry_key)
-            self._forget(entry_key[0], value)
-            self.evictions += 1
-            self.evicted_bytes += len(value.data)
-        return True
+            freed += value.cost
+            if freed >= need:
+                return victims, freed
+        return None
 
-    def _forget(self, namespace: str, value: _Value) -> None:
-        size = len(value.data)
-        self.used_bytes -= size
-        owner = namespace_owner(namespace)
-        left = self._owner_bytes[owner] - size
+    def _evict(self, entry_key: _Key) -> None:
+        cost = self._drop(entry_key)
+        self.evictions += 1
+        self.evicted_bytes += cost
+
+    def _drop(self, entry_key: _Key) -> int:
+        value = self._values.pop(entry_key)
+        if not value.pinned:
+            del self._lru[entry_key]
+            owner_lru = self._owner_lru[value.owner]
+            del owner_lru[entry_key]
+            if not owner_lru:
+                del self._owner_lru[value.owner]
+        self.used_bytes -= value.cost
+        left = self._owner_bytes[value.owner] - value.cost
         if left:
-            self._owner_bytes[owner] = left
+            self._owner_bytes[value.owner] = left
         else:
-            del self._owner_bytes[owner]
+            del self._owner_bytes[value.owner]
+        namespace = entry_key[0]
         count = self._namespaces[namespace] - 1
         if count:
             self._namespaces[namespace] = count
         else:
             del self._namespaces[namespace]
+        return value.cost

@@ -281,10 +281,10 @@ class LaneChannel:
             if self._sock is not None:
                 payload = protocol.request_encoder.encode(request)
                 try:
-                    self._timeouts.arm(self.channel.timeout_s)
-                    self._sock.sendall(_REQUEST_HEAD.pack(len(payload), ONE_WAY_ID) + payload)
+                    self._timeouts.send_all(_REQUEST_HEAD.pack(len(payload), ONE_WAY_ID) + payload,
+                                            time.monotonic() + self.channel.timeout_s)
                     return
-                except OSError:
+                except OSError:  # TimeoutError and BlockingIOError too
                     self._close_lane()
         self.channel.send(request)
 
@@ -332,8 +332,7 @@ class LaneChannel:
         request_id = self.channel.next_request_id()
         _REQUEST_HEAD.pack_into(frame, 0, len(frame) - _REQUEST_HEAD.size, request_id)
         try:
-            self._timeouts.arm(deadline_s - time.monotonic())
-            sock.sendall(frame)
+            self._timeouts.send_all(frame, deadline_s)
         except (TimeoutError, BlockingIOError):
             self._close_lane()
             raise UnavailableError(f"master {self.address} does not take requests (lane send timed out)") from None

@@ -296,7 +296,8 @@ class LaneConnection:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._timeouts = KernelTimeouts(sock)
             self._sock = sock
-        self._timeouts.arm(remaining)
+        timeouts = self._timeouts
+        timeouts.arm(remaining)
         count = len(sizes)
         request = bytearray(_HEAD.size + count * _REGION.size)
         _HEAD.pack_into(request, 0, MAGIC, op, count)
@@ -305,18 +306,19 @@ class LaneConnection:
         views = [_view(a, s) for a, s in zip(local_addrs, sizes)]
         reply = bytearray(_REPLY.size)
         if op == WRITE:
-            _send_all(sock, [memoryview(request)] + views)
-            _recv_all(sock, [memoryview(reply)], 0)
+            _send_all(sock, [memoryview(request)] + views, timeouts, deadline_s)
+            _recv_all(sock, [memoryview(reply)], 0, timeouts=timeouts, deadline_s=deadline_s)
         else:
-            sock.sendall(request)
+            _send_all(sock, [memoryview(request)], timeouts, deadline_s)
             # the reply's head and bytes in as few receives as the kernel allows (one, when small); on
             # a refusal the reason lands in the caller's memory, which a failed read leaves undefined
-            received = _recv_all(sock, [memoryview(reply), *views], _REPLY.size)
+            received = _recv_all(sock, [memoryview(reply), *views], _REPLY.size, timeouts=timeouts,
+                                 deadline_s=deadline_s)
         status, length = _REPLY.unpack(reply)
         if status != 0:
             if op == WRITE:
                 reason = bytearray(min(length, 4096))
-                _recv_all(sock, [memoryview(reason)], 0)
+                _recv_all(sock, [memoryview(reason)], 0, timeouts=timeouts, deadline_s=deadline_s)
             else:
                 reason = views[0][: max(0, min(length, received - _REPLY.size))].tobytes()
             raise TransferError(f"segment lane {self.address} refused the {('', 'READ', 'WRITE')[op]}: "
@@ -362,13 +364,17 @@ def _requests(local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: 
         yield addrs, offsets, lengths
 
 
-def _recv_all(sock: socket.socket, buffers: list[memoryview], at_least: int, total: int | None = None) -> int:
+def _recv_all(sock: socket.socket, buffers: list[memoryview], at_least: int, total: int | None = None,
+              timeouts: KernelTimeouts | None = None, deadline_s: float = 0.0) -> int:
     """Scatter received bytes over `buffers` (recvmsg_into, at most 512 at a time) until `total`
     bytes (default: all the buffers hold) or, once the first `at_least` bytes are in and their first
-    byte is not 0 (a refusal: only its reason follows), at once. Returns the bytes received."""
+    byte is not 0 (a refusal: only its reason follows), at once. Returns the bytes received.
+    With `timeouts`: TimeoutError at `deadline_s`, however the bytes trickle in."""
     total = sum(len(b) for b in buffers) if total is None else total
     got, i, offset = 0, 0, 0  # bytes so far; the buffer being filled and how far
     while got < total:
+        if timeouts is not None:
+            timeouts.before(deadline_s)
         n = sock.recvmsg_into([buffers[i][offset:], *buffers[i + 1 : i + 512]])[0]
         if n == 0:
             raise ConnectionError("connection closed mid-message")
@@ -385,11 +391,14 @@ def _recv_all(sock: socket.socket, buffers: list[memoryview], at_least: int, tot
     return got
 
 
-def _send_all(sock: socket.socket, buffers: list[memoryview]) -> None:
+def _send_all(sock: socket.socket, buffers: list[memoryview], timeouts: KernelTimeouts | None = None,
+              deadline_s: float = 0.0) -> None:
     """sendmsg until every buffer is sent (the kernel may take part of them per call, and at most
-    IOV_MAX = 1024 buffers per call)."""
+    IOV_MAX = 1024 buffers per call). With `timeouts`: TimeoutError at `deadline_s`."""
     i = 0
     while i < len(buffers):
+        if timeouts is not None:
+            timeouts.before(deadline_s)
         sent = sock.sendmsg(buffers[i : i + 512])
         while i < len(buffers) and sent >= len(buffers[i]):
             sent -= len(buffers[i])

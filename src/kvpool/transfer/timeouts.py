@@ -4,13 +4,16 @@ Why: `socket.settimeout` makes CPython poll() before every send and receive, and
 two fcntl() calls; on the lanes that is two to four extra system calls per round trip (a quarter
 of the Python client's share of a 55 us lookup across hosts) and one poll() per receive of a bulk
 read (hundreds per 64 MiB). The kernel's timeouts cost nothing per call. A send or receive that
-waits past them raises BlockingIOError (EAGAIN), which callers treat as their timeout.
+waits past them raises BlockingIOError (EAGAIN), which callers treat as their timeout. They bound
+each send and receive, not a whole message (as settimeout bounds `sendall`): a peer taking a few
+bytes at a time would keep a sender going, so loops call `before(deadline)` between calls.
 """
 
 from __future__ import annotations
 
 import socket
 import struct
+import time
 
 _TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
 
@@ -24,6 +27,20 @@ class KernelTimeouts:
         sock.settimeout(None)
         self._sock = sock
         self._armed_s: float | None = None
+
+    def before(self, deadline_s: float) -> None:
+        """Arm for what is left until `deadline_s` (monotonic); TimeoutError when nothing is."""
+        left = deadline_s - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        self.arm(left)
+
+    def send_all(self, data, deadline_s: float) -> None:
+        """`sock.sendall(data)`, ended by TimeoutError / BlockingIOError at `deadline_s`."""
+        view = memoryview(data)
+        while view:
+            self.before(deadline_s)
+            view = view[self._sock.send(view):]
 
     def arm(self, seconds: float) -> None:
         """Let each send and receive wait about `seconds` (at least 1 ms). Set again only when
