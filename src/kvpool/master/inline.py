@@ -108,7 +108,10 @@ class InlineValues:
         self._values[entry_key] = value
         if not pinned:
             self._lru[entry_key] = value
-            self._owner_lru.setdefault(owner, OrderedDict())[entry_key] = value
+            owner_lru = self._owner_lru.get(owner)
+            if owner_lru is None:
+                owner_lru = self._owner_lru[owner] = OrderedDict()
+            owner_lru[entry_key] = value
         self.used_bytes += cost
         self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + cost
         self._namespaces[namespace] = self._namespaces.get(namespace, 0) + 1
