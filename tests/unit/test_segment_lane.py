@@ -4,6 +4,7 @@ requests (nothing moves, the connection closes, the server keeps serving), and w
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import struct
@@ -11,6 +12,8 @@ import struct
 import msgspec
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvpool.core.errors import TransferError
 from kvpool.transfer import DataPlane, SegmentMemory
@@ -293,3 +296,52 @@ def test_a_peer_that_reads_a_trickle_cannot_hold_a_write_past_its_deadline():
         stop.set()
         server.close()
         reader.join(timeout=5)
+
+
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=12), st.floats(0, 1))
+def test_a_job_cut_in_halves_covers_the_same_bytes_in_order(sizes, where):
+    from kvpool.transfer.plane import _halves
+
+    addrs = list(itertools.accumulate([1 << 20] + sizes[:-1]))  # contiguous local regions
+    offsets = list(itertools.accumulate([7 << 20] + [s * 2 for s in sizes[:-1]]))  # spread remote ones
+    at = int(sum(sizes) * where)
+    first, second = _halves(addrs, offsets, sizes, at)
+    assert sum(first[2]) == at and sum(second[2]) == sum(sizes) - at
+    assert all(n > 0 for n in first[2] + second[2])
+
+    def byte_pairs(a, o, s):  # (local byte, remote byte) for every byte, in order
+        return [(x + k, y + k) for x, y, n in zip(a, o, s) for k in range(n)]
+
+    assert byte_pairs(*first) + byte_pairs(*second) == byte_pairs(addrs, offsets, sizes)
+
+
+def test_a_large_read_runs_as_two_halves_on_two_connections(segment, info, buf):
+    """A READ of lane_split_bytes or more runs half on a second connection of the same lane, at once;
+    every byte lands where it belongs (regions of odd sizes, one cut in the middle)."""
+    src = np.random.default_rng(5).integers(0, 256, 1 << 20, dtype=np.uint8)
+    dst = np.zeros(1 << 20, dtype=np.uint8)
+    sizes = [100_003, 300_001, 48_000, (1 << 20) - 448_004]
+    with _plane(src, dst, path="lane") as plane:
+        plane.transfer("WRITE", info, [src.ctypes.data], [0], [src.nbytes], 5)
+        plane.lane_split_bytes = 64 << 10
+        local = list(itertools.accumulate([dst.ctypes.data] + sizes[:-1]))
+        remote = list(itertools.accumulate([0] + sizes[:-1]))
+        plane.transfer("READ", info, local, remote, sizes, 5)
+        assert np.array_equal(src, dst)
+        lane = next(r.lane for r in plane._routes.values() if r.lane is not None)
+        assert lane._open == 2  # the second half had a connection of its own
+
+
+def test_a_split_read_from_a_silent_node_ends_at_its_deadline(info, buf):
+    import time
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    quiet = msgspec.structs.replace(info, segment_id=99, lane_address=f"127.0.0.1:{silent.getsockname()[1]}")
+    try:
+        with _plane(buf, path="lane") as plane:
+            plane.lane_split_bytes = 64 << 10
+            started = time.monotonic()
+            error = plane.transfer_many("READ", [(quiet, [buf.ctypes.data], [0], [buf.nbytes])], 0.3)[0]
+            assert isinstance(error, TransferError) and time.monotonic() - started < 1.5
+    finally:
+        silent.close()

@@ -26,7 +26,9 @@ Rules:
   one job of 1 MiB regions, lane / NIXL on UCX TCP): READ 1.36-3.10x from 256 KiB to 64 MiB;
   WRITE 1.39-2.03x up to 4 MiB, 0.85x at 16 MiB, 1.01x at 64 MiB (so those stay on NIXL).
 - Client side (`SegmentLane`): up to 4 connections per segment route, each used by one thread at a
-  time (`try_acquire`: with all in use the job goes to NIXL instead of queueing). A failure closes
+  time (`try_acquire`: with all in use the job goes to NIXL instead of queueing). A READ of 8 MiB
+  or more ($KVPOOL_SEGMENT_LANE_SPLIT_BYTES; 0: never) runs as two halves on two connections at
+  once when a second is free (DataPlane._lane_transfer). A failure closes
   that connection (the next job reconnects) and is a TransferError for that job, never a hang.
 """
 
