@@ -63,9 +63,9 @@ class MasterCore:
         self.segments = SegmentTable(config.alignment_bytes, config.heartbeat_interval_s, config.node_ttl_s, self.ids,
                                      config.directory_max_ops)
         self.index = ObjectIndex(config, self.segments, self.ids)
-        self.inline = InlineValues(config.inline_capacity_bytes,
-                                   min(config.max_inline_bytes, config.inline_capacity_bytes, config.max_message_bytes // 4))
         self._max_inline_reply = config.max_message_bytes // 4  # inline bytes in one lookup reply
+        self.inline = InlineValues(config.inline_capacity_bytes,
+                                   min(config.max_inline_bytes, config.inline_capacity_bytes, self._max_inline_reply))
         self.segments_expired = 0
         self.forbidden = 0  # requests refused by the access policy
         self._node_owners: dict[str, str] = {}  # node id -> public key of the identity that mounted it
@@ -308,8 +308,7 @@ class MasterCore:
                 num_hit += len(inline_values)
             else:
                 num_hit, promoting = self._count_beside_inline(req, num_hit, now_s)
-            index.hit_keys += num_hit - before  # the index counted those keys as misses
-            index.miss_keys -= num_hit - before
+            index.count_hits_after(num_hit - before)
         return p.LookupReply(num_hit, self.config.lease_ttl_s, lease_id, locations, counts, checksums,
                              promoting, inline_values)
 
@@ -317,7 +316,6 @@ class MasterCore:
         """A counting lookup walks on through inline and index keys alike: (hits, promoting). The
         index's own counters see one lookup (the caller's), not one per stretch of index keys."""
         index, keys = self.index, req.keys
-        counted = (index.lookups, index.hit_keys, index.miss_keys)
         promoting = 0
         while num_hit < len(keys):
             run = len(self.inline.run(req.tenant, keys, num_hit, False, _UNBOUNDED))
@@ -325,11 +323,10 @@ class MasterCore:
                 break
             num_hit += run
             if num_hit < len(keys):
-                num_hit += index.lookup_prefix(req.tenant, keys[num_hit:], False, now_s)[0]
+                num_hit += index.lookup_prefix(req.tenant, keys[num_hit:], False, now_s, counted=False)[0]
                 promoting = index.last_num_promoting
                 if promoting:
                     break
-        index.lookups, index.hit_keys, index.miss_keys = counted
         return num_hit, promoting
 
     def _release_leases(self, req: p.ReleaseLeases, now_s: float) -> p.OkReply:

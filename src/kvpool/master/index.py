@@ -304,16 +304,17 @@ class ObjectIndex:
     # ---- get -----------------------------------------------------------------------------------
 
     def lookup_prefix(
-        self, tenant: str, keys: list[str], lease: bool, now_s: float
+        self, tenant: str, keys: list[str], lease: bool, now_s: float, counted: bool = True
     ) -> tuple[int, int, bytes, bytes, bytes]:
         """How many leading keys are complete; with `lease`, lease them and return (num_hit,
         lease_id, packed replica locations, per-hit replica counts or b"" when all are 1, packed
-        checksums).
+        checksums). `counted=False`: a continuation of a lookup already counted (lookups, hits).
 
         A draining object (eviction is waiting for its lease to end) takes no new lease, so a
         leased lookup stops there; a counting lookup (lease=False) still sees it.
         """
-        self.lookups += 1
+        if counted:
+            self.lookups += 1
         self.last_num_promoting = 0
         space = self.tenants.get(tenant)
         hits: list[ObjectRecord] = []
@@ -369,8 +370,9 @@ class ObjectIndex:
                         break
                     rec.last_access_s = now_s
                     num_hit += 1
-        self.hit_keys += num_hit
-        self.miss_keys += len(keys) - num_hit
+        if counted:
+            self.hit_keys += num_hit
+            self.miss_keys += len(keys) - num_hit
         return num_hit, lease_id, locations, counts, checksums
 
     def _promote(self, space: dict, keys: list[str], start: int, now_s: float) -> int:
@@ -416,6 +418,11 @@ class ObjectIndex:
                 if rec in zombies:
                     zombies.discard(rec)
                     self._free_replicas(rec.replicas)
+
+    def count_hits_after(self, num_hits: int) -> None:
+        """Keys the last lookup counted as misses were hits found elsewhere (inline values)."""
+        self.hit_keys += num_hits
+        self.miss_keys -= num_hits
 
     def holds(self, tenant: str, key: str) -> bool:
         """Whether the key names a record here in any state (pending, complete, disk-only)."""

@@ -490,26 +490,15 @@ def _path_of(route: _Route) -> str:
 
 def _halves(addrs, offsets, sizes, at: int):
     """The regions cut at byte `at` (a region across it is cut in two): two (addrs, offsets, sizes)."""
-    first: tuple[list, list, list] = ([], [], [])
-    second: tuple[list, list, list] = ([], [], [])
+    halves: tuple[tuple[list, list, list], ...] = (([], [], []), ([], [], []))
     done = 0
     for addr, offset, size in zip(addrs, offsets, sizes):
         addr, offset, size = int(addr), int(offset), int(size)
-        if done >= at:
-            target = second
-        elif done + size <= at:
-            target = first
-        else:
-            cut = at - done
-            for part, where in ((0, first), (cut, second)):
-                n = cut if part == 0 else size - cut
-                where[0].append(addr + part)
-                where[1].append(offset + part)
-                where[2].append(n)
-            done += size
-            continue
-        target[0].append(addr)
-        target[1].append(offset)
-        target[2].append(size)
+        cut = min(max(at - done, 0), size)  # bytes of this region in the first half
+        for half, start, length in ((halves[0], 0, cut), (halves[1], cut, size - cut)):
+            if length:
+                half[0].append(addr + start)
+                half[1].append(offset + start)
+                half[2].append(length)
         done += size
-    return first, second
+    return halves
