@@ -67,3 +67,50 @@ def test_small_jobs_and_single_cpu_processes_copy_on_the_callers_thread(monkeypa
     # through the bases, as a segment's copies pass them
     memcopy.copy_regions([0], [0], [big.nbytes], dst_base=out.ctypes.data, src_base=big.ctypes.data)
     assert np.array_equal(big, out) and not used
+
+
+@given(st.lists(st.tuples(st.integers(0, 63), st.integers(0, 63),
+                          st.sampled_from([1, 100, 4095, 16 << 10, (16 << 10) + 5, 200_000, (512 << 10) - 1, 512 << 10])),
+                min_size=1, max_size=6),
+       st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_regions_at_any_alignment_land_exactly(regions, split):
+    """Mutually misaligned regions of 16-512 KiB go through numpy's loop, the others through
+    memmove: either way every byte lands in place and nothing around it changes."""
+    room = sum(size + 128 for _, _, size in regions)
+    src = np.random.default_rng(len(regions)).integers(0, 256, room, dtype=np.uint8)
+    dst = np.zeros(room + 64, dtype=np.uint8)
+    dsts, srcs, sizes, expected, at = [], [], [], np.zeros_like(dst), 0
+    for dst_shift, src_shift, size in regions:
+        dsts.append(at + dst_shift)
+        srcs.append(at + src_shift)
+        sizes.append(size)
+        expected[at + dst_shift : at + dst_shift + size] = src[at + src_shift : at + src_shift + size]
+        at += size + 128
+    old = memcopy.SPLIT_MIN_BYTES, memcopy.PART_MIN_BYTES, memcopy._num_cpus
+    if split:  # parts on helper threads, regions cut between them: the same routes
+        memcopy.SPLIT_MIN_BYTES, memcopy.PART_MIN_BYTES, memcopy._num_cpus = 1, 1, 3
+    try:
+        memcopy.copy_regions(dsts, srcs, sizes, dst_base=dst.ctypes.data, src_base=src.ctypes.data)
+    finally:
+        memcopy.SPLIT_MIN_BYTES, memcopy.PART_MIN_BYTES, memcopy._num_cpus = old
+    assert np.array_equal(dst, expected)
+
+
+def test_misaligned_regions_take_numpys_loop_and_aligned_ones_memmove(monkeypatch):
+    routes = []
+    real_copyto = np.copyto
+    monkeypatch.setattr(memcopy.np, "copyto", lambda *a, **k: (routes.append("numpy"), real_copyto(*a, **k)))
+    src = np.arange(1 * MiB, dtype=np.uint8)
+    dst = np.zeros(1 * MiB + 64, dtype=np.uint8)
+    d, s = dst.ctypes.data, src.ctypes.data
+    shift = (s - d + 16) % 64  # dst lands 16 bytes past src, modulo 64: rep movsb's slow case
+    memcopy.copy_one(d + shift, s, 64 << 10)
+    assert routes == ["numpy"]
+    assert np.array_equal(dst[shift : shift + (64 << 10)], src[: 64 << 10])
+    shift = (s - d) % 64  # mutually aligned: memmove
+    memcopy.copy_one(d + shift, s + 64, 64 << 10)
+    shift = (s - d + 48) % 64  # 48 past: memmove is fast there
+    memcopy.copy_one(d + shift, s, 64 << 10)
+    memcopy.copy_one(d + (s - d + 16) % 64, s, 1 << 20)  # from 512 KiB glibc uses vector moves
+    assert routes == ["numpy"]

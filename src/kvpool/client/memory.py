@@ -14,13 +14,13 @@ Rules:
 from __future__ import annotations
 
 import bisect
-import ctypes
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvpool.core.errors import UsageError
+from kvpool.transfer.memcopy import copy_one
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def region_of(memory: object, *, writable: bool) -> Region:
 
 
 def copy_bytes(dst_addr: int, src_addr: int, size_bytes: int) -> None:
-    ctypes.memmove(dst_addr, src_addr, size_bytes)
+    copy_one(dst_addr, src_addr, size_bytes)
 
 
 class RegisteredRanges:

@@ -14,6 +14,15 @@ Rules:
 - Parts split the byte range, not the list: one 64 MiB region is cut in pieces as well as 64
   regions of 1 MiB. Every byte is copied exactly once; the call returns when all parts are done.
   Regions of one job must not overlap each other (they never do: distinct objects and buffers).
+- Mutually misaligned regions go through numpy's cast loop instead of memmove: glibc copies
+  2 KiB-512 KiB with `rep movsb`, which on the AMD EPYC measured moves 0.9-1.9 GB/s when the
+  destination sits 1-31 bytes past the source modulo 64 (a numpy buffer, 16-byte aligned, read
+  from a segment's 64-byte aligned object) and 6-8 GB/s otherwise; the numpy loop (vector loads
+  and stores, GIL released) moves 5.3-7.3 GB/s whatever the alignment. Only regions of 16-512
+  KiB take it (smaller ones gain less than numpy's per-call cost; larger ones glibc copies with
+  vector moves). Regions are reached through one uint8 view of the address space (no mapping
+  is made; addresses outside it use memmove). A machine where `rep movsb` has no such case
+  loses ~5 % on these regions (measured here on aligned pairs pushed through numpy).
 - Pure memory work: no I/O, no locks held while copying.
 """
 
@@ -24,9 +33,16 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 SPLIT_MIN_BYTES = 8 << 20
 PART_MIN_BYTES = 4 << 20
 MAX_HELPERS = 3
+MISALIGNED_MIN_BYTES = 16 << 10  # below, numpy's per-call cost eats the gain
+MISALIGNED_MAX_BYTES = 512 << 10  # from here glibc copies with vector moves (rep_movsb_stop_threshold)
+_SPACE_LOW = 1 << 12  # the address-space view starts past the null page ...
+_SPACE_HIGH = 1 << 47  # ... and ends at x86-64's 4-level user space
+_space: tuple[np.ndarray, np.ndarray] | None = None
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -76,10 +92,37 @@ def split(pairs: list[tuple[int, int, int]], num_parts: int) -> list[list[tuple[
     return [p for p in parts if p]
 
 
+def _address_space() -> tuple[np.ndarray, np.ndarray]:
+    """(uint8, int8) views of user address space: slicing them is pointer arithmetic."""
+    global _space
+    if _space is None:
+        raw = (ctypes.c_ubyte * (_SPACE_HIGH - _SPACE_LOW)).from_address(_SPACE_LOW)
+        as_u8 = np.frombuffer(raw, dtype=np.uint8)
+        _space = (as_u8, as_u8.view(np.int8))
+    return _space
+
+
+def _slow_for_memmove(dst: int, src: int, size: int) -> bool:
+    return MISALIGNED_MIN_BYTES <= size < MISALIGNED_MAX_BYTES and 0 < (dst - src) & 63 < 32
+
+
+def copy_one(dst: int, src: int, size: int) -> None:
+    """memmove, or numpy's loop where `rep movsb` would be slow (module rules)."""
+    if _slow_for_memmove(dst, src, size) and _SPACE_LOW <= min(dst, src) and max(dst, src) + size <= _SPACE_HIGH:
+        as_u8, as_i8 = _address_space()
+        d, s = dst - _SPACE_LOW, src - _SPACE_LOW
+        np.copyto(as_i8[d : d + size], as_u8[s : s + size], casting="unsafe")
+    else:
+        ctypes.memmove(dst, src, size)
+
+
 def _copy(pairs: list[tuple[int, int, int]]) -> None:
     memmove = ctypes.memmove
     for dst, src, size in pairs:
-        memmove(dst, src, size)
+        if _slow_for_memmove(dst, src, size):
+            copy_one(dst, src, size)
+        else:
+            memmove(dst, src, size)
 
 
 def copy_regions(dsts: list[int], srcs: list[int], sizes: list[int], dst_base: int = 0, src_base: int = 0) -> None:
@@ -89,7 +132,11 @@ def copy_regions(dsts: list[int], srcs: list[int], sizes: list[int], dst_base: i
     if num_parts < 2:
         memmove = ctypes.memmove
         for dst, src, size in zip(dsts, srcs, sizes):
-            memmove(dst_base + dst, src_base + src, size)
+            dst, src = dst_base + dst, src_base + src
+            if MISALIGNED_MIN_BYTES <= size < MISALIGNED_MAX_BYTES and 0 < (dst - src) & 63 < 32:
+                copy_one(dst, src, size)
+            else:
+                memmove(dst, src, size)
         return
     pairs = [(dst_base + dst, src_base + src, size) for dst, src, size in zip(dsts, srcs, sizes)]
     first, *rest = split(pairs, num_parts)
