@@ -219,3 +219,67 @@ def test_a_master_that_stops_answering_is_unavailable_at_the_call_deadline(tmp_p
     finally:
         channel.close()
         master.stop()
+
+
+def _lane_on(sock: socket.socket) -> LaneChannel:
+    """A LaneChannel whose lane is one end of a socketpair (the other end plays the master)."""
+    from kvpool.transfer.timeouts import KernelTimeouts
+
+    channel = LaneChannel(MasterChannel("tcp://127.0.0.1:9", timeout_s=1.0))
+    channel._sock, channel._timeouts, channel._inbox = sock, KernelTimeouts(sock), bytearray()
+    return channel
+
+
+def _reply_frame(request_id: int, reply: p.Reply) -> bytes:
+    body = p.reply_encoder.encode(reply)
+    return struct.pack("<IQQ", len(body), request_id, 1) + body
+
+
+def test_a_large_reply_arriving_in_pieces_is_read_whole_and_the_next_one_stays_intact():
+    """A reply of >= 16 KiB is received straight into its own buffer once its head is in: pieces
+    with pauses between them land whole, and a reply sent right behind it is not swallowed."""
+    import threading
+
+    ours, master_end = socket.socketpair()
+    channel = _lane_on(ours)
+    value = bytes(range(256)) * 400  # 100 KiB
+    first, second = _reply_frame(5, p.ValueReply(True, value)), _reply_frame(6, p.ValueReply(True, b"small"))
+
+    def master_sends():
+        for piece in (first[:30], first[30:70_000], first[70_000:] + second):
+            master_end.sendall(piece)
+            time.sleep(0.05)
+
+    sender = threading.Thread(target=master_sends)
+    sender.start()
+    try:
+        request = p.GetValue("t", "k")
+        request_id, epoch, body = channel._read_frame(ours, time.monotonic() + 5.0, request)
+        assert (request_id, epoch) == (5, 1) and p.reply_decoder.decode(body).value == value
+        request_id, _, body = channel._read_frame(ours, time.monotonic() + 5.0, request)
+        assert request_id == 6 and p.reply_decoder.decode(body).value == b"small"
+    finally:
+        sender.join()
+        ours.close()
+        master_end.close()
+
+
+def test_a_large_reply_that_stalls_or_breaks_midway_ends_the_call_and_the_lane():
+    from kvpool.core.errors import UnavailableError
+    from kvpool.transfer.lane import _LaneBroken
+
+    frame = _reply_frame(5, p.ValueReply(True, b"v" * 100_000))
+    for how in ("stall", "close"):
+        ours, master_end = socket.socketpair()
+        channel = _lane_on(ours)
+        master_end.sendall(frame[:50_000])
+        if how == "close":
+            master_end.close()
+        started = time.monotonic()
+        with pytest.raises(UnavailableError if how == "stall" else _LaneBroken):
+            channel._read_frame(ours, started + 0.3, p.GetValue("t", "k"))
+        if how == "stall":
+            assert 0.25 < time.monotonic() - started < 1.5
+            assert not channel.on_lane  # half a frame read: the connection cannot carry another
+            master_end.close()
+        ours.close()
