@@ -163,6 +163,44 @@ def test_flipped_bytes_in_a_segment_are_a_miss_never_served(make_pool):
         assert client._metrics.checksum_mismatches._value.get() >= 2
 
 
+def test_a_flipped_byte_is_found_by_the_checksum_taken_during_a_large_scattered_copy(make_pool, monkeypatch):
+    """Same-host reads checksum each object right after its copy (memcopy.copy_objects), also in
+    the runs of whole objects the helper threads take: 24 objects of 16 x 64 KiB regions, the
+    13th with one flipped byte, are read as 12 hits; no object is checksummed a second time."""
+    from kvpool.client import client as client_module
+    from kvpool.transfer import memcopy
+
+    monkeypatch.setattr(memcopy, "_num_cpus", 3)  # helper threads even on a one-CPU runner
+    pool = make_pool(num_nodes=1, node_memory="64MiB")
+    keys, regions, region = chain_keys("scatter", 24), 16, 64 * KiB
+    size = regions * region
+    with Client(pool.address) as client:
+        assert _put(client, keys, size) == [PUT_ALLOCATED] * 24
+        _, reply, replicas = client._lookup_leased(keys)
+        client._release(reply.lease_id)
+        info = client._segments.get({replicas[12][0].segment_id})[replicas[12][0].segment_id]
+        mapping = PeerMapping(info.shm_path, info.size_bytes, info.agent_name)
+        try:
+            victim = mapping.base_addr + replicas[12][0].offset + 5 * region + 7
+            np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * 1).from_address(victim))[0] ^= 0x01
+        finally:
+            mapping.close()
+        after_copy = []
+        monkeypatch.setattr(client_module, "checksum_objects", lambda *a: after_copy.append(a) or [])
+        mismatches = client._metrics.checksum_mismatches._value.get()  # the tenant's, shared in this process
+        buf = np.zeros(24 * size + 16, dtype=np.uint8)
+        client.register(buf)
+        base = buf.ctypes.data + 16  # 16 bytes past the segment's alignment: numpy's loop copies it
+        # object i's region k lies at slot k * 24 + i: scattered, as a paged KV cache is
+        addrs = [[base + (k * 24 + i) * region for k in range(regions)] for i in range(24)]
+        assert client.get_into(keys, addrs, [[region] * regions] * 24) == 12
+        assert not after_copy  # every checksum was taken during the copy
+        for i in range(12):
+            got = np.concatenate([buf[a - buf.ctypes.data : a - buf.ctypes.data + region] for a in addrs[i]])
+            assert np.array_equal(got, pattern(keys[i], size))
+        assert client._metrics.checksum_mismatches._value.get() == mismatches + 1
+
+
 def test_transfer_to_a_stopped_node_times_out_and_nothing_lands_in_reused_space(tmp_path, monkeypatch):
     # UCX over TCP needs the target to progress, as across hosts; on one host it would use CMA,
     # which completes without the target (tests/notes in transfer/nixlio.py)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -114,3 +115,47 @@ def test_misaligned_regions_take_numpys_loop_and_aligned_ones_memmove(monkeypatc
     memcopy.copy_one(d + shift, s, 64 << 10)
     memcopy.copy_one(d + (s - d + 16) % 64, s, 1 << 20)  # from 512 KiB glibc uses vector moves
     assert routes == ["numpy"]
+
+
+@given(st.lists(st.lists(st.integers(1, 300_000), min_size=1, max_size=4), min_size=1, max_size=12),
+       st.sampled_from([1, 2, 4]))
+@settings(max_examples=40, deadline=None)
+def test_copy_objects_calls_after_once_per_object_with_its_bytes_in_place(objects, cpus):
+    """Every object's regions are in place when after(n) runs (it checks them then), each n once,
+    in order within a thread's run; whether the job runs on one thread, in runs of whole objects
+    on helper threads, or (fewer objects than parts) object by object split."""
+    sizes = [size for regions in objects for size in regions]
+    counts = [len(regions) for regions in objects]
+    src = np.random.default_rng(len(sizes)).integers(0, 256, sum(sizes), dtype=np.uint8)
+    dst = np.zeros(sum(sizes) + 64 * len(sizes), dtype=np.uint8)
+    offsets = np.cumsum([0, *sizes])[:-1].tolist()
+    dsts = [o + 64 * i + 16 for i, o in enumerate(offsets)]  # gaps, and 16 bytes past the source
+    starts = np.cumsum([0, *counts]).tolist()
+    seen: list[int] = []
+
+    def after(n: int) -> None:
+        for r in range(starts[n], starts[n + 1]):
+            assert np.array_equal(dst[dsts[r] : dsts[r] + sizes[r]], src[offsets[r] : offsets[r] + sizes[r]])
+        seen.append(n)
+
+    old = memcopy.SPLIT_MIN_BYTES, memcopy.PART_MIN_BYTES, memcopy._num_cpus
+    memcopy.SPLIT_MIN_BYTES, memcopy.PART_MIN_BYTES, memcopy._num_cpus = 1, 100_000, cpus
+    try:
+        memcopy.copy_objects(dsts, offsets, sizes, counts, after, dst.ctypes.data, src.ctypes.data)
+    finally:
+        memcopy.SPLIT_MIN_BYTES, memcopy.PART_MIN_BYTES, memcopy._num_cpus = old
+    assert sorted(seen) == list(range(len(objects)))
+
+
+def test_copy_objects_refuses_counts_that_do_not_cover_the_regions_and_passes_after_errors_on():
+    src, dst = np.ones(4096, dtype=np.uint8), np.zeros(4096, dtype=np.uint8)
+    regions = ([dst.ctypes.data, dst.ctypes.data + 100], [src.ctypes.data, src.ctypes.data + 100], [100, 100])
+    for counts in ([1], [1, 2], [2, 0]):
+        with pytest.raises(ValueError):
+            memcopy.copy_objects(*regions, counts, lambda n: None)
+
+    def after(n: int) -> None:
+        raise RuntimeError(f"object {n}")
+
+    with pytest.raises(RuntimeError, match="object 0"):
+        memcopy.copy_objects(*regions, [2], after)

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 
 from kvpool.client import plan
-from kvpool.client.checksum import NO_CHECKSUM, checksum_objects
+from kvpool.client.checksum import NO_CHECKSUM, checksum_objects, checksum_regions
 from kvpool.client.memory import RegisteredRanges, StagingBuffer, copy_bytes, region_of
 from kvpool.client.metrics import TenantMetrics, client_metrics
 from kvpool.client.plain_values import PlainValues
@@ -70,6 +70,8 @@ class _Once:
 
 
 _PROMOTION_POLL_S = 0.02  # how often a lookup asks again while its keys are promoted from disk
+# a same-host read this large checksums each object right after its copy (memcopy.copy_objects)
+CHECKSUM_DURING_COPY_BYTES = 8 << 20
 
 
 def _end_margin_s(put_timeout_s: float) -> float:
@@ -393,13 +395,20 @@ class Client(PlainValues):
         completed_at: list[float | None] = [None] * num_hit
         pending = list(range(num_hit))
         first_round = True
+        # what the writers checksummed, and what a shared-memory copy checksummed as it went
+        expected = protocol.unpack_checksums(reply.checksums) if self.config.checksums and reply.checksums else None
+        digests: dict[int, int] | None = {} if expected else None
         while pending and time.monotonic() <= deadline:
             choices = [(i, untried[i].pop(0)) for i in pending if untried[i]]
             if not first_round:
                 self._metrics.replica_fallbacks.inc(len(choices))
             first_round = False
             # waiting past the lease is pointless: such a read would be discarded anyway
-            failed, in_flight = self._run_round("READ", choices, addrs, sizes, max(1e-3, deadline - time.monotonic()))
+            failed, in_flight = self._run_round("READ", choices, addrs, sizes, max(1e-3, deadline - time.monotonic()),
+                                                (digests, expected) if digests is not None else None)
+            for i in failed:
+                if digests:
+                    digests.pop(i, None)  # a copy that failed: what it checksummed is no longer the read
             if in_flight:
                 self._fence_reads(in_flight)
             now = time.monotonic()
@@ -420,8 +429,8 @@ class Client(PlainValues):
         expired = sum(1 for t in completed_at if t is not None and t > deadline) + len(pending)
         if expired:
             self._metrics.lease_expiries.inc(expired)
-        if count and self.config.checksums and reply.checksums:
-            count = self._verified(keys, count, reply.checksums, addrs, sizes)
+        if count and expected:
+            count = self._verified(keys, count, expected, addrs, sizes, digests)
         if count == num_hit and reply.inline_values:
             count += self._copy_inline(reply.inline_values, addrs[count:], sizes[count:])
         self._metrics.get_keys.inc(len(keys))
@@ -445,15 +454,17 @@ class Client(PlainValues):
                 offset += size
         return len(values)
 
-    def _verified(self, keys, count: int, packed: bytes, addrs, sizes) -> int:
-        """How many of the first `count` objects read hold the bytes their writer checksummed."""
-        expected = protocol.unpack_checksums(packed[: protocol.CHECKSUM_BYTES * count])
+    def _verified(self, keys, count: int, expected: list[int], addrs, sizes, digests: dict[int, int]) -> int:
+        """How many of the first `count` objects read hold the bytes their writer checksummed
+        (`digests`: objects already checksummed while they were copied)."""
         host = set(self._on_host(addrs[:count]))
         todo = [i for i in range(count) if expected[i] and i in host]
         if not todo:
             return count
-        got = checksum_objects([addrs[i] for i in todo], [sizes[i] for i in todo])
-        for i, value in zip(todo, got):
+        left = [i for i in todo if i not in digests]
+        got = dict(zip(left, checksum_objects([addrs[i] for i in left], [sizes[i] for i in left]))) if left else {}
+        for i in todo:
+            value = digests[i] if i in digests else got[i]
             if value != expected[i]:
                 self._metrics.checksum_mismatches.inc()
                 log.warning("kvpool: checksum mismatch on %r (read %016x, written %016x): treated as a miss",
@@ -468,10 +479,15 @@ class Client(PlainValues):
             transfer.wait()
 
     def _run_round(
-        self, op: str, choices: list[tuple[int, Replica]], addrs, sizes, timeout_s: float | None = None
+        self, op: str, choices: list[tuple[int, Replica]], addrs, sizes, timeout_s: float | None = None,
+        checksum_into: tuple[dict, list[int]] | None = None,
     ) -> tuple[set[int], dict]:
         """One round of transfers, one job per segment; returns (the object indices that failed,
-        object index -> the data plane's StuckTransfer for failed ones whose transfer may still land)."""
+        object index -> the data plane's StuckTransfer for failed ones whose transfer may still land).
+        `checksum_into` (digests, expected): a shared-memory READ of CHECKSUM_DURING_COPY_BYTES or
+        more checksums each object with a non-zero expected checksum right after its copy, into
+        digests[object index] (a smaller job is still in the CPU's last-level cache after its copy:
+        checksummed after it in one call, without a call per object)."""
         in_flight: dict = {}
         if not choices:
             return set(), in_flight
@@ -484,6 +500,8 @@ class Client(PlainValues):
             op,
             [(infos[j.segment_id], j.local_addrs, j.remote_offsets, j.sizes) for j in jobs],
             self.config.timeout_s if timeout_s is None else min(timeout_s, self.config.timeout_s),
+            [_checksum_after(j.object_indices, addrs, sizes, *checksum_into)
+             if sum(j.sizes) >= CHECKSUM_DURING_COPY_BYTES else None for j in jobs] if checksum_into else None,
         )
         broken_segments = []
         for job, error in zip(jobs, errors):
@@ -583,3 +601,15 @@ class Client(PlainValues):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _checksum_after(indices: list[int], addrs, sizes, digests: dict[int, int], expected: list[int]):
+    """(counts, after) for DataPlane.transfer_many: object n of a job is object indices[n] of the
+    call; after(n) checksums it into digests while its bytes are still in the CPU's caches."""
+
+    def after(n: int) -> None:
+        i = indices[n]
+        if expected[i]:
+            digests[i] = checksum_regions(addrs[i], sizes[i])
+
+    return [len(sizes[i]) for i in indices], after

@@ -23,12 +23,18 @@ Rules:
   vector moves). Regions are reached through one uint8 view of the address space (no mapping
   is made; addresses outside it use memmove). A machine where `rep movsb` has no such case
   loses ~5 % on these regions (measured here on aligned pairs pushed through numpy).
+- `copy_objects` copies the regions of consecutive objects and calls `after(n)` as soon as object
+  n's regions are in place, while they are still in the CPU's caches: a reader that checksums what
+  it read does it there, not from memory after the whole job (64 MiB in 64 KiB regions: copy then
+  hash 16-17 ms, hash after each region 13 ms). Its parts on helper threads are runs of whole
+  objects; a job of fewer objects than parts copies each object split as above, then calls `after`.
 - Pure memory work: no I/O, no locks held while copying.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -143,6 +149,54 @@ def copy_regions(dsts: list[int], srcs: list[int], sizes: list[int], dst_base: i
     futures = [_executor().submit(_copy, part) for part in rest]
     try:
         _copy(first)
+    finally:
+        for future in futures:
+            future.result()
+
+
+def _object_runs(starts: list[int], sizes: list[int], num_parts: int) -> list[tuple[int, int]]:
+    """Objects (object n = regions starts[n]:starts[n+1]) cut into <= num_parts runs [first, end)
+    of about equal bytes."""
+    total = sum(sizes)
+    target = -(-total // num_parts)
+    runs, first, filled = [], 0, 0
+    for n in range(len(starts) - 1):
+        filled += sum(sizes[starts[n] : starts[n + 1]])
+        if filled >= target and len(runs) < num_parts - 1:
+            runs.append((first, n + 1))
+            first, filled = n + 1, 0
+    if first < len(starts) - 1:
+        runs.append((first, len(starts) - 1))
+    return runs
+
+
+def copy_objects(dsts: list[int], srcs: list[int], sizes: list[int], counts: list[int], after,
+                 dst_base: int = 0, src_base: int = 0) -> None:
+    """copy_regions for the regions of consecutive objects, object n being the next `counts[n]`
+    regions; `after(n)` is called once object n is in place (module rules). Raises what `after` raises."""
+    starts = list(itertools.accumulate(counts, initial=0))
+    if starts[-1] != len(sizes) or min(counts, default=1) < 1:
+        raise ValueError(f"{len(counts)} objects of {starts[-1]} regions in all, but {len(sizes)} regions")
+    total = sum(sizes)
+    helpers = _helpers() if total >= SPLIT_MIN_BYTES else 0
+    num_parts = min(helpers + 1, total // PART_MIN_BYTES)
+    if num_parts >= 2 and len(counts) < num_parts:  # a few large objects: each split, then `after`
+        for n in range(len(counts)):
+            a, b = starts[n], starts[n + 1]
+            copy_regions(dsts[a:b], srcs[a:b], sizes[a:b], dst_base, src_base)
+            after(n)
+        return
+    pairs = [(dst_base + dst, src_base + src, size) for dst, src, size in zip(dsts, srcs, sizes)]
+
+    def run(first: int, end: int) -> None:
+        for n in range(first, end):
+            _copy(pairs[starts[n] : starts[n + 1]])
+            after(n)
+
+    first_run, *rest = _object_runs(starts, sizes, max(1, num_parts)) or [(0, 0)]
+    futures = [_executor().submit(run, *r) for r in rest]
+    try:
+        run(*first_run)
     finally:
         for future in futures:
             future.result()

@@ -264,9 +264,13 @@ class DataPlane:
         if error is not None:
             raise error
 
-    def transfer_many(self, op: str, jobs: Sequence[Job], timeout_s: float) -> list[TransferError | None]:
+    def transfer_many(self, op: str, jobs: Sequence[Job], timeout_s: float,
+                      after_objects: Sequence | None = None) -> list[TransferError | None]:
         """Run jobs (usually one per segment) concurrently: NIXL requests are all posted first,
-        shared-memory copies run while they progress. Returns one error or None per job."""
+        shared-memory copies run while they progress. Returns one error or None per job.
+        `after_objects[i]`, None or (counts, after): job i's regions are objects of counts[n]
+        regions each, and a host READ over shared memory calls after(n) as soon as object n is in
+        place (a reader checksums it while it is in the CPU's caches); other paths never call it."""
         if op not in OPS:
             raise UsageError(f"op must be READ or WRITE, got {op!r}")
         if op == "WRITE" and self.read_only:
@@ -298,12 +302,13 @@ class DataPlane:
                     if conn is not None:
                         held[id(lane)] = (lane, conn)
                         on_lane[i] = conn
-            return self._run_jobs(op, checked, errors, on_lane, deadline)
+            return self._run_jobs(op, checked, errors, on_lane, deadline, after_objects)
         finally:
             for lane, conn in held.values():
                 lane.release(conn)
 
-    def _run_jobs(self, op: str, checked: list[_Checked], errors: list, on_lane: list, deadline: float) -> list:
+    def _run_jobs(self, op: str, checked: list[_Checked], errors: list, on_lane: list, deadline: float,
+                  after_objects: Sequence | None = None) -> list:
         posted, posted_idx = [], []
         for i, job in enumerate(checked):
             if errors[i] is None and on_lane[i] is None and job.route.peer is not None and len(job.sizes):
@@ -316,7 +321,8 @@ class DataPlane:
         for i, job in enumerate(checked):
             if errors[i] is None and job.route.mapping is not None:
                 try:
-                    job.route.mapping.copy(op, job.local_addrs, job.remote_offsets, job.sizes, job.device)
+                    job.route.mapping.copy(op, job.local_addrs, job.remote_offsets, job.sizes, job.device,
+                                           after_objects[i] if after_objects is not None else None)
                     self.jobs_by_path["shm"] += 1
                 except TransferError as e:
                     errors[i] = e

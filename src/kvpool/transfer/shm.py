@@ -36,7 +36,7 @@ import threading
 import numpy as np
 
 from kvpool.core.errors import TransferError
-from kvpool.transfer.memcopy import copy_regions
+from kvpool.transfer.memcopy import copy_objects, copy_regions
 
 _PROC_FD_PATH = re.compile(r"^/proc/(\d+)/fd/(\d+)$")
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
@@ -161,10 +161,13 @@ class PeerMapping:
         return not self._exit_watch.poll(0)
 
     def copy(self, op: str, local_addrs: list[int], remote_offsets: list[int], sizes: list[int],
-             device: int | None = None) -> None:  # fmt: skip
+             device: int | None = None, after_objects=None) -> None:  # fmt: skip
         """READ: segment -> local; WRITE: local -> segment. Bounds were checked by the caller.
         `device` N: the local regions are CUDA device N's memory, moved by its copy engines (the
-        mapping is page-locked on first use and unlocked before it is unmapped)."""
+        mapping is page-locked on first use and unlocked before it is unmapped). `after_objects`
+        (counts, after): a host READ calls after(n) once object n (the next counts[n] regions) is
+        in place (memcopy.copy_objects); a copy that then turns out to have raced the node's exit
+        still raises, so what `after` saw is discarded with the rest."""
         with self._lock:
             if self._closing:
                 raise TransferError("segment mapping was dropped (forget_segment) during the transfer")
@@ -174,6 +177,8 @@ class PeerMapping:
                 self._populate(remote_offsets, sizes)
             if device is not None:
                 self._pinned().copy(op, device, local_addrs, remote_offsets, sizes)
+            elif op == "READ" and after_objects is not None:
+                copy_objects(local_addrs, remote_offsets, sizes, *after_objects, src_base=self.base_addr)
             elif op == "READ":
                 copy_regions(local_addrs, remote_offsets, sizes, src_base=self.base_addr)
             else:
