@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import threading
 import struct
 
 import msgspec
@@ -330,6 +331,12 @@ def test_a_large_read_runs_as_two_halves_on_two_connections(segment, info, buf):
         assert np.array_equal(src, dst)
         lane = next(r.lane for r in plane._routes.values() if r.lane is not None)
         assert lane._open == 2  # the second half had a connection of its own
+        for _ in range(5):  # again: second halves run on kept threads, none started per read
+            dst[:] = 0
+            plane.transfer("READ", info, local, remote, sizes, 5)
+            assert np.array_equal(src, dst)
+        halves = [t for t in threading.enumerate() if t.name.startswith("kvpool-lane-half")]
+        assert 1 <= len(halves) <= 4
 
 
 def test_a_split_read_from_a_silent_node_ends_at_its_deadline(info, buf):

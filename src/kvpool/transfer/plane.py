@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent import futures
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,9 +50,31 @@ TCP_LANE_MAX_BYTES = 4 << 20  # without: UCX on TCP; NIXL's writes led from 4-16
 TCP_LANE_REGION_BYTES = 256 << 10  # ... and a job of any size whose regions average this or less
 LANE_SPLIT_BYTES_ENV = "KVPOOL_SEGMENT_LANE_SPLIT_BYTES"
 # a lane READ this large runs as two halves on two connections at once (2 cores: two Python TCP
-# streams carried 1.35x one; kvpool's 64 MiB get 1.89-2.47 -> 2.75-2.83 GB/s, fixes.md section 15)
-LANE_SPLIT_BYTES = 8 << 20
+# streams carried 1.35x one; kvpool's 64 MiB get 1.89-2.47 -> 2.75-2.83 GB/s, fixes.md section 15;
+# from 1 MiB since the second half runs on a kept thread: plain 1 / 2 / 4 MiB gets 1.09 / 1.08 /
+# 1.26x faster than from 8 MiB, fixes.md section 18)
+LANE_SPLIT_BYTES = 1 << 20
 OPS = ("READ", "WRITE")
+_MAX_HALF_RUNNERS = 4  # threads that run second halves, per process (lazily started, kept)
+_half_pool: futures.ThreadPoolExecutor | None = None
+_half_pool_lock = threading.Lock()
+
+
+def _half_runner() -> futures.ThreadPoolExecutor:
+    """The threads that run split reads' second halves: kept, so a split costs no thread start."""
+    global _half_pool
+    with _half_pool_lock:
+        if _half_pool is None:
+            _half_pool = futures.ThreadPoolExecutor(_MAX_HALF_RUNNERS, thread_name_prefix="kvpool-lane-half")
+        return _half_pool
+
+
+def _forget_half_runner_after_fork() -> None:
+    global _half_pool
+    _half_pool = None  # the parent's threads do not exist in a forked child
+
+
+os.register_at_fork(after_in_child=_forget_half_runner_after_fork)
 
 _VECTORIZE_FROM = 64  # regions per job from which numpy checks them faster than a Python loop
 
@@ -348,23 +371,18 @@ class DataPlane:
             conn.transfer(op, job.local_addrs, job.remote_offsets, job.sizes, deadline)
             return
         first_half, second_half = _halves(job.local_addrs, job.remote_offsets, job.sizes, total // 2)
-        failure: list[BaseException] = []
-
-        def other() -> None:
-            try:
-                second.transfer(op, *second_half, deadline)
-            except BaseException as e:  # reported by the caller's thread
-                failure.append(e)
-
-        helper = threading.Thread(target=other, name="kvpool-lane-half", daemon=True)
-        helper.start()
+        try:
+            other = _half_runner().submit(second.transfer, op, *second_half, deadline)
+        except BaseException:
+            job.route.lane.release(second)
+            raise
         try:
             conn.transfer(op, *first_half, deadline)
         finally:
-            helper.join()  # the other half lands in the caller's memory: never return before it ends
+            # the other half lands in the caller's memory: never return before it ends
+            futures.wait([other])
             job.route.lane.release(second)
-        if failure:
-            raise failure[0]
+        other.result()  # its error, if the first half had none
 
     def _takes_lane(self, op: str, job: _Checked) -> bool:
         """Whether the job should go over its segment's lane (path "lane": every job; auto: a host-
