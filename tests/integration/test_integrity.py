@@ -55,6 +55,21 @@ def _put(client: Client, keys: list[str], size: int) -> list[int]:
     return client.put_from(keys, [[buf.ctypes.data + i * size] for i in range(len(keys))], [[size]] * len(keys))
 
 
+def _flip_bits(client: Client, keys: list[str], index: int, at: int, bits: int) -> None:
+    """Corrupt the stored bytes of keys[index] behind the pool's back: XOR `bits` into its byte
+    `at`, through a mapping of the node's segment (the master cannot know)."""
+    _, reply, replicas = client._lookup_leased(keys)
+    client._release(reply.lease_id)
+    replica = replicas[index][0]
+    info = client._segments.get({replica.segment_id})[replica.segment_id]
+    mapping = PeerMapping(info.shm_path, info.size_bytes, info.agent_name)
+    try:
+        victim = mapping.base_addr + replica.offset + at
+        np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * 1).from_address(victim))[0] ^= bits
+    finally:
+        mapping.close()
+
+
 def _read_back(address: str, keys: list[str], size: int) -> tuple[int, int]:
     """(objects served, objects whose bytes differ from their writer's) with a fresh client."""
     served = wrong = 0
@@ -143,15 +158,7 @@ def test_flipped_bytes_in_a_segment_are_a_miss_never_served(make_pool):
     keys, size = chain_keys("flip", 4), 64 * KiB
     with Client(pool.address) as client:
         assert _put(client, keys, size) == [PUT_ALLOCATED] * 4
-        _, reply, replicas = client._lookup_leased(keys)
-        client._release(reply.lease_id)
-        info = client._segments.get({replicas[2][0].segment_id})[replicas[2][0].segment_id]
-        mapping = PeerMapping(info.shm_path, info.size_bytes, info.agent_name)
-        try:
-            victim = mapping.base_addr + replicas[2][0].offset + 1000
-            np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * 1).from_address(victim))[0] ^= 0x10
-        finally:
-            mapping.close()
+        _flip_bits(client, keys, 2, 1000, 0x10)
         assert client.lookup_prefix(keys) == 4  # the master cannot know; the reader finds out
         assert client.get(keys[2]) is None
         buf = np.zeros(4 * size, dtype=np.uint8)
@@ -176,15 +183,7 @@ def test_a_flipped_byte_is_found_by_the_checksum_taken_during_a_large_scattered_
     size = regions * region
     with Client(pool.address) as client:
         assert _put(client, keys, size) == [PUT_ALLOCATED] * 24
-        _, reply, replicas = client._lookup_leased(keys)
-        client._release(reply.lease_id)
-        info = client._segments.get({replicas[12][0].segment_id})[replicas[12][0].segment_id]
-        mapping = PeerMapping(info.shm_path, info.size_bytes, info.agent_name)
-        try:
-            victim = mapping.base_addr + replicas[12][0].offset + 5 * region + 7
-            np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * 1).from_address(victim))[0] ^= 0x01
-        finally:
-            mapping.close()
+        _flip_bits(client, keys, 12, 5 * region + 7, 0x01)
         after_copy = []
         monkeypatch.setattr(client_module, "checksum_objects", lambda *a: after_copy.append(a) or [])
         mismatches = client._metrics.checksum_mismatches._value.get()  # the tenant's, shared in this process

@@ -368,12 +368,7 @@ class LaneChannel:
                 if length >= _DIRECT_BODY_BYTES:  # a large reply (a value): the rest straight into its body
                     return reply_id, epoch, self._read_body(sock, length, deadline_s, request)
             if not first:
-                remaining = deadline_s - time.monotonic()
-                if remaining <= 0:
-                    self._close_lane()
-                    raise UnavailableError(f"master {self.address} did not answer {type(request).__name__} in time "
-                                           "(lane)")
-                self._timeouts.arm(remaining)
+                self._arm_until(deadline_s, request)
             first = False
             want = _RECV_CHUNK
             if len(inbox) >= _REPLY_HEAD.size:  # a large reply under way: the rest in one read
@@ -392,6 +387,15 @@ class LaneChannel:
                     return reply_id, epoch, memoryview(data)[_REPLY_HEAD.size :]
             inbox += data
 
+    def _arm_until(self, deadline_s: float, request) -> None:
+        """Bound the next receive by what is left of the call; past its deadline the lane is closed
+        (a reply may be half read: the connection cannot carry another) and the call unavailable."""
+        remaining = deadline_s - time.monotonic()
+        if remaining <= 0:
+            self._close_lane()
+            raise UnavailableError(f"master {self.address} did not answer {type(request).__name__} in time (lane)")
+        self._timeouts.arm(remaining)
+
     def _read_body(self, sock: socket.socket, length: int, deadline_s: float, request) -> bytearray:
         """The body of the reply whose head (and maybe a first part) is in the inbox, the rest
         received straight into it: one copy of the bytes instead of three (inbox, slice, bytes)."""
@@ -402,12 +406,7 @@ class LaneChannel:
         inbox.clear()
         view = memoryview(body)
         while have < length:
-            remaining = deadline_s - time.monotonic()
-            if remaining <= 0:
-                self._close_lane()  # mid-frame: the connection cannot be used again
-                raise UnavailableError(f"master {self.address} did not answer {type(request).__name__} in time "
-                                       "(lane)")
-            self._timeouts.arm(remaining)
+            self._arm_until(deadline_s, request)
             try:
                 received = sock.recv_into(view[have:])
             except (TimeoutError, BlockingIOError, InterruptedError):
