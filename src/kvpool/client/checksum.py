@@ -104,6 +104,19 @@ def checksum_objects(addrs: list[list[int]], sizes: list[list[int]]) -> list[int
     return [_checksum(a, s) for a, s in zip(addrs, sizes)]
 
 
+def checksum_after(indices: list[int], addrs, sizes, digests: dict[int, int], expected: list[int]):
+    """(counts, after) for DataPlane.transfer_many: object n of a job is object indices[n] of the
+    call; after(n) checksums it into digests[indices[n]] (when its writer left a checksum) while
+    its bytes are still in the CPU's caches."""
+
+    def after(n: int) -> None:
+        i = indices[n]
+        if expected[i]:
+            digests[i] = _checksum(addrs[i], sizes[i])
+
+    return [len(sizes[i]) for i in indices], after
+
+
 def checksum_bytes(data: bytes | bytearray | memoryview) -> int:
     """The checksum of a plain bytes-like value (any C-contiguous buffer, numpy arrays included);
     equal to `checksum_regions` over the same bytes."""

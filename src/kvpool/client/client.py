@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 
 from kvpool.client import plan
-from kvpool.client.checksum import NO_CHECKSUM, checksum_objects, checksum_regions
+from kvpool.client.checksum import NO_CHECKSUM, checksum_after, checksum_objects
 from kvpool.client.memory import RegisteredRanges, StagingBuffer, copy_bytes, region_of
 from kvpool.client.metrics import TenantMetrics, client_metrics
 from kvpool.client.plain_values import PlainValues
@@ -406,8 +406,8 @@ class Client(PlainValues):
             # waiting past the lease is pointless: such a read would be discarded anyway
             failed, in_flight = self._run_round("READ", choices, addrs, sizes, max(1e-3, deadline - time.monotonic()),
                                                 (digests, expected) if digests is not None else None)
-            for i in failed:
-                if digests:
+            if digests:
+                for i in failed:
                     digests.pop(i, None)  # a copy that failed: what it checksummed is no longer the read
             if in_flight:
                 self._fence_reads(in_flight)
@@ -500,7 +500,7 @@ class Client(PlainValues):
             op,
             [(infos[j.segment_id], j.local_addrs, j.remote_offsets, j.sizes) for j in jobs],
             self.config.timeout_s if timeout_s is None else min(timeout_s, self.config.timeout_s),
-            [_checksum_after(j.object_indices, addrs, sizes, *checksum_into)
+            [checksum_after(j.object_indices, addrs, sizes, *checksum_into)
              if sum(j.sizes) >= CHECKSUM_DURING_COPY_BYTES else None for j in jobs] if checksum_into else None,
         )
         broken_segments = []
@@ -602,14 +602,3 @@ class Client(PlainValues):
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def _checksum_after(indices: list[int], addrs, sizes, digests: dict[int, int], expected: list[int]):
-    """(counts, after) for DataPlane.transfer_many: object n of a job is object indices[n] of the
-    call; after(n) checksums it into digests while its bytes are still in the CPU's caches."""
-
-    def after(n: int) -> None:
-        i = indices[n]
-        if expected[i]:
-            digests[i] = checksum_regions(addrs[i], sizes[i])
-
-    return [len(sizes[i]) for i in indices], after

@@ -370,11 +370,8 @@ class LaneChannel:
             if not first:
                 self._arm_until(deadline_s, request)
             first = False
-            want = _RECV_CHUNK
-            if len(inbox) >= _REPLY_HEAD.size:  # a large reply under way: the rest in one read
-                want = max(want, _REPLY_HEAD.size + _REPLY_HEAD.unpack_from(inbox)[0] - len(inbox))
             try:
-                data = sock.recv(want)
+                data = sock.recv(_RECV_CHUNK)  # a reply under way here is < _DIRECT_BODY_BYTES: it fits
             except (TimeoutError, BlockingIOError, InterruptedError):
                 continue
             except OSError as e:

@@ -112,12 +112,20 @@ def _slow_for_memmove(dst: int, src: int, size: int) -> bool:
     return MISALIGNED_MIN_BYTES <= size < MISALIGNED_MAX_BYTES and 0 < (dst - src) & 63 < 32
 
 
-def copy_one(dst: int, src: int, size: int) -> None:
-    """memmove, or numpy's loop where `rep movsb` would be slow (module rules)."""
-    if _slow_for_memmove(dst, src, size) and _SPACE_LOW <= min(dst, src) and max(dst, src) + size <= _SPACE_HIGH:
+def _copy_misaligned(dst: int, src: int, size: int) -> None:
+    """A region `rep movsb` copies slowly: through numpy's loop (memmove outside the view)."""
+    if _SPACE_LOW <= min(dst, src) and max(dst, src) + size <= _SPACE_HIGH:
         as_u8, as_i8 = _address_space()
         d, s = dst - _SPACE_LOW, src - _SPACE_LOW
         np.copyto(as_i8[d : d + size], as_u8[s : s + size], casting="unsafe")
+    else:
+        ctypes.memmove(dst, src, size)
+
+
+def copy_one(dst: int, src: int, size: int) -> None:
+    """memmove, or numpy's loop where `rep movsb` would be slow (module rules)."""
+    if _slow_for_memmove(dst, src, size):
+        _copy_misaligned(dst, src, size)
     else:
         ctypes.memmove(dst, src, size)
 
@@ -126,7 +134,7 @@ def _copy(pairs: list[tuple[int, int, int]]) -> None:
     memmove = ctypes.memmove
     for dst, src, size in pairs:
         if _slow_for_memmove(dst, src, size):
-            copy_one(dst, src, size)
+            _copy_misaligned(dst, src, size)
         else:
             memmove(dst, src, size)
 
@@ -139,8 +147,8 @@ def copy_regions(dsts: list[int], srcs: list[int], sizes: list[int], dst_base: i
         memmove = ctypes.memmove
         for dst, src, size in zip(dsts, srcs, sizes):
             dst, src = dst_base + dst, src_base + src
-            if MISALIGNED_MIN_BYTES <= size < MISALIGNED_MAX_BYTES and 0 < (dst - src) & 63 < 32:
-                copy_one(dst, src, size)
+            if MISALIGNED_MIN_BYTES <= size < MISALIGNED_MAX_BYTES and 0 < (dst - src) & 63 < 32:  # _slow_for_memmove
+                _copy_misaligned(dst, src, size)
             else:
                 memmove(dst, src, size)
         return
