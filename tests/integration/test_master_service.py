@@ -163,3 +163,30 @@ def test_master_service_runs_in_process_and_stops():
     finally:
         service.stop()
     assert service._thread is None and service._socket is None
+
+
+def test_an_idle_master_evicts_down_to_the_low_watermark_between_requests():
+    """Above the high watermark, the put evicts only its share; the master's idle loop takes the pool
+    down to the low watermark in slices, with no tick (the tick interval is a minute here)."""
+    from kvpool.master import MasterConfig, MasterService
+
+    size = 64 << 10
+    service = MasterService(MasterConfig(metrics_port=None, tick_interval_s=60.0, node_ttl_s=600.0,
+                                         high_watermark=0.9, low_watermark=0.5)).start()
+    channel = MasterChannel(service.address, timeout_s=3.0)
+    try:
+        channel.call(p.MountSegment("n1", "h", 100 * size, 0, "agent", b"", None))
+        for batch in range(10):  # 100 objects: the last batch crosses 0.9
+            keys = [f"k{batch}-{i}" for i in range(10)]
+            put = channel.call(p.PutStart("t", keys, [size] * 10, [None] * 10))
+            assert put.statuses == [p.PUT_ALLOCATED] * 10, put
+            assert channel.call(p.PutEnd("t", keys, put.tokens, [0] * 10)).ended == 10
+        deadline = time.monotonic() + 5.0
+        while channel.call(p.Stats()).used_bytes > 50 * size and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = channel.call(p.Stats())
+        assert stats.used_bytes == 50 * size, stats  # the low watermark, and no further
+        assert stats.evictions == 50
+    finally:
+        channel.close()
+        service.stop()

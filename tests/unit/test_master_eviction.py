@@ -35,17 +35,66 @@ def evict_one(core, now_s, keys):
     return gone.pop() if gone else None
 
 
-def test_lru_above_high_watermark_evicts_down_to_low_watermark():
+def test_lru_above_high_watermark_a_put_evicts_its_share_and_the_tick_the_rest():
     core = make_core()
     keys = [f"k{i}" for i in range(10)]
     for i in range(9):
         put(core, [keys[i]], now_s=float(i))  # 9 of 10 slots: 0.9, not above the watermark
     assert core.stats(9.0).evictions == 0
     core.handle(p.LookupPrefix("t", ["k0"], lease=False), 9.0)  # k0 is used again
-    put(core, ["k9"], now_s=10.0)  # 10/10 > 0.9: evict down to 5/10
+    put(core, ["k9"], now_s=10.0)  # 10/10 > 0.9: back under it (9) and two slots more (the put's bytes x 2)
+    assert present(core, keys) == ["k0", "k4", "k5", "k6", "k7", "k8", "k9"]
+    assert core.stats(10.0).used_bytes == 7 * SLOT
+    core.tick(10.5)  # the timed work evicts on down to the low watermark (5 of 10)
     assert present(core, keys) == ["k0", "k6", "k7", "k8", "k9"]
-    stats = core.stats(10.0)
+    stats = core.stats(10.5)
     assert (stats.evictions, stats.evicted_bytes, stats.used_bytes) == (5, 5 * SLOT, 5 * SLOT)
+
+
+def test_eviction_work_per_call_is_bounded_on_a_full_pool(monkeypatch):
+    """A put evicts back under the high watermark plus at most twice its bytes; the way down to the
+    low watermark goes in slices (idle work, ticks), whatever the gap between the watermarks: no
+    call holds the master's one thread for a batch of evictions."""
+    import kvpool.master.core as master_core
+    from kvpool.master.eviction import PUT_EVICTION_FACTOR
+
+    monkeypatch.setattr(master_core, "EVICTION_SLICE_BYTES", 100 * SLOT)
+    core = make_core(slots=1000, high_watermark=0.99, low_watermark=0.5)
+    for i in range(990):
+        put(core, [f"k{i}"], now_s=i / 100)
+    assert not core.has_idle_work
+    for i in range(990, 1100):  # saturated (no idle work): every put evicts about its own size
+        before = core.stats(i / 100).evictions
+        put(core, [f"k{i}"], now_s=i / 100)
+        assert core.stats(i / 100).evictions - before <= 1 + PUT_EVICTION_FACTOR
+        assert core.stats(i / 100).used_bytes <= 990 * SLOT
+    assert core.has_idle_work
+    evicted = core.stats(20.0).evictions
+    core.tick(20.0)
+    assert core.stats(20.0).evictions - evicted == 100  # one slice
+    for _ in range(10):
+        if core.has_idle_work:
+            before = core.stats(20.0).evictions
+            core.idle_work(20.0)
+            assert core.stats(20.0).evictions - before <= 100
+    assert core.stats(20.0).used_bytes == 500 * SLOT and not core.has_idle_work  # the low watermark
+    core.tick(21.0)
+    core.idle_work(21.0)
+    assert core.stats(21.0).used_bytes == 500 * SLOT  # and no further
+
+
+def test_idle_work_stops_when_nothing_more_can_be_evicted():
+    core = make_core(slots=10, lease_ttl_s=5.0, max_lease_hold_s=20.0)
+    keys = [f"k{i}" for i in range(10)]
+    put(core, keys[:9], now_s=0.0)
+    core.handle(p.LookupPrefix("t", keys[:9], lease=True), 1.0)  # every object leased until 6.0
+    put(core, ["k9"], now_s=2.0)  # above the high watermark, and k9 was pending when its put evicted
+    assert not core.has_idle_work  # nothing evictable: no busy loop of empty slices
+    assert present(core, keys) == keys
+    core.idle_work(3.0)
+    assert present(core, keys) == keys
+    core.tick(7.0)  # the leases ended: the tick finds the pool above the high watermark again
+    assert core.stats(7.0).used_bytes < 10 * SLOT
 
 
 def test_chains_are_evicted_from_the_tail_even_when_the_head_is_older():

@@ -205,8 +205,10 @@ def test_watermark_eviction_stays_global_lru_across_tenants_with_and_without_quo
     order = ["a0", "b0", "a1", "b1", "c0", "b2", "a2", "c1", "b3"]
     for i, key in enumerate(order):
         put(core, key[0], [key], 1.0 + i)
-    # 9 of 10 slots: not above 0.9 yet; the 10th put crosses it and eviction frees down to 5 slots
+    # 9 of 10 slots: not above 0.9 yet; the 10th put crosses it and evicts 3 slots (back under
+    # 0.9 and twice its own size), the timed work the rest, down to 5 slots
     put(core, "a", ["a3"], 20.0)
+    core.tick(20.5)
     left = {k for t in "abc" for k in keys_of(core, t)}
     assert left == {"b2", "a2", "c1", "b3", "a3"}  # the five oldest went, whichever heap they were in
     check_usage(core)

@@ -27,6 +27,7 @@ from kvpool.core.errors import ForbiddenError, KVPoolError, UsageError
 from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
 from kvpool.master.access import OPEN, TENANT_CALLS, Principal, namespace_owner, refusal, scoped_tenant
 from kvpool.master.config import MasterConfig
+from kvpool.master.eviction import EVICTION_SLICE_BYTES
 from kvpool.master.ids import IdSource, new_epoch
 from kvpool.master.index import ObjectIndex
 from kvpool.master.inline import InlineValues
@@ -344,6 +345,17 @@ class MasterCore:
 
     # ---- timed work and stats ------------------------------------------------------------------
 
+    @property
+    def has_idle_work(self) -> bool:
+        """Whether `idle_work` has something to do (the service then polls without waiting)."""
+        return self.index.evictor.towards_low
+
+    def idle_work(self, now_s: float) -> None:
+        """One short slice of deferred work, for a master with no request waiting: eviction
+        towards the low watermark (eviction.py)."""
+        if self.index.evictor.towards_low:
+            self.index.evictor.maybe_evict(now_s, EVICTION_SLICE_BYTES)
+
     def tick(self, now_s: float) -> list[str]:
         """The timed work; returns what an operator should read in the log."""
         events = []
@@ -365,7 +377,7 @@ class MasterCore:
                 self.index.finish_recovery(segment)  # its node went quiet mid-announcement: keep what came
                 events.append(f"segment {segment.segment_id:x} of node {segment.node_id}: announcement "
                               f"unfinished after {self.config.recovery_timeout_s:g} s; taking new objects")
-        self.index.evictor.maybe_evict(now_s)
+        self.index.evictor.maybe_evict(now_s, EVICTION_SLICE_BYTES)  # also above the high watermark without a put
         for tier in self.index.tiers.by_segment.values():
             self.index.tiers.maybe_evict(tier, now_s)
         evictor = self.index.evictor

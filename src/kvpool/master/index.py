@@ -60,7 +60,8 @@ from kvpool.core.protocol import (
     pack_replicas,
 )
 from kvpool.master.config import MasterConfig
-from kvpool.master.eviction import COMPLETE, DEAD, DRAINING, IN_HEAP, NO_CHECKSUM, PINNED, Evictor, ObjectRecord
+from kvpool.master.eviction import (COMPLETE, DEAD, DRAINING, IN_HEAP, NO_CHECKSUM, PINNED, PUT_EVICTION_FACTOR, Evictor,
+                                     ObjectRecord)
 from kvpool.master.ids import IdSource
 from kvpool.master.placement import choose_segments, why_nowhere
 from kvpool.master.access import namespace_owner
@@ -129,6 +130,7 @@ class ObjectIndex:
         replicas: list[tuple[Replica, ...]] = []
         tokens: list[int] = []
         message = ""
+        allocated = 0
         base_flags = PINNED if pinned else 0
         for i, key in enumerate(keys):
             rec = space.get(key)
@@ -173,7 +175,8 @@ class ObjectIndex:
             statuses.append(PUT_ALLOCATED)
             replicas.append(placed)
             tokens.append(token)
-        self.evictor.maybe_evict(now_s)
+            allocated += size * len(placed)
+        self.evictor.maybe_evict(now_s, PUT_EVICTION_FACTOR * allocated)  # the rest: in slices (eviction.py)
         return statuses, replicas, message, tokens
 
     def _place(self, account: TenantAccount, size: int, num_replicas: int, now_s: float,

@@ -5,7 +5,9 @@ Rules:
   [identity, request_id, payload] and answers [identity, request_id, epoch (8 bytes, little
   endian), msgpack Reply]: every reply names this incarnation, so a peer sees a restart at once.
 - Single-threaded: the loop polls the socket with a timeout that ends at the next tick (health
-  checks, pending reclaim, eviction, metric snapshot), so no lock guards the index.
+  checks, pending reclaim, eviction, metric snapshot), so no lock guards the index. While the core
+  has idle work (eviction towards the low watermark, in slices), it polls without waiting and does
+  one slice whenever no request came.
 - Nothing a peer sends stops the loop: wrong frame counts, oversized frames, undecodable or unknown
   messages get ErrorReply(kind="protocol"); frames over twice the limit are dropped by ZMQ itself
   (MAXMSGSIZE, which closes that peer's connection) so a hostile peer cannot make us buffer them.
@@ -134,14 +136,24 @@ class MasterService:
         clock = self.clock
         tick_s = self.config.tick_interval_s
         next_tick_s = clock() + tick_s
+        idle_from_s = 0.0  # idle work waits until then after it failed
         try:
             while not self._stop.is_set():
-                timeout_ms = max(0, int(1000 * (next_tick_s - clock())) + 1)
+                idle = core.has_idle_work and clock() >= idle_from_s  # then only look for requests, not wait
+                timeout_ms = 0 if idle else max(0, int(1000 * (next_tick_s - clock())) + 1)
                 if self._lane is not None:
-                    self._serve_with_lane(min(timeout_ms, 200))
-                elif self._receive(sock, min(timeout_ms, 200)):
-                    self._drain(sock)
+                    served = self._serve_with_lane(min(timeout_ms, 200))
+                else:
+                    served = self._receive(sock, min(timeout_ms, 200))
+                    if served:
+                        self._drain(sock)
                 now_s = clock()
+                if idle and not served:
+                    try:
+                        core.idle_work(now_s)
+                    except Exception:  # as for the timed work; retried at the next tick
+                        log.exception("internal error in the master's idle work")
+                        idle_from_s = next_tick_s
                 if now_s >= next_tick_s:
                     try:
                         for event in core.tick(now_s):
@@ -173,15 +185,18 @@ class MasterService:
                 break
             self._answer_frames(sock.recv_multipart(zmq.NOBLOCK, copy=False))
 
-    def _serve_with_lane(self, timeout_ms: int) -> None:
-        """One wake-up of the loop when the lane is served: ZMQ messages and lane frames alike."""
+    def _serve_with_lane(self, timeout_ms: int) -> bool:
+        """One wake-up of the loop when the lane is served: ZMQ messages and lane frames alike.
+        False: nothing came within `timeout_ms`."""
         lane, sock = self._lane, self._socket
-        for what, events in self._poller.poll(timeout_ms):
+        ready = self._poller.poll(timeout_ms)
+        for what, events in ready:
             if what is sock:
                 self._drain(sock)
             elif lane.owns(what):
                 for key, request_id, payload in lane.handle(what, events):
                     self._answer(key, request_id, payload, self._lane_send)
+        return bool(ready)
 
     def _lane_send(self, key: bytes, request_id: bytes, reply: p.Reply) -> None:
         self._lane.reply(key, request_id, self.core.epoch, self._encode_reply(reply))

@@ -7,7 +7,9 @@ Rules:
 - Keys are chain keys (str of the simulator's int key): a chained prefix, so PutStart names each
   block's parent and the master's tail-first eviction sees the chains.
 - The master's timed work (`tick`: watermark eviction, lease expiry) runs at most every
-  `tick_interval_s` of simulated time, as the service's loop would.
+  `tick_interval_s` of simulated time, as the service's loop would; its idle work (eviction down
+  to the low watermark, in slices) runs to the end after each put, as a master with spare time does
+  between requests.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class PoolModel:
         self.refused += sum(1 for s in reply.statuses if s == p.PUT_NO_SPACE)
         if ended:
             self.core.handle(p.PutEnd(TENANT, [n for n, _ in ended], [t for _, t in ended], [0] * len(ended)), now_s)
+        while self.core.has_idle_work:  # the service's loop does this between requests (a master with spare time)
+            self.core.idle_work(now_s)
         self.puts += len(ended)
         return len(ended)
 
