@@ -1,7 +1,7 @@
 """A/B of two kvpool builds across harness hosts: control-plane-bound operations (issue 14).
 
     flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/ab_builds.py BASE [NEW] \
-        [--rounds 6] [--same-host] [--cases control,bulk] [--out FILE]
+        [--rounds 6] [--same-host] [--cases control,bulk,evict] [--node-mib 512] [--out FILE]
 
 BASE and NEW are git revisions (NEW defaults to the working tree, "WORKTREE"); each is exported
 with `git archive` (the working tree: copied) into a scratch directory and run from there with
@@ -15,7 +15,9 @@ clients all on one host: the shared-memory path). Each client process measures, 
   loops: loops/s and P50 / P99 per loop;
 and for `bulk`: zero-copy put and get of 64 MiB in 1 MiB objects, of 128 MiB in 16 MiB objects and
 of 64 MiB in objects of 32 x 64 KiB regions lying far apart (sg) (batches of 64 MiB at most, bytes
-compared; the median of 3 passes after a first one).
+compared; the median of 3 passes after a first one); for `evict`: the pool filled with 256 KiB
+objects worth 1.05x the node's memory (`--node-mib`), then the agent-like loop, 400 loops, where
+every put runs on a full pool (the master's eviction on the path).
 Prints one JSON line per process and a summary: medians over rounds, and the median of the
 per-round ratios NEW / BASE (> 1: NEW better, inverted for latencies).
 """
@@ -45,6 +47,46 @@ address, tag, cases = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 client = Client(address, "ab", timeout_s=30.0)
 out = {}
 rng = np.random.default_rng(3)
+
+
+def agent_loop(client, tag, loops, name):
+    """Lookup of 9 keys, zero-copy get of 8 x 256 KiB, put of 2 new ones: loops/s, P50 / P99 per loop."""
+    chunk, prefix, tail, sessions = 256 << 10, 8, 2, 8
+    slots = prefix + tail
+    src = rng.integers(0, 256, sessions * slots * chunk, dtype=np.uint8)
+    dst = np.zeros(prefix * chunk, dtype=np.uint8)
+    client.register(src)
+    client.register(dst)
+    base, dbase = src.ctypes.data, dst.ctypes.data
+    chains = [[f"{tag}/{name}/s{s}/c{i}" for i in range(prefix)] for s in range(sessions)]
+    for s, chain in enumerate(chains):
+        client.put_from(chain, [[base + (s * slots + i) * chunk] for i in range(prefix)], [[chunk]] * prefix)
+    lat = np.empty(loops)
+    started = time.perf_counter()
+    for n in range(loops):
+        s = n % sessions
+        tail_keys = [f"{tag}/{name}/s{s}/t{n}/{j}" for j in range(tail)]
+        t = time.perf_counter()
+        assert client.lookup_prefix(chains[s] + [tail_keys[0]]) == prefix
+        assert client.get_into(chains[s], [[dbase + i * chunk] for i in range(prefix)], [[chunk]] * prefix) == prefix
+        client.put_from(tail_keys, [[base + (s * slots + prefix + j) * chunk] for j in range(tail)], [[chunk]] * tail)
+        lat[n] = time.perf_counter() - t
+        if n < sessions:
+            assert np.array_equal(dst, src[s * slots * chunk:(s * slots + prefix) * chunk])
+    return {f"{name}_loops_per_s": loops / (time.perf_counter() - started),
+            f"{name}_p50_ms": float(np.percentile(lat, 50)) * 1e3, f"{name}_p99_ms": float(np.percentile(lat, 99)) * 1e3}
+
+
+if "evict" in cases:
+    # a full pool first: 256 KiB objects worth 1.05 x the node's memory, so the loop runs where eviction does
+    fill_bytes = int(os.environ["AB_NODE_BYTES"]) * 21 // 20
+    chunk, batch = 256 << 10, 256
+    src = rng.integers(0, 256, chunk * batch, dtype=np.uint8)
+    client.register(src)
+    for b in range(fill_bytes // (chunk * batch)):
+        client.put_from([f"{tag}/fill/{b}/{i}" for i in range(batch)], [[src.ctypes.data + i * chunk] for i in range(batch)],
+                        [[chunk]] * batch)
+    out.update(agent_loop(client, tag, 400, "evict"))
 if "bulk" in cases:
     # sg: objects of 32 x 64 KiB regions, object i's region k at slot k * n + i (a paged KV cache)
     for name, size, total, regions in (("1m", 1 << 20, 64 << 20, 1), ("16m", 16 << 20, 128 << 20, 1),
@@ -105,30 +147,7 @@ for i in range(2000):
     samples[i] = time.perf_counter() - t
 out["lookup_p50_us"], out["lookup_p99_us"] = (float(np.percentile(samples, q)) * 1e6 for q in (50, 99))
 
-chunk, prefix, tail, sessions = 256 << 10, 8, 2, 8
-slots = prefix + tail
-src = rng.integers(0, 256, sessions * slots * chunk, dtype=np.uint8)
-dst = np.zeros(prefix * chunk, dtype=np.uint8)
-client.register(src)
-client.register(dst)
-base, dbase = src.ctypes.data, dst.ctypes.data
-chains = [[f"{tag}/s{s}/c{i}" for i in range(prefix)] for s in range(sessions)]
-for s, chain in enumerate(chains):
-    client.put_from(chain, [[base + (s * slots + i) * chunk] for i in range(prefix)], [[chunk]] * prefix)
-lat = np.empty(200)
-started = time.perf_counter()
-for n in range(200):
-    s = n % sessions
-    tail_keys = [f"{tag}/s{s}/t{n}/{j}" for j in range(tail)]
-    t = time.perf_counter()
-    assert client.lookup_prefix(chains[s] + [tail_keys[0]]) == prefix
-    assert client.get_into(chains[s], [[dbase + i * chunk] for i in range(prefix)], [[chunk]] * prefix) == prefix
-    client.put_from(tail_keys, [[base + (s * slots + prefix + j) * chunk] for j in range(tail)], [[chunk]] * tail)
-    lat[n] = time.perf_counter() - t
-    if n < sessions:
-        assert np.array_equal(dst, src[s * slots * chunk:(s * slots + prefix) * chunk])
-out["agent_loops_per_s"] = 200 / (time.perf_counter() - started)
-out["agent_p50_ms"], out["agent_p99_ms"] = (float(np.percentile(lat, q)) * 1e3 for q in (50, 99))
+out.update(agent_loop(client, tag, 200, "agent"))
 out["cpu_s"] = round(time.process_time(), 2)
 client.close()
 print(json.dumps(out))
@@ -137,7 +156,8 @@ print(json.dumps(out))
 HIGHER_BETTER = {"get_1m_gbs": True, "put_1m_gbs": True, "get_16m_gbs": True, "put_16m_gbs": True,
                  "get_sg_gbs": True, "put_sg_gbs": True,
                  "plain_put_gbs": True, "plain_get_gbs": True, "lookup_p50_us": False, "lookup_p99_us": False,
-                 "agent_loops_per_s": True, "agent_p50_ms": False, "agent_p99_ms": False, "cpu_s": False}
+                 "agent_loops_per_s": True, "agent_p50_ms": False, "agent_p99_ms": False,
+                 "evict_loops_per_s": True, "evict_p50_ms": False, "evict_p99_ms": False, "cpu_s": False}
 
 
 def export(rev: str, into: Path) -> Path:
@@ -164,7 +184,7 @@ def measure(net: hosts.HostNetwork, args: argparse.Namespace, builds: dict[str, 
             argv = procs.kvpool_argv("master", "--insecure", "--host", net["m"].address, "--port", "0")
             master = procs.ManagedProcess(f"{name}-master", host_of["m"].wrap(argv), scratch, env=envs[name])
             started.append(master.start(30))
-            argv = procs.kvpool_argv("node", "--master", master.info["address"], "--memory", "512MiB")
+            argv = procs.kvpool_argv("node", "--master", master.info["address"], "--memory", str(args.node_bytes))
             node = procs.ManagedProcess(f"{name}-node", host_of["n"].wrap(argv), scratch, env=envs[name])
             started.append(node.start(60))
             masters[name] = master.info["address"]
@@ -190,12 +210,15 @@ def main() -> None:
     ap.add_argument("new", nargs="?", default="WORKTREE", help="git revision, or WORKTREE (default)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--same-host", action="store_true", help="master, nodes and clients on one host (shared memory)")
-    ap.add_argument("--cases", default="control", help="comma-separated: control, bulk (default: control)")
+    ap.add_argument("--cases", default="control", help="comma-separated: control, bulk, evict (default: control)")
+    ap.add_argument("--node-mib", type=int, default=512, help="each build's node memory in MiB (default 512)")
     ap.add_argument("--out", type=Path, default=None, help="write every process's JSON and the summary here")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="kvpool-ab-builds-"))
     builds = {"base": args.base, "new": args.new}
-    envs = {name: {**os.environ, "PYTHONPATH": str(export(rev, scratch / name))} for name, rev in builds.items()}
+    args.node_bytes = args.node_mib << 20
+    envs = {name: {**os.environ, "PYTHONPATH": str(export(rev, scratch / name)), "AB_NODE_BYTES": str(args.node_bytes)}
+            for name, rev in builds.items()}
     try:
         with hosts.HostNetwork(["m"] if args.same_host else ["m", "n", "c"]) as net:
             runs, loads = measure(net, args, builds, envs, scratch)
