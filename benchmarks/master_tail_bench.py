@@ -1,20 +1,21 @@
 """The master's tail on a full pool: how long each call holds its one thread (issue 14).
 
     .venv/bin/python benchmarks/master_tail_bench.py [--base REV] [--rounds 4] [--loops 20000] \
-        [--out benchmarks/results/master_tail]
+        [--pool-mib 1024] [--object-kib 256] [--out benchmarks/results/master_tail] [--name master_tail]
 
 Every client of a pool waits on the master's one thread, so one slow call (a batch of evictions,
 the timed work) delays every request queued behind it. This drives `MasterCore` in-process (no
 sockets: the time is the master's own work per call) with the peers benchmark's agent-like loop
 (per loop: a lookup of 9 keys, a leased lookup of 8, its release, PutStart and PutEnd of 2 new
-256 KiB objects; 8 sessions) on a 1 GiB segment that it fills first, so every put runs where
-eviction does. A heartbeat and the timed work (`tick`) run every 0.2 s of simulated time (0.5 ms
+256 KiB objects; 8 sessions) on a 1 GiB segment (`--pool-mib`, `--object-kib`) that it fills
+first, so every put runs where eviction does. A heartbeat and the timed work (`tick`) run every 0.2 s of simulated time (0.5 ms
 a loop). Reported per call type: P50 / P99 / P99.9 / max and the total; the garbage collector's
 pauses are counted apart (they land on whichever call allocates at the time).
 
-Two ways to run the working tree: "saturated" (the master never idle: no idle work, as when
-requests queue back to back) and "idle slices" (one `MasterCore.idle_work` slice between loops,
-as a master with spare time does between requests). With `--base REV` the loop also runs on the
+Three ways to run the working tree: "saturated" (the master never idle: no idle work, as when
+requests queue back to back), "idle slices" (one `MasterCore.idle_work` slice between loops, as a
+master with spare time does between requests) and the same plus `gc.freeze()` after each tick
+(what `kvpool master` does: its collections then walk only what the last tick made). With `--base REV` the loop also runs on the
 code of git revision REV (exported with `git archive`; saturated, older builds have no idle work),
 all alternating in one run (order reversed every round), and the report gives per-round ratios
 base / each (> 1: the working tree is faster).
@@ -44,7 +45,8 @@ from kvpool.master.access import OPEN
 from kvpool.master.config import MasterConfig
 from kvpool.master.core import MasterCore
 
-loops, idle = int(sys.argv[1]), sys.argv[2] == "idle"
+loops, mode, pool_bytes, chunk = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+idle, freeze = mode in ("idle", "idle+freeze"), mode == "idle+freeze"
 pauses, started = [], [0.0]
 def on_gc(phase, info):
     if phase == "start":
@@ -54,14 +56,14 @@ def on_gc(phase, info):
 gc.callbacks.append(on_gc)
 core = MasterCore(MasterConfig())
 idle = idle and hasattr(core, "idle_work")  # older builds have none
-seg = core.handle(p.MountSegment("n", "h", 1 << 30, 0, "a", b""), 0.0, OPEN).segment_id
-chunk, acked, now = 256 * 1024, 0, 1.0
+seg = core.handle(p.MountSegment("n", "h", pool_bytes, 0, "a", b""), 0.0, OPEN).segment_id
+acked, now = 0, 1.0
 chains = [[f"a/s{s}/c{i}" for i in range(8)] for s in range(8)]
 for keys in chains:
     r = core.handle(p.PutStart("peers", keys, [chunk] * 8, [None] * 8, 1, False), now, OPEN)
     core.handle(p.PutEnd("peers", keys, list(r.tokens), [1] * 8), now, OPEN)
 samples = {k: [] for k in ("lookup", "leased", "release", "put_start", "put_end", "tick")}
-next_tick, warm = now + 0.2, 2 * 4096  # the first 2 GiB of puts fill the pool: not measured
+next_tick, warm = now + 0.2, pool_bytes // chunk  # puts of twice the pool fill it first: not measured
 for n in range(warm + loops):
     s = n % 8
     now += 0.0005
@@ -89,6 +91,8 @@ for n in range(warm + loops):
             acked = d.first_seq + len(d.ops) - 1
         t = time.perf_counter()
         core.tick(now)
+        if freeze:  # what `kvpool master` does after each tick (service.py)
+            gc.freeze()
         if n >= warm:
             samples["tick"].append(time.perf_counter() - t)
         next_tick = now + 0.2
@@ -115,10 +119,10 @@ def export(rev: str, into: Path) -> Path:
     return into / "src"
 
 
-def measure(src: Path, loops: int, mode: str) -> dict:
+def measure(src: Path, args, mode: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(loops), mode], env=env, capture_output=True, text=True,
-                          timeout=1800)
+    argv = [sys.executable, "-c", CHILD, str(args.loops), mode, str(args.pool_mib << 20), str(args.object_kib << 10)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"measurement failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -129,8 +133,9 @@ def report(runs: dict[str, list[dict]], base: str | None, args, started: str) ->
     lines = ["# The master's tail on a full pool (benchmarks/master_tail_bench.py)", "",
              f"Run {started} on {platform.node() or 'this machine'} ({os.cpu_count()} CPUs, Python "
              f"{platform.python_version()}), load average {os.getloadavg()[0]:.1f} at the end. `MasterCore` in-process "
-             f"(no sockets); per round {args.loops} agent-like loops on a full 1 GiB pool of 256 KiB objects, "
-             f"after 8192 loops that fill it; {args.rounds} rounds, " + ", ".join(names) + " alternating (order "
+             f"(no sockets); per round {args.loops} agent-like loops on a full {args.pool_mib} MiB pool of "
+             f"{args.object_kib} KiB objects ({(args.pool_mib << 10) // args.object_kib} objects), after "
+             f"{(args.pool_mib << 10) // args.object_kib} loops that fill it; {args.rounds} rounds, " + ", ".join(names) + " alternating (order "
              "reversed every round).", "",
              "Microseconds the call held the master's thread: median over rounds of each round's percentile.", ""]
     head = "| call | " + " | ".join(f"{n} P50 | {n} P99 | {n} P99.9 | {n} max" for n in names) + " |"
@@ -164,14 +169,18 @@ def main() -> None:
     parser.add_argument("--base", help="a git revision to compare with the working tree, side by side")
     parser.add_argument("--rounds", type=int, default=4, help="measured rounds (default 4)")
     parser.add_argument("--loops", type=int, default=20000, help="measured loops per round (default 20000)")
+    parser.add_argument("--pool-mib", type=int, default=1024, help="the segment's size (default 1024)")
+    parser.add_argument("--object-kib", type=int, default=256, help="the size of each object put (default 256)")
+    parser.add_argument("--name", default="master_tail", help="the report's file name (default master_tail)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "master_tail",
-                        help="where master_tail.{md,json} go")
+                        help="where NAME.{md,json} go")
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     from rich.progress import Progress
 
     with tempfile.TemporaryDirectory() as tmp:
-        builds = {"saturated": (REPO / "src", "saturated"), "idle slices": (REPO / "src", "idle")}
+        builds = {"saturated": (REPO / "src", "saturated"), "idle slices": (REPO / "src", "idle"),
+                  "idle slices + gc.freeze per tick": (REPO / "src", "idle+freeze")}
         if args.base:
             builds = {f"base {args.base}": (export(args.base, Path(tmp)), "saturated"), **builds}
         runs: dict[str, list[dict]] = {name: [] for name in builds}
@@ -180,13 +189,14 @@ def main() -> None:
             task = progress.add_task("master tail", total=args.rounds * len(order))
             for r in range(args.rounds):
                 for name in order if r % 2 == 0 else order[::-1]:
-                    runs[name].append(measure(builds[name][0], args.loops, builds[name][1]))
+                    runs[name].append(measure(builds[name][0], args, builds[name][1]))
                     progress.advance(task)
     args.out.mkdir(parents=True, exist_ok=True)
     text = report(runs, args.base, args, started)
-    (args.out / "master_tail.md").write_text(text)
-    (args.out / "master_tail.json").write_text(json.dumps({"started": started, "loops": args.loops, "runs": runs},
-                                                          indent=1))
+    (args.out / f"{args.name}.md").write_text(text)
+    (args.out / f"{args.name}.json").write_text(json.dumps({"started": started, "loops": args.loops,
+                                                            "pool_mib": args.pool_mib, "object_kib": args.object_kib,
+                                                            "runs": runs}, indent=1))
     print(text)
 
 

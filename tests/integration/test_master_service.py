@@ -190,3 +190,29 @@ def test_an_idle_master_evicts_down_to_the_low_watermark_between_requests():
     finally:
         channel.close()
         service.stop()
+
+
+def test_the_master_command_freezes_the_collector_each_tick_and_an_in_process_one_does_not():
+    import gc
+    import threading
+
+    from kvpool.master import MasterConfig, MasterService
+
+    gc.unfreeze()
+    try:
+        service = MasterService(MasterConfig(metrics_port=None, tick_interval_s=0.05)).start()
+        time.sleep(0.3)  # several ticks
+        service.stop()
+        assert gc.get_freeze_count() == 0  # in-process: the host process's collector is left alone
+        service = MasterService(MasterConfig(metrics_port=None, tick_interval_s=0.05))
+        service.bind()
+        thread = threading.Thread(target=service.serve_forever, kwargs={"owns_process": True}, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 5.0
+        while gc.get_freeze_count() == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        service.request_stop()
+        thread.join(5.0)
+        assert gc.get_freeze_count() > 0  # `kvpool master` (cli.py) serves with owns_process=True
+    finally:
+        gc.unfreeze()

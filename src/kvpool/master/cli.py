@@ -200,6 +200,6 @@ def run(args: argparse.Namespace) -> int:
         tmp.write_text(json.dumps({"address": address, "metrics_port": service.metrics_port, "pid": os.getpid(),
                                    "auth_dir": config.auth_dir}))
         tmp.replace(args.ready_file)
-    service.serve_forever()
+    service.serve_forever(owns_process=True)
     logging.getLogger("kvpool.master").info("stopped")
     return 0
