@@ -91,10 +91,11 @@ def test_idle_work_stops_when_nothing_more_can_be_evicted():
     put(core, ["k9"], now_s=2.0)  # above the high watermark, and k9 was pending when its put evicted
     assert not core.has_idle_work  # nothing evictable: no busy loop of empty slices
     assert present(core, keys) == keys
-    core.idle_work(3.0)
-    assert present(core, keys) == keys
-    core.tick(7.0)  # the leases ended: the tick finds the pool above the high watermark again
-    assert core.stats(7.0).used_bytes < 10 * SLOT
+    core.idle_work(3.0)  # still above the high watermark: k9 is complete now, the only one that can go
+    assert present(core, keys) == keys[:9]
+    assert not core.has_idle_work
+    core.idle_work(4.0)
+    assert present(core, keys) == keys[:9]  # 0.9 is not above the watermark: nothing starts again
 
 
 def test_chains_are_evicted_from_the_tail_even_when_the_head_is_older():

@@ -353,8 +353,7 @@ class MasterCore:
     def idle_work(self, now_s: float) -> None:
         """One short slice of deferred work, for a master with no request waiting: eviction
         towards the low watermark (eviction.py)."""
-        if self.index.evictor.towards_low:
-            self.index.evictor.maybe_evict(now_s, EVICTION_SLICE_BYTES)
+        self.index.evictor.evict_slice(now_s, EVICTION_SLICE_BYTES)
 
     def tick(self, now_s: float) -> list[str]:
         """The timed work; returns what an operator should read in the log."""
@@ -377,7 +376,7 @@ class MasterCore:
                 self.index.finish_recovery(segment)  # its node went quiet mid-announcement: keep what came
                 events.append(f"segment {segment.segment_id:x} of node {segment.node_id}: announcement "
                               f"unfinished after {self.config.recovery_timeout_s:g} s; taking new objects")
-        self.index.evictor.maybe_evict(now_s, EVICTION_SLICE_BYTES)  # also above the high watermark without a put
+        self.index.evictor.evict_slice(now_s, EVICTION_SLICE_BYTES)  # also above the high watermark without a put
         for tier in self.index.tiers.by_segment.values():
             self.index.tiers.maybe_evict(tier, now_s)
         evictor = self.index.evictor

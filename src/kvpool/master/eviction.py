@@ -176,24 +176,33 @@ class Evictor:
             return self.order.moved(rec, now_s)
         return rec.last_access_s != rec.heap_access_s
 
-    def maybe_evict(self, now_s: float, budget_bytes: int | None = None) -> int:
-        """Once above the high watermark: evict down to the low watermark, over as many calls as
-        `budget_bytes` (None: unbounded) needs; a call above the high watermark always gets back
-        under it. Returns the bytes freed."""
+    def _watermarks(self) -> tuple[int, int, int]:
+        """(used, high, low) in bytes; past the high watermark, eviction goes on down to the low one."""
         segments = self.index.segments
-        capacity = segments.capacity_bytes
-        used = segments.used_bytes
+        capacity, used = segments.capacity_bytes, segments.used_bytes
         high = int(capacity * self.index.config.high_watermark)
-        low = int(capacity * self.index.config.low_watermark)
-        if capacity == 0 or used <= low:
-            self.towards_low = False
-            return 0
         if used > high:
             self.towards_low = True
-        elif not self.towards_low:
+        return used, high, int(capacity * self.index.config.low_watermark)
+
+    def evict_over_high(self, now_s: float, extra_bytes: int) -> int:
+        """A put's share: above the high watermark, evict back under it and `extra_bytes` more (never
+        past the low one); the rest of the way is left to `evict_slice`. Returns the bytes freed."""
+        used, high, low = self._watermarks()
+        if used <= high:
             return 0
-        to_free = used - low if budget_bytes is None else min(used - low, max(0, used - high) + budget_bytes)
-        freed = self.evict(now_s, to_free)
+        return self._evict_towards_low(now_s, used, low, min(used - low, used - high + extra_bytes))
+
+    def evict_slice(self, now_s: float, slice_bytes: int) -> int:
+        """One slice of the way down to the low watermark, once the pool went above the high one.
+        Returns the bytes freed."""
+        used, _, low = self._watermarks()
+        if not self.towards_low:
+            return 0
+        return self._evict_towards_low(now_s, used, low, min(used - low, slice_bytes))
+
+    def _evict_towards_low(self, now_s: float, used: int, low: int, to_free: int) -> int:
+        freed = self.evict(now_s, to_free) if to_free > 0 else 0
         if freed >= used - low or freed < to_free:
             self.towards_low = False  # there, or nothing more can go now (leased, pending): the next put retries
         return freed

@@ -176,7 +176,7 @@ class ObjectIndex:
             replicas.append(placed)
             tokens.append(token)
             allocated += size * len(placed)
-        self.evictor.maybe_evict(now_s, PUT_EVICTION_FACTOR * allocated)  # the rest: in slices (eviction.py)
+        self.evictor.evict_over_high(now_s, PUT_EVICTION_FACTOR * allocated)  # the rest: in slices (eviction.py)
         return statuses, replicas, message, tokens
 
     def _place(self, account: TenantAccount, size: int, num_replicas: int, now_s: float,
