@@ -134,6 +134,10 @@ def test_metrics_are_served(master):
     assert f'kvpool_master_node_capacity_bytes{{node_id="n1",segment_id="{segment_id}",state="alive"}}' in text
     assert f'kvpool_master_info{{epoch="{channel.epoch:016x}"}} 1.0' in text
     assert "kvpool_master_evictions_total" in text
+    # `kvpool master` owns its process: the collector's pauses are counted (gc_pauses.py)
+    assert 'kvpool_master_gc_pauses_total{generation="0"}' in text
+    assert 'kvpool_master_gc_pause_seconds_total{generation="2"}' in text
+    assert "kvpool_master_gc_pause_max_seconds" in text
 
 
 def test_sigterm_stops_the_master_cleanly(tmp_path):

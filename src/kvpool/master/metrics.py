@@ -9,7 +9,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -19,10 +19,13 @@ from kvpool.core.protocol import StatsReply
 
 
 class MasterCollector(Collector):
-    def __init__(self, snapshot: Callable[[], StatsReply | None]) -> None:
+    def __init__(self, snapshot: Callable[[], StatsReply | None], extra: Callable[[], Iterable] | None = None) -> None:
         self._snapshot = snapshot
+        self._extra = extra  # more families from the service itself (gc_pauses.py)
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        if self._extra is not None:
+            yield from self._extra()
         s = self._snapshot()
         if s is None:
             return
@@ -125,9 +128,10 @@ def _tenant_metrics(s: StatsReply) -> Iterator[GaugeMetricFamily | CounterMetric
     yield from counters
 
 
-def serve_metrics(host: str, port: int, snapshot: Callable[[], StatsReply | None]) -> tuple[object, int]:
+def serve_metrics(host: str, port: int, snapshot: Callable[[], StatsReply | None],
+                  extra: Callable[[], Iterable] | None = None) -> tuple[object, int]:
     """Start the /metrics HTTP endpoint; returns (server, bound port). Port 0: the OS chooses."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(MasterCollector(snapshot))
+    registry.register(MasterCollector(snapshot, extra))
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return server, server.server_port

@@ -35,6 +35,7 @@ from kvpool.master.access import OPEN
 from kvpool.master.config import MasterConfig
 from kvpool.master.limits import RateLimiter
 from kvpool.master.core import MasterCore
+from kvpool.master.gc_pauses import CollectorPauses
 from kvpool.master.metrics import serve_metrics
 from kvpool.transfer.lane import LaneServer
 
@@ -69,6 +70,7 @@ class MasterService:
         self._context = zmq.Context()
         self._socket: zmq.Socket | None = None
         self._metrics_server = None
+        self._gc_pauses: CollectorPauses | None = None  # with owns_process (serve_forever)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._snapshot: p.StatsReply | None = None
@@ -113,7 +115,8 @@ class MasterService:
         self._snapshot = self._stats(self.clock())
         if self.config.metrics_port is not None:
             self._metrics_server, self.metrics_port = serve_metrics(
-                self.config.host, self.config.metrics_port, lambda: self._snapshot
+                self.config.host, self.config.metrics_port, lambda: self._snapshot,
+                lambda: self._gc_pauses.families() if self._gc_pauses is not None else ()
             )
         return self.address
 
@@ -134,7 +137,8 @@ class MasterService:
         (gc.freeze, O(1)), so its collections walk only what the last tick made: with 100 K
         objects a full collection otherwise held this thread 82-106 ms, and one of the middle
         generation 8-14 ms (benchmarks/results/master_tail/). Records die by reference count (they
-        form no cycles), frozen or not. Off in-process: freezing is the host process's choice."""
+        form no cycles), frozen or not. The collector's pauses become metrics (gc_pauses.py).
+        Off in-process: the collector is the host process's."""
         if self._socket is None:
             self.bind()
         sock = self._socket
@@ -143,6 +147,8 @@ class MasterService:
         tick_s = self.config.tick_interval_s
         next_tick_s = clock() + tick_s
         idle_from_s = 0.0  # idle work waits until then after it failed
+        if owns_process:
+            self._gc_pauses = CollectorPauses()
         try:
             while not self._stop.is_set():
                 idle = core.has_idle_work and clock() >= idle_from_s  # then only look for requests, not wait
@@ -293,6 +299,9 @@ class MasterService:
             log.warning("reply to a slow peer dropped (send queue full)")
 
     def _close(self) -> None:
+        if self._gc_pauses is not None:
+            self._gc_pauses.close()
+            self._gc_pauses = None
         if self._lane is not None:
             self._lane.close()
             self._lane = None
