@@ -37,9 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve Prometheus metrics on this port (0: the OS chooses, reported in the ready file); omit for none",
     )
     parser.add_argument("--high-watermark", type=float, default=_D.high_watermark,
-                        help="fraction of capacity in use above which a put triggers eviction")
+                        help="fraction of capacity in use above which eviction starts (the put that crosses it "
+                             "evicts back under it; default %(default)s)")
     parser.add_argument("--low-watermark", type=float, default=_D.low_watermark,
-                        help="eviction frees space down to this fraction of capacity")
+                        help="eviction then frees space down to this fraction of capacity, in 1 MiB slices while "
+                             "the master has no request waiting (default %(default)s)")
     parser.add_argument("--lease-ttl-s", type=float, default=_D.lease_ttl_s,
                         help="seconds a read lease from a lookup lasts; a read finishing later is discarded by the client")
     parser.add_argument("--max-lease-hold-s", type=float, default=_D.max_lease_hold_s,
