@@ -220,3 +220,26 @@ def test_the_master_command_freezes_the_collector_each_tick_and_an_in_process_on
         assert gc.get_freeze_count() > 0  # `kvpool master` (cli.py) serves with owns_process=True
     finally:
         gc.unfreeze()
+
+
+def test_idle_work_that_fails_is_logged_and_retried_once_a_tick_without_spinning(monkeypatch, caplog):
+    from kvpool.master import MasterConfig, MasterCore, MasterService
+
+    calls = []
+
+    def broken(self, now_s):
+        calls.append(now_s)
+        raise RuntimeError("a bug in idle work")
+
+    monkeypatch.setattr(MasterCore, "has_idle_work", property(lambda self: True))
+    monkeypatch.setattr(MasterCore, "idle_work", broken)
+    service = MasterService(MasterConfig(metrics_port=None, tick_interval_s=0.1)).start()
+    try:
+        time.sleep(0.55)
+        channel = MasterChannel(service.address, timeout_s=3.0)
+        assert isinstance(channel.call(p.Stats()), p.StatsReply)  # still serving
+        channel.close()
+    finally:
+        service.stop()
+    assert 2 <= len(calls) <= 8  # about once per 0.1 s tick, not a busy loop
+    assert "internal error in the master's idle work" in caplog.text

@@ -348,7 +348,7 @@ class MasterCore:
     @property
     def has_idle_work(self) -> bool:
         """Whether `idle_work` has something to do (the service then polls without waiting)."""
-        return self.index.evictor.towards_low
+        return self.index.evictor.descending
 
     def idle_work(self, now_s: float) -> None:
         """One short slice of deferred work, for a master with no request waiting: eviction

@@ -116,7 +116,7 @@ class MasterService:
         if self.config.metrics_port is not None:
             self._metrics_server, self.metrics_port = serve_metrics(
                 self.config.host, self.config.metrics_port, lambda: self._snapshot,
-                lambda: self._gc_pauses.families() if self._gc_pauses is not None else ()
+                lambda: pauses.families() if (pauses := self._gc_pauses) is not None else ()
             )
         return self.address
 
@@ -282,9 +282,10 @@ class MasterService:
                 reply = self._with_service_counts(reply)
             if type(request) in _LOGGED:
                 _log_event(request, reply)
-                if isinstance(request, p.AnnounceObjects) and request.last:
+                if isinstance(request, p.AnnounceObjects) and request.last and self._gc_pauses is not None:
                     # recovery just made up to millions of long-lived records: keep the collector from
-                    # walking them again and again (a third of the announcement's cost otherwise)
+                    # walking them again and again (a third of the announcement's cost otherwise);
+                    # only where the service owns its process (_gc_pauses is set then)
                     gc.freeze()
         except Exception:  # a bug in the master must not take the pool down; it is logged in full
             log.exception("internal error handling %s", type(request).__name__)

@@ -8,8 +8,8 @@ Rules:
   block's parent and the master's tail-first eviction sees the chains.
 - The master's timed work (`tick`: watermark eviction, lease expiry) runs at most every
   `tick_interval_s` of simulated time, as the service's loop would; its idle work (eviction down
-  to the low watermark, in slices) runs to the end after each put, as a master with spare time does
-  between requests.
+  to the low watermark, in slices) runs to its end before each request, as a master with spare
+  time does between requests.
 """
 
 from __future__ import annotations
@@ -45,9 +45,13 @@ class PoolModel:
         self.refused = 0
 
     def _tick(self, now_s: float) -> None:
+        """Before each request: the timed work when due, and the idle work to its end (the service's
+        loop does it between requests: a master with spare time)."""
         if now_s - self._last_tick_s >= self.master_config.tick_interval_s:
             self._last_tick_s = now_s
             self.core.tick(now_s)
+        while self.core.has_idle_work:
+            self.core.idle_work(now_s)
 
     def lookup(self, keys: Sequence[int], now_s: float, lease: bool) -> tuple[int, int]:
         """(leading keys in the pool, lease id to release after the load or 0)."""
@@ -77,8 +81,6 @@ class PoolModel:
         self.refused += sum(1 for s in reply.statuses if s == p.PUT_NO_SPACE)
         if ended:
             self.core.handle(p.PutEnd(TENANT, [n for n, _ in ended], [t for _, t in ended], [0] * len(ended)), now_s)
-        while self.core.has_idle_work:  # the service's loop does this between requests (a master with spare time)
-            self.core.idle_work(now_s)
         self.puts += len(ended)
         return len(ended)
 
