@@ -27,8 +27,9 @@ Rules:
   (`PUT_EVICTION_FACTOR`). So watermark eviction never holds the master's one thread for a batch,
   and a master with spare time evicts in it. (An allocation that does not fit at all still
   evicts on demand, `evict_for`: down to the low watermark, then on until a range fits. With
-  the pool kept under the high watermark that takes fragmentation or a burst larger than 1 %.) (`benchmarks/results/master_tail/`: a put that evicted 1 % of a 1 GiB pool of 256 KiB objects
-  at once took 0.7 ms at P99 against 37 us at P50).
+  the pool kept under the high watermark that takes fragmentation or a burst larger than 1 %.)
+  Measured (`benchmarks/results/master_tail/`): when a put evicted 1 % of a 1 GiB pool of 256 KiB
+  objects at once, put_start took 0.7 ms at P99 against 37 us at P50.
 - Leased objects are skipped. One leased for longer than `max_lease_hold_s` without a break is
   marked DRAINING when eviction wants it: it takes no new lease, so it becomes evictable within one
   lease TTL. Rejected: capping every object's continuous lease (hot objects would turn into misses
@@ -206,17 +207,11 @@ class Evictor:
             return 0
         return self._descend(now_s, used, low, min(used - low, slice_bytes), max_objects)
 
-    def _descend(self, now_s: float, used: int, low: int, to_free: int, max_objects: int = 0) -> int:
-        if to_free <= 0:
-            freed = 0
-        elif max_objects:
-            stop_at = self.evictions + max_objects
-            freed = self._evict(now_s, lambda freed: freed >= to_free or self.evictions >= stop_at)
-            if self.evictions >= stop_at and freed < used - low:
-                return freed  # the count ended this slice, not a lack of candidates: the next one goes on
-        else:
-            freed = self.evict(now_s, to_free)
-        if freed >= used - low or freed < to_free:
+    def _descend(self, now_s: float, used: int, low: int, to_free: int, max_objects: int | None = None) -> int:
+        stop_at = None if max_objects is None else self.evictions + max_objects
+        freed = self._evict(now_s, lambda freed: freed >= to_free or (stop_at is not None and self.evictions >= stop_at))
+        counted_out = stop_at is not None and self.evictions >= stop_at  # the count ended it: the next slice goes on
+        if freed >= used - low or (freed < to_free and not counted_out):
             self.descending = False  # there, or nothing more can go now (leased, pending): the next put above
         return freed                  # the high watermark starts again
 
