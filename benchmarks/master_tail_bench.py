@@ -1,14 +1,16 @@
 """The master's tail on a full pool: how long each call holds its one thread (issue 14).
 
     .venv/bin/python benchmarks/master_tail_bench.py [--base REV] [--rounds 4] [--loops 20000] \
-        [--pool-mib 1024] [--object-kib 256] [--out benchmarks/results/master_tail] [--name master_tail]
+        [--pool-mib 1024] [--object-kib 256] [--segments 1] [--modes saturated,idle,idle+freeze] \
+        [--out benchmarks/results/master_tail] [--name master_tail]
 
 Every client of a pool waits on the master's one thread, so one slow call (a batch of evictions,
 the timed work) delays every request queued behind it. This drives `MasterCore` in-process (no
 sockets: the time is the master's own work per call) with the peers benchmark's agent-like loop
 (per loop: a lookup of 9 keys, a leased lookup of 8, its release, PutStart and PutEnd of 2 new
 256 KiB objects; 8 sessions) on a 1 GiB segment (`--pool-mib`, `--object-kib`) that it fills
-first, so every put runs where eviction does. A heartbeat and the timed work (`tick`) run every 0.2 s of simulated time (0.5 ms
+first, so every put runs where eviction does. `--segments N` splits the pool over N segments of N
+nodes, as a fleet's master sees it (each put then has N segments to place on). A heartbeat and the timed work (`tick`) run every 0.2 s of simulated time (0.5 ms
 a loop). Reported per call type: P50 / P99 / P99.9 / max and the total; the garbage collector's
 pauses are counted apart (they land on whichever call allocates at the time).
 
@@ -16,7 +18,8 @@ Three ways to run the working tree: "saturated" (the master never idle: no idle 
 requests queue back to back), "idle slices" (one `MasterCore.idle_work` slice between loops, as a
 master with spare time does between requests) and the same plus `gc.freeze()` after each tick
 (what `kvpool master` does: its collections then walk only what the last tick made). With `--base REV` the loop also runs on the
-code of git revision REV (exported with `git archive`; saturated, older builds have no idle work),
+code of git revision REV (exported with `git archive`) in the first of `--modes` (by default
+saturated: builds before 88e46ef have no idle work),
 all alternating in one run (order reversed every round), and the report gives per-round ratios
 base / each (> 1: the working tree is faster).
 """
@@ -36,6 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CALLS = ("lookup", "leased", "release", "put_start", "put_end", "tick")
+MODES = {"saturated": "saturated", "idle": "idle slices", "idle+freeze": "idle slices + gc.freeze per tick"}
 
 CHILD = r'''
 import gc, json, sys, time
@@ -46,6 +50,7 @@ from kvpool.master.config import MasterConfig
 from kvpool.master.core import MasterCore
 
 loops, mode, pool_bytes, chunk = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+num_segments = int(sys.argv[5])
 idle, freeze = mode in ("idle", "idle+freeze"), mode == "idle+freeze"
 pauses, started = [], [0.0]
 def on_gc(phase, info):
@@ -56,8 +61,9 @@ def on_gc(phase, info):
 gc.callbacks.append(on_gc)
 core = MasterCore(MasterConfig())
 idle = idle and hasattr(core, "idle_work")  # older builds have none
-seg = core.handle(p.MountSegment("n", "h", pool_bytes, 0, "a", b""), 0.0, OPEN).segment_id
-acked, now = 0, 1.0
+segs = [core.handle(p.MountSegment(f"n{i}", f"h{i}", pool_bytes // num_segments, 0, f"a{i}", b""), 0.0,
+                   OPEN).segment_id for i in range(num_segments)]
+acked, now = dict.fromkeys(segs, 0), 1.0
 chains = [[f"a/s{s}/c{i}" for i in range(8)] for s in range(8)]
 for keys in chains:
     r = core.handle(p.PutStart("peers", keys, [chunk] * 8, [None] * 8, 1, False), now, OPEN)
@@ -86,9 +92,10 @@ for n in range(warm + loops):
     if idle and core.has_idle_work:  # a master with spare time: one slice between loops
         core.idle_work(now)
     if now >= next_tick:
-        beat = core.handle(p.Heartbeat("n", [seg], [acked]), now, OPEN)
-        for d in beat.deltas:
-            acked = d.first_seq + len(d.ops) - 1
+        for i, seg in enumerate(segs):
+            beat = core.handle(p.Heartbeat(f"n{i}", [seg], [acked[seg]]), now, OPEN)
+            for d in beat.deltas:
+                acked[seg] = d.first_seq + len(d.ops) - 1
         t = time.perf_counter()
         core.tick(now)
         if freeze:  # what `kvpool master` does after each tick (service.py)
@@ -121,7 +128,8 @@ def export(rev: str, into: Path) -> Path:
 
 def measure(src: Path, args, mode: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
-    argv = [sys.executable, "-c", CHILD, str(args.loops), mode, str(args.pool_mib << 20), str(args.object_kib << 10)]
+    argv = [sys.executable, "-c", CHILD, str(args.loops), mode, str(args.pool_mib << 20), str(args.object_kib << 10),
+            str(args.segments)]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"measurement failed:\n{done.stderr[-2000:]}")
@@ -134,7 +142,8 @@ def report(runs: dict[str, list[dict]], base: str | None, args, started: str) ->
              f"Run {started} on {platform.node() or 'this machine'} ({os.cpu_count()} CPUs, Python "
              f"{platform.python_version()}), load average {os.getloadavg()[0]:.1f} at the end. `MasterCore` in-process "
              f"(no sockets); per round {args.loops} agent-like loops on a full {args.pool_mib} MiB pool of "
-             f"{args.object_kib} KiB objects ({(args.pool_mib << 10) // args.object_kib} objects), after "
+             f"{args.object_kib} KiB objects ({(args.pool_mib << 10) // args.object_kib} objects) in "
+             f"{args.segments} segment(s) of as many nodes, after "
              f"{(args.pool_mib << 10) // args.object_kib} loops that fill it; {args.rounds} rounds, " + ", ".join(names) + " alternating (order "
              "reversed every round).", "",
              "Microseconds the call held the master's thread: median over rounds of each round's percentile.", ""]
@@ -171,6 +180,10 @@ def main() -> None:
     parser.add_argument("--loops", type=int, default=20000, help="measured loops per round (default 20000)")
     parser.add_argument("--pool-mib", type=int, default=1024, help="the segment's size (default 1024)")
     parser.add_argument("--object-kib", type=int, default=256, help="the size of each object put (default 256)")
+    parser.add_argument("--segments", type=int, default=1, help="nodes the pool is split over (default 1)")
+    parser.add_argument("--modes", default="saturated,idle,idle+freeze",
+                        help="how the working tree runs, of saturated, idle, idle+freeze (default all three); "
+                             "the base runs in the first")
     parser.add_argument("--name", default="master_tail", help="the report's file name (default master_tail)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "master_tail",
                         help="where NAME.{md,json} go")
@@ -179,10 +192,12 @@ def main() -> None:
     from rich.progress import Progress
 
     with tempfile.TemporaryDirectory() as tmp:
-        builds = {"saturated": (REPO / "src", "saturated"), "idle slices": (REPO / "src", "idle"),
-                  "idle slices + gc.freeze per tick": (REPO / "src", "idle+freeze")}
+        modes = args.modes.split(",")
+        if not modes or not set(modes) <= set(MODES):
+            parser.error(f"--modes takes some of {', '.join(MODES)}, got {args.modes!r}")
+        builds = {MODES[mode]: (REPO / "src", mode) for mode in modes}
         if args.base:
-            builds = {f"base {args.base}": (export(args.base, Path(tmp)), "saturated"), **builds}
+            builds = {f"base {args.base}": (export(args.base, Path(tmp)), modes[0]), **builds}
         runs: dict[str, list[dict]] = {name: [] for name in builds}
         order = list(builds)
         with Progress() as progress:
@@ -196,6 +211,7 @@ def main() -> None:
     (args.out / f"{args.name}.md").write_text(text)
     (args.out / f"{args.name}.json").write_text(json.dumps({"started": started, "loops": args.loops,
                                                             "pool_mib": args.pool_mib, "object_kib": args.object_kib,
+                                                            "segments": args.segments, "modes": args.modes,
                                                             "runs": runs}, indent=1))
     print(text)
 

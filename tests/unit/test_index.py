@@ -5,7 +5,7 @@ import pytest
 
 from kvpool.core import protocol as p
 from kvpool.master import MasterConfig, MasterCore
-from kvpool.master.placement import choose_segments
+from kvpool.master.placement import PlacementGroup
 from kvpool.master.segments import Segment
 
 ALLOC, EXISTS, NO_SPACE = p.PUT_ALLOCATED, p.PUT_EXISTS, p.PUT_NO_SPACE
@@ -72,7 +72,10 @@ def test_replicas_go_to_distinct_nodes():
     # two segments of one node (the table keeps one per node; placement must not rely on that)
     same_node = [Segment(p.SegmentInfo(sid, "n1", "host", 1024, 0, "agent", b""), 64, 0.0, 10) for sid in (7, 8)]
     other = Segment(p.SegmentInfo(9, "n2", "host", 1024, 0, "agent", b""), 64, 0.0, 10)
-    assert [s.segment_id for s in choose_segments([*same_node, other], 64, 3)] == [7, 9]
+    group = PlacementGroup()
+    for segment in (*same_node, other):
+        group.add(segment)
+    assert [s.segment_id for s in group.choose(64, 3)] == [7, 9]
 
 
 def test_put_existing_key_answers_exists_without_space():

@@ -10,15 +10,19 @@ Rules:
   keeps the large ranges whole for the occasional large object. It is also O(log n) with a sorted
   list of (size, offset) and `bisect`, where first fit would need a linear scan or a tree.
 - A freed range merges with its free neighbours at once, so freeing everything restores one range.
+- `on_change`, when set, hears the change in used bytes after every allocation, free and rebuild:
+  the segment table keeps the pool's total and its placement order with it (no scan per put).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Callable
 
 
 class RangeAllocator:
-    __slots__ = ("size_bytes", "alignment_bytes", "free_bytes", "_start_to_size", "_end_to_start", "_by_size")
+    __slots__ = ("size_bytes", "alignment_bytes", "free_bytes", "on_change", "_start_to_size", "_end_to_start",
+                 "_by_size")
 
     def __init__(self, size_bytes: int, alignment_bytes: int = 64) -> None:
         if alignment_bytes <= 0 or alignment_bytes & (alignment_bytes - 1):
@@ -29,6 +33,7 @@ class RangeAllocator:
         self.size_bytes = usable
         self.alignment_bytes = alignment_bytes
         self.free_bytes = usable
+        self.on_change: Callable[[int], None] | None = None  # told each change of used bytes
         self._start_to_size: dict[int, int] = {0: usable}
         self._end_to_start: dict[int, int] = {usable: 0}
         self._by_size: list[tuple[int, int]] = [(usable, 0)]  # sorted (size, start)
@@ -73,6 +78,8 @@ class RangeAllocator:
         if free_size > need:
             self._add_free(start + need, free_size - need)
         self.free_bytes -= need
+        if self.on_change is not None:
+            self.on_change(need)
         return start
 
     def free(self, offset: int, size_bytes: int) -> None:
@@ -93,6 +100,8 @@ class RangeAllocator:
             self._remove_free(end, after_size)
             end += after_size
         self._add_free(offset, end - offset)
+        if self.on_change is not None:
+            self.on_change(-length)
 
     def rebuild(self, used: list[tuple[int, int]]) -> None:
         """Start over with exactly these (offset, size) ranges in use: sorted by offset, aligned,
@@ -119,8 +128,11 @@ class RangeAllocator:
             by_size.append((self.size_bytes - position, position))
         by_size.sort()
         # only now, so a bad list leaves the allocator as it was
+        freed = free_bytes - self.free_bytes
         self._start_to_size, self._end_to_start, self._by_size, self.free_bytes = (
             start_to_size, end_to_start, by_size, free_bytes)
+        if self.on_change is not None:
+            self.on_change(-freed)
 
     def free_ranges(self) -> list[tuple[int, int]]:
         """(offset, size) of every free range, by offset (for tests and debugging)."""

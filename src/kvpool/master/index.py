@@ -63,7 +63,7 @@ from kvpool.master.config import MasterConfig
 from kvpool.master.eviction import (COMPLETE, DEAD, DRAINING, IN_HEAP, NO_CHECKSUM, PINNED, PUT_EVICTION_FACTOR, Evictor,
                                      ObjectRecord)
 from kvpool.master.ids import IdSource
-from kvpool.master.placement import choose_segments, why_nowhere
+from kvpool.master.placement import why_nowhere
 from kvpool.master.access import namespace_owner
 from kvpool.master.quotas import TenantAccount, TenantSpace
 from kvpool.master.recovery import Recovery
@@ -184,17 +184,17 @@ class ObjectIndex:
         """Allocate replicas on the segments the tenant may use; `own_only`: eviction for room
         takes only its own objects (it is at its quota, or places on its dedicated segments)."""
         placeable = self.segments.placeable(account.name)
-        chosen = choose_segments(placeable.values(), size, num_replicas)
+        chosen = placeable.choose(size, num_replicas)
         if not chosen:
             why = why_nowhere(self.segments, placeable, account.name, account.dedicated, size)
             if why:
                 return _NO_REPLICAS, why
-            if self.evictor.evict_for(size, now_s, placeable.values(), account if own_only else None):
-                chosen = choose_segments(placeable.values(), size, num_replicas)
+            if self.evictor.evict_for(size, now_s, placeable.segments.values(), account if own_only else None):
+                chosen = placeable.choose(size, num_replicas)
             if not chosen:
                 where = f"tenant {account.name!r}'s dedicated segments" if account.dedicated else "pool"
-                used = sum(s.used_bytes for s in placeable.values())
-                capacity = sum(s.capacity_bytes for s in placeable.values())
+                used = sum(s.used_bytes for s in placeable.segments.values())
+                capacity = sum(s.capacity_bytes for s in placeable.segments.values())
                 return _NO_REPLICAS, (
                     f"{where} full: no segment has a free range of {size} bytes even after eviction "
                     f"(used {used} of {capacity} bytes; the rest is leased, pending or pinned, or fragmented); "

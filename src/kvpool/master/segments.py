@@ -18,8 +18,11 @@ Rules:
   tenant's objects, and a tenant that has had a dedicated segment in this incarnation places only
   on its dedicated segments (`dedicated_tenants` is sticky: when the last one goes its puts are
   refused rather than spilled onto shared memory that other tenants may read). Shared segments
-  (tenant "") take the other tenants. `placeable(tenant)` answers where a tenant may go, from a
-  table kept per tenant at mount/unmount (no scan on the put path).
+  (tenant "") take the other tenants. `placeable(tenant)` answers where a tenant may go: a
+  placement group per tenant kept at mount/unmount (placement.py), which also keeps its segments
+  in free-ratio order as their allocators change (no scan on the put path).
+- `used_bytes` (the whole pool's) is a running total kept from every allocator's changes, as the
+  placement order is: the watermark check of every put reads it.
 - No I/O and no clock: every time is passed in as `now_s`.
 """
 
@@ -30,6 +33,7 @@ from kvpool.core.types import MAX_TENANT_LENGTH
 from kvpool.master.allocator import RangeAllocator
 from kvpool.master.directory import DirectoryLog
 from kvpool.master.ids import IdSource
+from kvpool.master.placement import PlacementGroup
 
 ALIVE = "alive"
 SUSPECT = "suspect"
@@ -82,14 +86,15 @@ class SegmentTable:
         self._ids = ids
         self._max_log_ops = max_log_ops
         self.capacity_bytes = 0
-        self.by_tenant: dict[str, dict[int, Segment]] = {"": {}}  # "" -> shared segments
+        self.used_bytes = 0  # allocated over all segments, kept by `_allocator_changed`
+        self.by_tenant: dict[str, PlacementGroup] = {"": PlacementGroup()}  # "" -> shared segments
         self.dedicated_tenants: set[str] = set()  # tenants that had a dedicated segment (sticky)
 
-    def placeable(self, tenant: str) -> dict[int, Segment]:
-        """The segments that may take `tenant`'s new objects (by id): its dedicated ones if it has
-        had any, else the shared ones."""
+    def placeable(self, tenant: str) -> PlacementGroup:
+        """The segments that may take `tenant`'s new objects: its dedicated ones if it has had any,
+        else the shared ones."""
         if tenant in self.dedicated_tenants:
-            return self.by_tenant.get(tenant, {})
+            return self.by_tenant.get(tenant) or PlacementGroup()
         return self.by_tenant[""]
 
     def mount(self, msg: MountSegment, now_s: float) -> tuple[Segment, list[Segment]]:
@@ -116,7 +121,11 @@ class SegmentTable:
         )
         segment = Segment(info, self.alignment_bytes, now_s, self._max_log_ops, msg.recovering, msg.tenant)
         self.by_id[info.segment_id] = segment
-        self.by_tenant.setdefault(msg.tenant, {})[info.segment_id] = segment
+        group = self.by_tenant.get(msg.tenant)
+        if group is None:
+            group = self.by_tenant[msg.tenant] = PlacementGroup()
+        group.add(segment)
+        segment.allocator.on_change = lambda used_change: self._allocator_changed(segment, group, used_change)
         if msg.tenant:
             self.dedicated_tenants.add(msg.tenant)
         self.capacity_bytes += segment.capacity_bytes
@@ -125,12 +134,18 @@ class SegmentTable:
     def unmount(self, segment_id: int) -> Segment | None:
         segment = self.by_id.pop(segment_id, None)
         if segment is not None:
+            segment.allocator.on_change = None  # whatever it does now is no longer the pool's
             self.capacity_bytes -= segment.capacity_bytes
+            self.used_bytes -= segment.used_bytes
             group = self.by_tenant[segment.tenant]
-            del group[segment_id]
+            group.remove(segment)
             if not group and segment.tenant:
                 del self.by_tenant[segment.tenant]
         return segment
+
+    def _allocator_changed(self, segment: Segment, group: PlacementGroup, used_change: int) -> None:
+        self.used_bytes += used_change
+        group.changed(segment)
 
     def heartbeat(self, node_id: str, segment_ids: list[int], now_s: float) -> list[int]:
         """Refresh the node's segments; returns the ids this table does not know (mount again)."""
@@ -152,10 +167,6 @@ class SegmentTable:
         if segment.recovering:
             return RECOVERING
         return SUSPECT if now_s - segment.last_heartbeat_s > 2 * self.heartbeat_interval_s else ALIVE
-
-    @property
-    def used_bytes(self) -> int:
-        return sum(s.used_bytes for s in self.by_id.values())
 
     @property
     def largest_segment_bytes(self) -> int:
