@@ -69,6 +69,11 @@ class PlacementGroup:
         """Up to `num_replicas` segments on distinct nodes that can hold `size_bytes` now, largest
         free ratio first; [] when none can."""
         heap, current = self._heap, self._current
+        if num_replicas == 1 and heap:  # the usual case: the top entry, when it is live and fits
+            entry = heap[0]
+            segment = entry[3]
+            if current.get(entry[1]) is entry and not segment.recovering and segment.allocator.can_allocate(size_bytes):
+                return [segment]
         chosen: list[Segment] = []
         nodes: set[str] = set()
         looked_at = []
