@@ -12,11 +12,12 @@ Rules:
   any eviction is tried.
 - Replicas go to distinct nodes (two segments of one node share its fate). When fewer nodes have
   room than replicas were asked for, the object gets as many as there are (at least one).
-- The order is kept, not recomputed: a group holds its segments in a heap by free ratio, and a
-  segment is pushed again whenever its allocator's usage changes (`changed`, called by the
-  segment table for every allocation, free and rebuild). Older entries of that segment are stale
-  and skipped when they surface (lazy deletion); the heap is rebuilt once stale entries outnumber
-  live ones. A put then looks at the few segments at the top, O(log n), where sorting every
+- The order is kept, not recomputed: a group holds its segments in a heap by free ratio. A
+  segment whose allocator's usage changed (`changed`, called by the segment table for every
+  allocation, free and rebuild) is only marked; the next `choose` pushes each marked segment once
+  (an eviction slice frees dozens of objects of one segment: one push). Older entries of a segment
+  are stale and skipped when they surface (lazy deletion); the heap is rebuilt once stale entries
+  outnumber live ones. A put then looks at the few segments at the top, O(log n), where sorting every
   segment per object cost O(n log n): 110 us per PutStart of two objects with 64 segments, against
   34 us with one (benchmarks/master_tail_bench.py --segments).
 """
@@ -36,38 +37,47 @@ _REBUILD_SLACK = 32  # stale entries tolerated beyond the live ones before a reb
 class PlacementGroup:
     """The segments one set of tenants places on, largest free ratio first."""
 
-    __slots__ = ("segments", "_heap", "_current", "_pushes")
+    __slots__ = ("segments", "_heap", "_current", "_pushes", "_moved")
 
     def __init__(self) -> None:
         self.segments: dict[int, Segment] = {}  # by id
         self._heap: list[tuple[float, int, int, Segment]] = []  # (-free ratio, segment id, push count, segment)
         self._current: dict[int, tuple[float, int, int, Segment]] = {}  # segment id -> its live entry
         self._pushes = count()  # unique per entry: ties between entries never compare segments
+        self._moved: set[Segment] = set()  # changed since their last push
 
     def __len__(self) -> int:
         return len(self.segments)
 
     def add(self, segment: Segment) -> None:
         self.segments[segment.segment_id] = segment
-        self.changed(segment)
+        self._moved.add(segment)
 
     def remove(self, segment: Segment) -> None:
         del self.segments[segment.segment_id]
-        del self._current[segment.segment_id]  # its entries are stale now
+        self._moved.discard(segment)
+        self._current.pop(segment.segment_id, None)  # its entries are stale now
 
     def changed(self, segment: Segment) -> None:
-        """`segment`'s free ratio may have changed: its place in the order follows."""
-        entry = (-segment.free_ratio(), segment.segment_id, next(self._pushes), segment)
-        self._current[segment.segment_id] = entry
-        heap = self._heap
-        heappush(heap, entry)
-        if len(heap) > 2 * len(self._current) + _REBUILD_SLACK:
-            heap[:] = self._current.values()
+        """`segment`'s free ratio may have changed: its place in the order follows (at the next choose)."""
+        self._moved.add(segment)
+
+    def _push_moved(self) -> None:
+        heap, current, pushes = self._heap, self._current, self._pushes
+        for segment in self._moved:
+            entry = (-segment.free_ratio(), segment.segment_id, next(pushes), segment)
+            current[segment.segment_id] = entry
+            heappush(heap, entry)
+        self._moved.clear()
+        if len(heap) > 2 * len(current) + _REBUILD_SLACK:
+            heap[:] = current.values()
             heapify(heap)
 
     def choose(self, size_bytes: int, num_replicas: int) -> list[Segment]:
         """Up to `num_replicas` segments on distinct nodes that can hold `size_bytes` now, largest
         free ratio first; [] when none can."""
+        if self._moved:
+            self._push_moved()
         heap, current = self._heap, self._current
         if num_replicas == 1 and heap:  # the usual case: the top entry, when it is live and fits
             entry = heap[0]
