@@ -76,6 +76,12 @@ class PlacementGroup:
     def choose(self, size_bytes: int, num_replicas: int) -> list[Segment]:
         """Up to `num_replicas` segments on distinct nodes that can hold `size_bytes` now, largest
         free ratio first; [] when none can."""
+        segments = self.segments
+        if len(segments) == 1:  # nothing to order (what moved is pushed once there are more)
+            for segment in segments.values():
+                if not segment.recovering and segment.allocator.can_allocate(size_bytes):
+                    return [segment]
+            return []
         if self._moved:
             self._push_moved()
         heap, current = self._heap, self._current
