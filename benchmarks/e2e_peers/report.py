@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from e2e_peers import aggregate
+from e2e_peers import aggregate, cold_prompts
 from e2e_peers.aggregate import METRICS, RunRecord, Spread
 from e2e_peers.configs import CONFIGS, KVPOOL_CONFIGS, LMCACHE_CONFIGS
 from kvpool.bench.demo_cli import _md_table
@@ -188,6 +188,7 @@ def markdown(saved: list[dict], runs: list[RunRecord], settings: dict | list, co
                   "decode and TTFT; KVPoolConnector's lookup and load jobs), median over runs. The client's TTFT "
                   "adds the router and HTTP to the server's.", ""]  # fmt: skip
         lines += _md_table(BREAKDOWN_COLUMNS, breakdown) + [""]
+    lines += cold_lines(saved, runs)
     failed = aggregate.failures(runs)
     if failed:
         lines += ["## Runs without figures", ""]
@@ -198,6 +199,24 @@ def markdown(saved: list[dict], runs: list[RunRecord], settings: dict | list, co
             why = r.get("error") or f"{req['error']} requests failed, {req['skipped']} skipped: {r.get('errors')}"
             lines += [f"- round {f.round_index + 1}, {r['label']}: {why[-1500:]}".replace("\n", "\n  "), ""]
     return "\n".join(lines) + "\n"
+
+
+def cold_lines(saved: list[dict], runs: list[RunRecord], kvpool: str = "kvpool_cache_aware") -> list[str]:
+    """Cold prompts apart from warm ones (cold_prompts.py): where the TTFT tail sits."""
+    usable = {(r.config, r.round_index) for r in runs if aggregate.usable(r)}
+    body = cold_prompts.rows(saved, usable, {n: CONFIGS[n].label for n in _configs_in(runs)})
+    if not body:
+        return []
+    lines = [f"Cold prompts (less than {cold_prompts.COLD_FRACTION:.0%} of the prompt cacheable even in principle: "
+             "first turns, new files; every configuration computes them) and warm ones (what a cache can serve), "
+             "median over runs (cold_prompts.py):", ""]  # fmt: skip
+    lines += _md_table(cold_prompts.COLUMNS, body) + [""]
+    for peer in LMCACHE_CONFIGS:
+        ratios = cold_prompts.warm_p99_ratios(saved, usable, kvpool, peer)
+        if ratios:
+            lines.append(f"- warm prompts' P99 TTFT, {CONFIGS[peer].label} / {CONFIGS[kvpool].label} per round: "
+                         + ", ".join(f"{r:.2f}x" for r in ratios) + f" (median {statistics.median(ratios):.2f}x)")
+    return lines + [""]
 
 
 def plot(runs: list[RunRecord], path: Path) -> Path:
