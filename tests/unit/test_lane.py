@@ -192,6 +192,50 @@ def test_large_values_cross_the_lane_whole_however_they_are_split(master):
         channel.close()
 
 
+def test_a_large_request_received_in_place_across_polls_and_a_peer_gone_midway(master):
+    """A request of >= 16 KiB whose head and first part come in one read is received on straight
+    into its own body, across as many polls as it takes; a request right behind it is answered
+    too, and a peer that leaves halfway through a body costs only its own connection."""
+    sock = raw_lane(master)
+    try:
+        payload = p.request_encoder.encode(p.PutValue("t", "inplace", bytes(range(256)) * 250))
+        frame = struct.pack("<IQ", len(payload), 11) + payload
+        behind = p.request_encoder.encode(p.GetValue("t", "inplace"))
+        for piece in (frame[:20_000], frame[20_000:50_000], frame[50_000:] + struct.pack("<IQ", len(behind), 12) + behind):
+            sock.sendall(piece)
+            time.sleep(0.05)
+        request_id, reply = read_reply(sock)
+        assert request_id == 11 and reply.status == p.PUT_ALLOCATED
+        request_id, reply = read_reply(sock)
+        assert request_id == 12 and reply.value == bytes(range(256)) * 250
+    finally:
+        sock.close()
+    gone = raw_lane(master)
+    gone.sendall(frame[:30_000])
+    time.sleep(0.05)
+    gone.close()
+    channel = LaneChannel(MasterChannel(master.address, timeout_s=5.0))
+    try:
+        assert channel.call(p.GetValue("t", "inplace")).value == bytes(range(256)) * 250 and channel.on_lane
+    finally:
+        channel.close()
+
+
+def test_a_reply_that_cannot_be_encoded_is_an_internal_error_on_either_channel(master, monkeypatch):
+    handle = master.core.handle
+    monkeypatch.setattr(master.core, "handle", lambda request, now_s, principal: (
+        p.OkReply(count=1 << 70) if isinstance(request, p.Exists) else handle(request, now_s, principal)))
+    from kvpool.core.errors import KVPoolError
+
+    for channel in (LaneChannel(MasterChannel(master.address, timeout_s=5.0)), MasterChannel(master.address, timeout_s=5.0)):
+        try:
+            with pytest.raises(KVPoolError, match="could not encode its OkReply"):
+                channel.call(p.Exists("t", ["a"]))
+            assert isinstance(lookup(channel), p.LookupReply)  # and the master serves on
+        finally:
+            channel.close()
+
+
 def test_a_master_that_stops_answering_is_unavailable_at_the_call_deadline(tmp_path):
     """The lane waits with the kernel's timeouts (transfer/timeouts.py): a stopped master makes a
     call fail at its deadline (the lane is closed then, so the next, shorter call waits on ZMQ),

@@ -37,7 +37,7 @@ from kvpool.master.limits import RateLimiter
 from kvpool.master.core import MasterCore
 from kvpool.master.gc_pauses import CollectorPauses
 from kvpool.master.metrics import serve_metrics
-from kvpool.transfer.lane import LaneServer
+from kvpool.transfer.lane import REPLY_HEAD_BYTES, LaneServer
 
 log = logging.getLogger("kvpool.master")
 
@@ -60,6 +60,16 @@ def _log_event(request, reply) -> None:
                  len(reply.rejected_offsets), "; recovery done" if request.last else "")
 
 
+_ENCODE_ERRORS = (OverflowError, TypeError, ValueError, msgspec.EncodeError)
+
+
+def _unencodable(reply: p.Reply) -> p.ErrorReply:
+    """What the caller gets for a reply that cannot be encoded (a value out of the wire's range
+    that validation missed): an internal error, logged, never the end of the loop."""
+    log.exception("internal error: cannot encode a %s reply", type(reply).__name__)
+    return p.ErrorReply(kind="internal", message=f"master could not encode its {type(reply).__name__}; see its log")
+
+
 class MasterService:
     def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
@@ -75,6 +85,7 @@ class MasterService:
         self._thread: threading.Thread | None = None
         self._snapshot: p.StatsReply | None = None
         self._encode = p.reply_encoder.encode
+        self._encode_into = p.reply_encoder.encode_into
         self._decode = p.request_decoder.decode
         self._epoch_frame = self.core.epoch.to_bytes(8, "little")
         self._auth = None  # MasterAuth when config.auth_dir is set
@@ -213,17 +224,19 @@ class MasterService:
         return bool(ready)
 
     def _lane_send(self, key: bytes, request_id: bytes, reply: p.Reply) -> None:
-        self._lane.reply(key, request_id, self.core.epoch, self._encode_reply(reply))
+        frame = bytearray(REPLY_HEAD_BYTES)  # the reply is encoded behind its head: no copy to join them
+        try:
+            self._encode_into(reply, frame, REPLY_HEAD_BYTES)
+        except _ENCODE_ERRORS:
+            del frame[REPLY_HEAD_BYTES:]
+            self._encode_into(_unencodable(reply), frame, REPLY_HEAD_BYTES)
+        self._lane.reply_frame(key, request_id, self.core.epoch, frame)
 
     def _encode_reply(self, reply: p.Reply) -> bytes:
-        """The reply's bytes; one that cannot be encoded (a value out of the wire's range that
-        validation missed) becomes an internal error for that caller, never the end of the loop."""
         try:
             return self._encode(reply)
-        except (OverflowError, TypeError, ValueError, msgspec.EncodeError):
-            log.exception("internal error: cannot encode a %s reply", type(reply).__name__)
-            return self._encode(p.ErrorReply(kind="internal", message=f"master could not encode its "
-                                             f"{type(reply).__name__}; see its log"))
+        except _ENCODE_ERRORS:
+            return self._encode(_unencodable(reply))
 
     def _answer_frames(self, frames: list[zmq.Frame]) -> None:
         """A request from the ROUTER socket: [identity, request_id, payload] frames."""
