@@ -221,6 +221,20 @@ def test_a_large_request_received_in_place_across_polls_and_a_peer_gone_midway(m
         channel.close()
 
 
+def test_a_large_announced_frame_is_not_allocated_before_its_bytes_come(master):
+    """A peer announcing a frame of tens of MiB and sending a few bytes makes the master hold those
+    bytes, not a zeroed body of the announced size (the in-place path stops at 1 MiB)."""
+    sock = raw_lane(master)
+    try:
+        sock.sendall(struct.pack("<IQ", 50 << 20, 3) + b"x" * 100)
+        time.sleep(0.1)
+        lane = master._lane
+        (conn,) = [c for c in lane._connections.values()]
+        assert conn.body is None and len(conn.inbox) == 12 + 100
+    finally:
+        sock.close()
+
+
 def test_a_reply_that_cannot_be_encoded_is_an_internal_error_on_either_channel(master, monkeypatch):
     handle = master.core.handle
     monkeypatch.setattr(master.core, "handle", lambda request, now_s, principal: (

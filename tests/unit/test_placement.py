@@ -90,3 +90,16 @@ def test_the_heap_stays_bounded_under_churn():
         group.choose(4096, 1)  # pushes what moved
         assert len(group._heap) <= 2 * len(segments) + 32 + 1
     assert [s.segment_id for s in group.choose(4096, 3)] == [s.segment_id for s in segments]
+
+
+def test_an_unmounted_segment_leaves_no_entry_behind():
+    """Stale entries would keep a gone segment (its directory log, its allocator) alive; in a group
+    left with one segment they would never surface to be dropped."""
+    table = SegmentTable(64, 1.0, 10.0, IdSource(1 << 32))
+    kept, gone = mount(table, "n1", 4096), mount(table, "n2", 8192)
+    group = table.placeable("")
+    assert [s.segment_id for s in group.choose(64, 2)] == [kept.segment_id, gone.segment_id]
+    gone.allocator.allocate(64)
+    table.unmount(gone.segment_id)
+    assert all(entry[3] is not gone for entry in group._heap)
+    assert [s.segment_id for s in group.choose(64, 2)] == [kept.segment_id]

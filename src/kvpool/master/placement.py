@@ -56,7 +56,11 @@ class PlacementGroup:
     def remove(self, segment: Segment) -> None:
         del self.segments[segment.segment_id]
         self._moved.discard(segment)
-        self._current.pop(segment.segment_id, None)  # its entries are stale now
+        self._current.pop(segment.segment_id, None)
+        # its entries would keep the gone segment (its directory log, its allocator) alive until they
+        # surfaced, which in a group left with one segment is never: rebuilt now (unmounts are rare)
+        self._heap[:] = self._current.values()
+        heapify(self._heap)
 
     def changed(self, segment: Segment) -> None:
         """`segment`'s free ratio may have changed: its place in the order follows (at the next choose)."""

@@ -57,6 +57,10 @@ ONE_WAY_ID = 0  # a request with this id gets no reply (ids of calls start at 1)
 _ONE_WAY_BYTES = ONE_WAY_ID.to_bytes(8, "little")
 _RECV_CHUNK = 1 << 16
 _DIRECT_BODY_BYTES = 16 << 10  # a reply this large is received into its own buffer (LaneChannel._read_body)
+# the master receives a request in place only up to this size: its body is allocated (and zeroed,
+# so resident) when the head arrives, and an unauthenticated peer must not make it commit more than
+# this per connection by announcing a large frame; larger requests grow with the bytes that came
+_IN_PLACE_MAX_BYTES = 1 << 20
 # plain ints: every test of a zmq.PollEvent flag runs Python code (~1 us, several per request)
 _POLLIN, _POLLOUT, _POLLERR = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLERR)
 
@@ -103,7 +107,7 @@ class LaneServer:
     def owns(self, fd) -> bool:
         return fd == self._listener.fileno() or fd in self._connections
 
-    def handle(self, fd: int, events: int) -> list[tuple[bytes, bytes, bytes]]:
+    def handle(self, fd: int, events: int) -> list[tuple[bytes, bytes, bytes | bytearray | memoryview]]:
         """Accept, read or flush for `fd`; the complete requests read: (connection key, id, payload)."""
         if fd == self._listener.fileno():
             self._accept()
@@ -131,7 +135,8 @@ class LaneServer:
             length = _REQUEST_HEAD.unpack_from(data)[0]
             if len(data) == _REQUEST_HEAD.size + length and length <= self._max_frame:
                 return [(conn.key, data[4:12], memoryview(data)[_REQUEST_HEAD.size :])]
-            if len(data) < _REQUEST_HEAD.size + length and _DIRECT_BODY_BYTES <= length <= self._max_frame:
+            if len(data) < _REQUEST_HEAD.size + length and _DIRECT_BODY_BYTES <= length <= min(
+                    self._max_frame, _IN_PLACE_MAX_BYTES):
                 # the first part of a large request (a value): into its own body, received on in
                 # place; through the inbox it was copied three times (append, slice, bytes)
                 conn.body = bytearray(length)
