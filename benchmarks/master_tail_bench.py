@@ -192,6 +192,8 @@ def main() -> None:
     from rich.progress import Progress
 
     with tempfile.TemporaryDirectory() as tmp:
+        if args.segments < 1:
+            parser.error(f"--segments must be >= 1, got {args.segments}")
         modes = args.modes.split(",")
         if not modes or not set(modes) <= set(MODES):
             parser.error(f"--modes takes some of {', '.join(MODES)}, got {args.modes!r}")

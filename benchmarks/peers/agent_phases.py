@@ -39,12 +39,8 @@ shm._CHUNK = int(sys.argv[6])
 store = clients.KvpoolAdapter({"master": address, "tenant": "peers"})
 chunk, prefix, tail, sessions = 256 << 10, 8, 2, 8
 slots = prefix + tail
-src = clients.random_buffer(store, sessions * slots * chunk, worker)
-dst = clients.registered_buffer(store, prefix * chunk)
+src, dst, chains = clients.agent_sessions(store, f"w{worker}", worker, chunk, prefix, tail, sessions)
 base, dbase = int(src.ctypes.data), int(dst.ctypes.data)
-chains = [[f"w{worker}/s{s}/c{i}" for i in range(prefix)] for s in range(sessions)]
-for s, keys in enumerate(chains):
-    store.put_from(keys, [[base + (s * slots + i) * chunk] for i in range(prefix)], [[chunk]] * prefix)
 targets, sizes = [[dbase + i * chunk] for i in range(prefix)], [[chunk]] * prefix
 while time.time() < start:
     time.sleep(0.001)

@@ -443,6 +443,21 @@ def case_plain(store, tag: str, size: int, count: int, passes: int) -> dict:
     return {"put_gbps": statistics.median(puts), "get_gbps": statistics.median(gets), "value_bytes": size}
 
 
+def agent_sessions(store, tag: str, seed: int, chunk: int, prefix: int, tail: int, sessions: int):
+    """The agent loop's memory, shared by its clients here and in agent_phases.py: a source buffer
+    with room for every session's prefix and tail chunks (`prefix + tail` slots per session), a
+    registered destination for one prefix, and each session's prefix chain, put once.
+    Returns (src, dst, chains)."""
+    slots = prefix + tail
+    src = random_buffer(store, sessions * slots * chunk, seed)
+    dst = registered_buffer(store, prefix * chunk)
+    base = int(src.ctypes.data)
+    chains = [[f"{tag}/s{s}/c{i}" for i in range(prefix)] for s in range(sessions)]
+    for s, keys in enumerate(chains):
+        store.put_from(keys, [[base + (s * slots + i) * chunk] for i in range(prefix)], [[chunk]] * prefix)
+    return src, dst, chains
+
+
 def case_agent(store, tag: str, loops: int, start_at: float, chunk: int = 256 * KiB, prefix: int = 8,
                tail: int = 2, sessions: int = 8) -> dict:
     """One of several concurrent clients running an agent-like loop: each loop looks up a session's
@@ -450,12 +465,8 @@ def case_agent(store, tag: str, loops: int, start_at: float, chunk: int = 256 * 
     a tail of new chunks; sessions are taken in turn, so each loop's prefix was written earlier by
     this client. Starts at the wall-clock `start_at` (all clients together); bytes verified."""
     slots = prefix + tail
-    src = random_buffer(store, sessions * slots * chunk, abs(hash(tag)) % 2**32)
-    dst = registered_buffer(store, prefix * chunk)
+    src, dst, chains = agent_sessions(store, tag, abs(hash(tag)) % 2**32, chunk, prefix, tail, sessions)
     base, dbase = int(src.ctypes.data), int(dst.ctypes.data)
-    chains = [[f"{tag}/s{s}/c{i}" for i in range(prefix)] for s in range(sessions)]
-    for s, keys in enumerate(chains):
-        store.put_from(keys, [[base + (s * slots + i) * chunk] for i in range(prefix)], [[chunk]] * prefix)
     dst_addrs, sizes = [[dbase + i * chunk] for i in range(prefix)], [[chunk]] * prefix
     while time.time() < start_at:
         time.sleep(0.001)

@@ -59,8 +59,7 @@ class PlacementGroup:
         self._current.pop(segment.segment_id, None)
         # its entries would keep the gone segment (its directory log, its allocator) alive until they
         # surfaced, which in a group left with one segment is never: rebuilt now (unmounts are rare)
-        self._heap[:] = self._current.values()
-        heapify(self._heap)
+        self._rebuild()
 
     def changed(self, segment: Segment) -> None:
         """`segment`'s free ratio may have changed: its place in the order follows (at the next choose)."""
@@ -74,8 +73,12 @@ class PlacementGroup:
             heappush(heap, entry)
         self._moved.clear()
         if len(heap) > 2 * len(current) + _REBUILD_SLACK:
-            heap[:] = current.values()
-            heapify(heap)
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """The heap with the live entries only."""
+        self._heap[:] = self._current.values()
+        heapify(self._heap)
 
     def choose(self, size_bytes: int, num_replicas: int) -> list[Segment]:
         """Up to `num_replicas` segments on distinct nodes that can hold `size_bytes` now, largest

@@ -37,7 +37,7 @@ from kvpool.master.limits import RateLimiter
 from kvpool.master.core import MasterCore
 from kvpool.master.gc_pauses import CollectorPauses
 from kvpool.master.metrics import serve_metrics
-from kvpool.transfer.lane import ONE_WAY_ID, REPLY_HEAD_BYTES, LaneServer
+from kvpool.transfer.lane import ONE_WAY_BYTES, REPLY_HEAD_BYTES, LaneServer
 
 log = logging.getLogger("kvpool.master")
 
@@ -61,7 +61,6 @@ def _log_event(request, reply) -> None:
 
 
 _ENCODE_ERRORS = (OverflowError, TypeError, ValueError, msgspec.EncodeError)
-_ONE_WAY_ID = ONE_WAY_ID.to_bytes(8, "little")
 
 
 def _unencodable(reply: p.Reply) -> p.ErrorReply:
@@ -225,7 +224,7 @@ class MasterService:
         return bool(ready)
 
     def _lane_send(self, key: bytes, request_id: bytes, reply: p.Reply) -> None:
-        if request_id == _ONE_WAY_ID:
+        if request_id == ONE_WAY_BYTES:
             return  # the peer asked for no reply: nothing to encode
         frame = bytearray(REPLY_HEAD_BYTES)  # the reply is encoded behind its head: no copy to join them
         try:

@@ -54,7 +54,7 @@ _REQUEST_HEAD = struct.Struct("<IQ")
 _REPLY_HEAD = struct.Struct("<IQQ")
 _REDISCOVER_S = 5.0
 ONE_WAY_ID = 0  # a request with this id gets no reply (ids of calls start at 1)
-_ONE_WAY_BYTES = ONE_WAY_ID.to_bytes(8, "little")
+ONE_WAY_BYTES = ONE_WAY_ID.to_bytes(8, "little")  # the same id as it travels in a frame
 _RECV_CHUNK = 1 << 16
 _DIRECT_BODY_BYTES = 16 << 10  # a reply this large is received into its own buffer (LaneChannel._read_body)
 # the master receives a request in place only up to this size: its body is allocated (and zeroed,
@@ -198,13 +198,10 @@ class LaneServer:
                 return
             inbox += data
 
-    def reply(self, key: bytes, request_id: bytes, epoch: int, payload: bytes) -> None:
-        self.reply_frame(key, request_id, epoch, bytearray(REPLY_HEAD_BYTES) + payload)
-
     def reply_frame(self, key: bytes, request_id: bytes, epoch: int, frame: bytearray) -> None:
         """Send a reply whose payload is in `frame` behind REPLY_HEAD_BYTES of room for its head
         (the master encodes it there: a large value is not copied again to join the two)."""
-        if request_id == _ONE_WAY_BYTES:
+        if request_id == ONE_WAY_BYTES:
             return  # the peer asked for no reply
         conn = self._by_key.get(key)
         if conn is None:
