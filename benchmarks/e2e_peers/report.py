@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from e2e_peers import aggregate, cold_prompts
+from e2e_peers import aggregate, cold_prompts, cpu_time
 from e2e_peers.aggregate import METRICS, RunRecord, Spread
 from e2e_peers.configs import CONFIGS, KVPOOL_CONFIGS, LMCACHE_CONFIGS
 from kvpool.bench.demo_cli import _md_table
@@ -189,6 +189,7 @@ def markdown(saved: list[dict], runs: list[RunRecord], settings: dict | list, co
                   "adds the router and HTTP to the server's.", ""]  # fmt: skip
         lines += _md_table(BREAKDOWN_COLUMNS, breakdown) + [""]
     lines += cold_lines(saved, runs)
+    lines += cpu_time.report_lines(saved)
     failed = aggregate.failures(runs)
     if failed:
         lines += ["## Runs without figures", ""]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import resource
 import signal
 import sys
 import time
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console  # noqa: E402
 
-from e2e_peers import breakdown, lmcache_env, profile, report, tails  # noqa: E402
+from e2e_peers import breakdown, cpu_time, lmcache_env, profile, report, tails  # noqa: E402
 from e2e_peers.aggregate import RunRecord  # noqa: E402
 from e2e_peers.configs import CONFIGS, LMCACHE_CONFIGS, PeerUnavailable, Setup, find_redis_server  # noqa: E402
 from kvpool.bench import procs, reports  # noqa: E402
@@ -198,6 +199,9 @@ def run_one(name: str, round_index: int, setup: Setup, sessions, args, workdir: 
         config = ReplayConfig(endpoints=(stack.router_url,), metrics_urls=tuple(stack.server_urls),
                               time_scale=args.time_scale, seed=args.seed, request_timeout_s=600.0)  # fmt: skip
         title = f"round {round_index + 1} {peer.label}"
+        roots = {p.name: p.pid for p in stack.procs}
+        cpu_before, self_before = cpu_time.snapshot(roots), resource.getrusage(resource.RUSAGE_SELF)
+        replay_t0 = time.monotonic()
         if args.profile:
             servers = {p.name: p.pid for p in stack.procs if p.name.startswith("vllm")}
             with profile.profiled(servers, args.out_dir / "profiles" / f"r{round_index}-{name}") as paths:
@@ -205,6 +209,9 @@ def run_one(name: str, round_index: int, setup: Setup, sessions, args, workdir: 
             out["profiles"] = [str(p) for p in paths]
         else:
             result = replay_with_progress(sessions, config, title, console)
+        out["replay_wall_s"] = round(time.monotonic() - replay_t0, 2)
+        out["cpu"] = cpu_time.usage(cpu_before, cpu_time.snapshot(roots, names=True))
+        out["cpu"].append(cpu_time.self_usage(self_before, "replay client"))
         out["summary"] = reports.summarize(result)
         out["requests"] = reports.request_rows(result.records)
         out["breakdown"] = breakdown.merge([_read_metrics(url) for url in stack.server_urls])

@@ -1,0 +1,172 @@
+"""Where the machine's CPU went during a replay: seconds per process and per thread, per configuration.
+
+On this 2-core VM the servers' forwards are compute-bound, so every CPU-second a configuration
+spends beside them (its cache process, the connector's threads, the master, the router) is a
+second its forwards wait for a core. `snapshot` reads utime + stime of every thread of the
+configuration's processes and their children from /proc; `usage` subtracts a snapshot taken
+before the replay from one taken after it. Threads are named by Python's own thread names where
+the process is Python (`py-spy dump` maps OS thread ids to them), else by the kernel's name
+(OpenMP, ZMQ, UCX threads); numbered pool threads ("kvpool-save_0") are summed under one name.
+Each thread's CPU affinity is kept too: the vLLM servers pin their forward to one core, and a
+thread started from a pinned one inherits that core.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import statistics
+import subprocess
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from e2e_peers.profile import py_spy
+
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+PROC = Path("/proc")
+_POOL_SUFFIX = re.compile(r"[_-]\d+$")
+_DUMP_THREAD = re.compile(r'^Thread (\d+) \([^)]*\): "(.*)"$', re.M)
+
+
+@dataclass(frozen=True)
+class ThreadTime:
+    label: str  # the configuration's name for the root process ("vllm0", "master", "lmcache")
+    process: str  # the process's kernel name (vLLM's engine core calls itself VLLM::EngineCore)
+    thread: str  # Python's thread name, else the kernel's; pool numbers removed
+    cpus: str  # the CPUs it may run on (Cpus_allowed_list)
+    cpu_s: float
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:  # gone between listing and reading
+        return None
+
+
+def _stat_fields(text: str) -> tuple[str, list[str]]:
+    """(comm, the fields after it) of a /proc stat line; comm may hold spaces and parentheses."""
+    head, _, rest = text.rpartition(")")
+    return head.split("(", 1)[1], rest.split()
+
+
+def _cpu_s(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # utime, stime (fields 14, 15 of stat)
+
+
+def descendants(pid: int) -> list[int]:
+    """pid and every process below it, from /proc's parent links."""
+    children = defaultdict(list)
+    for entry in PROC.iterdir():
+        if entry.name.isdigit() and (text := _read(entry / "stat")) is not None:
+            children[int(_stat_fields(text)[1][1])].append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def python_thread_names(pid: int) -> dict[int, str]:
+    """OS thread id -> Python thread name, from `py-spy dump`; empty if the process is not Python."""
+    exe = py_spy()
+    if exe is None:
+        return {}
+    try:
+        done = subprocess.run([exe, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True,
+                              timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {int(tid): name for tid, name in _DUMP_THREAD.findall(done.stdout)}
+
+
+def _cpus_allowed(task: Path) -> str:
+    for line in (_read(task / "status") or "").splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    return "?"
+
+
+def snapshot(roots: dict[str, int], names: bool = False) -> dict[tuple, ThreadTime]:
+    """Every thread's CPU seconds so far under each labelled root process, keyed by (pid, tid);
+    (pid, 0) holds the threads that already exited (the process total minus its live threads).
+    `names`: resolve Python thread names (a py-spy dump per process, ~0.1 s each)."""
+    out: dict[tuple, ThreadTime] = {}
+    for label, root in roots.items():
+        for pid in descendants(root):
+            text = _read(PROC / str(pid) / "stat")
+            if text is None:
+                continue
+            process, fields = _stat_fields(text)
+            py_names = python_thread_names(pid) if names else {}
+            live = 0.0
+            for task in (PROC / str(pid) / "task").iterdir():
+                if (t := _read(task / "stat")) is None:
+                    continue
+                comm, tfields = _stat_fields(t)
+                tid, cpu_s = int(task.name), _cpu_s(tfields)
+                live += cpu_s
+                name = _POOL_SUFFIX.sub("", py_names.get(tid, comm)) or comm
+                out[(pid, tid)] = ThreadTime(label, process, name, _cpus_allowed(task), cpu_s)
+            out[(pid, 0)] = ThreadTime(label, process, "(exited threads)", "", max(0.0, _cpu_s(fields) - live))
+    return out
+
+
+def usage(before: dict[tuple, ThreadTime], after: dict[tuple, ThreadTime]) -> list[dict]:
+    """CPU seconds spent between two snapshots, summed per (label, process, thread name, cpus),
+    largest first; names and affinities come from `after` (threads alive at the end)."""
+    sums: dict[tuple, float] = defaultdict(float)
+    for key, t in after.items():
+        spent = t.cpu_s - (before[key].cpu_s if key in before else 0.0)
+        if spent > 0:
+            sums[(t.label, t.process, t.thread, t.cpus)] += spent
+    rows = [{"label": k[0], "process": k[1], "thread": k[2], "cpus": k[3], "cpu_s": round(v, 2)}
+            for k, v in sums.items()]  # fmt: skip
+    return sorted(rows, key=lambda r: -r["cpu_s"])
+
+
+def self_usage(before: resource.struct_rusage, label: str) -> dict:
+    """This process's own CPU seconds since `before` (its threads only, not its children)."""
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    spent = now.ru_utime + now.ru_stime - before.ru_utime - before.ru_stime
+    return {"label": label, "process": "python", "thread": "(all)", "cpus": "", "cpu_s": round(spent, 2)}
+
+
+def _group(row: dict) -> str:
+    return f"{row['label']} / {row['process']} / {row['thread']}"
+
+
+def report_lines(saved: list[dict], top: int = 12) -> list[str]:
+    """Markdown: per configuration, the median CPU seconds over its rounds of its busiest threads
+    (and of everything it ran), beside the replay's wall time x the machine's cores."""
+    by_config: dict[str, list[dict]] = defaultdict(list)
+    for run in saved:
+        if run.get("cpu") and not run.get("error"):
+            by_config[run["config"]].append(run)
+    if not by_config:
+        return []
+    lines = ["## CPU time during the replay (`cpu_time.py`)", "",
+             "CPU seconds per process and thread from /proc, median over rounds; `cpus`: where the thread may run "
+             "(the servers pin their forward to one core each; threads they start inherit it).", ""]  # fmt: skip
+    for config, runs in sorted(by_config.items()):
+        totals = [sum(r["cpu_s"] for r in run["cpu"]) for run in runs]
+        wall = [run.get("replay_wall_s") or 0.0 for run in runs]
+        cores = os.cpu_count() or 1
+        lines += [f"**{runs[0]['label']}** ({len(runs)} runs): {statistics.median(totals):.0f} CPU-s in a {statistics.median(wall):.0f} s "
+                  f"replay ({100 * statistics.median(totals) / max(1e-9, statistics.median(wall) * cores):.0f} % of {cores} cores)", "",
+                  "| process / thread | cpus | CPU s | share |", "|---|---|---|---|"]  # fmt: skip
+        per_group: dict[str, list[float]] = defaultdict(list)
+        cpus: dict[str, str] = {}
+        for run in runs:
+            for row in run["cpu"]:
+                per_group[_group(row)].append(row["cpu_s"])
+                cpus[_group(row)] = row["cpus"]
+        medians = {g: statistics.median(v + [0.0] * (len(runs) - len(v))) for g, v in per_group.items()}
+        for group, value in sorted(medians.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"| {group} | {cpus[group]} | {value:.1f} | {100 * value / max(1e-9, statistics.median(totals)):.1f} % |")
+        lines.append("")
+    return lines
+
