@@ -18,6 +18,8 @@ import re
 import resource
 import statistics
 import subprocess
+import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,3 +172,36 @@ def report_lines(saved: list[dict], top: int = 12) -> list[str]:
         lines.append("")
     return lines
 
+
+
+class Timeline:
+    """Samples the roots' threads every `period_s` on a thread of its own while in a `with` block:
+    `samples` holds (seconds since start, {"label / process / thread": CPU seconds in the period}),
+    kernel thread names only (no py-spy), so a slow request can be read against what ran meanwhile."""
+
+    def __init__(self, roots: dict[str, int], period_s: float = 1.0) -> None:
+        self.roots, self.period_s = roots, period_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-timeline", daemon=True)
+
+    def __enter__(self) -> Timeline:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        before = snapshot(self.roots)
+        while not self._stop.wait(self.period_s):
+            after = snapshot(self.roots)
+            spent: dict[str, float] = defaultdict(float)
+            for key, t in after.items():
+                delta = t.cpu_s - (before[key].cpu_s if key in before else 0.0)
+                if delta > 0:
+                    spent[f"{t.label} / {t.process} / {t.thread}"] += round(delta, 2)
+            self.samples.append((round(time.monotonic() - t0, 2), dict(spent)))
+            before = after

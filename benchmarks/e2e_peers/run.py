@@ -202,16 +202,19 @@ def run_one(name: str, round_index: int, setup: Setup, sessions, args, workdir: 
         roots = {p.name: p.pid for p in stack.procs}
         cpu_before, self_before = cpu_time.snapshot(roots), resource.getrusage(resource.RUSAGE_SELF)
         replay_t0 = time.monotonic()
+        timeline = cpu_time.Timeline(roots)
         if args.profile:
             servers = {p.name: p.pid for p in stack.procs if p.name.startswith("vllm")}
-            with profile.profiled(servers, args.out_dir / "profiles" / f"r{round_index}-{name}") as paths:
+            with profile.profiled(servers, args.out_dir / "profiles" / f"r{round_index}-{name}") as paths, timeline:
                 result = replay_with_progress(sessions, config, title, console)
             out["profiles"] = [str(p) for p in paths]
         else:
-            result = replay_with_progress(sessions, config, title, console)
+            with timeline:
+                result = replay_with_progress(sessions, config, title, console)
         out["replay_wall_s"] = round(time.monotonic() - replay_t0, 2)
         out["cpu"] = cpu_time.usage(cpu_before, cpu_time.snapshot(roots, names=True))
         out["cpu"].append(cpu_time.self_usage(self_before, "replay client"))
+        out["cpu_timeline"] = timeline.samples
         out["summary"] = reports.summarize(result)
         out["requests"] = reports.request_rows(result.records)
         out["breakdown"] = breakdown.merge([_read_metrics(url) for url in stack.server_urls])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from e2e_peers.cpu_time import report_lines, snapshot, usage  # noqa: E402
+from e2e_peers.cpu_time import Timeline, report_lines, snapshot, usage  # noqa: E402
 from e2e_peers.profile import py_spy  # noqa: E402
 
 # a parent that idles and a child with one thread spinning under a pool-style name
@@ -53,3 +53,18 @@ def test_report_takes_medians_over_rounds_per_configuration():
     assert "| vllm0 / VLLM::EngineCore / kvpool-save | 0 | 3.0 |" in text
     assert "53 CPU-s in a 100 s replay" in text
     assert report_lines([{"config": "kv", "error": "did not start"}]) == []
+
+
+def test_timeline_samples_each_period_what_each_thread_spent():
+    parent = subprocess.Popen([sys.executable, "-c", PARENT])
+    try:
+        time.sleep(1.0)
+        with Timeline({"server": parent.pid}, period_s=0.3) as timeline:
+            time.sleep(1.0)
+    finally:
+        subprocess.run(["pkill", "-P", str(parent.pid)])
+        parent.kill()
+    assert len(timeline.samples) >= 2
+    for at_s, spent in timeline.samples:
+        busy = max(spent.items(), key=lambda kv: kv[1])
+        assert busy[0].startswith("server / python /") and 0.1 < busy[1] <= 0.45  # the spinning thread
