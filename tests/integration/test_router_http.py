@@ -255,3 +255,26 @@ def test_prompt_chain_is_by_whole_blocks():
     assert len(prompt_chain(list(range(10)), 4)) == 2
     assert prompt_chain([1, 2, 3, 4], 4) == prompt_chain([1, 2, 3, 4, 5], 4)
     assert prompt_chain([1, 2, 3, 4], 4) != prompt_chain([1, 2, 3, 5], 4)
+
+
+def test_access_log_shows_the_cache_aware_estimate_for_each_backend(caplog):
+    urls = []
+
+    async def main():
+        a, b = await start("a", "b")
+        urls.extend([a.url, b.url])
+        try:
+            async with RunningRouter(config(a.url, b.url, policy="cache_aware")) as router, aiohttp.ClientSession() as http:
+                await stream(http, router.url, {"prompt": list(range(40))}, headers={"x-session-id": "s1"})
+        finally:
+            await a.stop()
+            await b.stop()
+
+    with caplog.at_level("INFO", logger="kvpool.router.access"):
+        run(main())
+    line = next(r.getMessage() for r in caplog.records if "/v1/completions" in r.getMessage())
+    estimates = line.split(" est=")[1].split(",")
+    assert [e.rsplit(":", 1)[0] for e in estimates] == urls  # one per backend, in the router's order
+    for e in estimates:
+        ttft, queue = map(float, e.rsplit(":", 1)[1].split("/"))
+        assert ttft > queue == 0.0  # 40 cold tokens on an idle backend: some prefill, no queue

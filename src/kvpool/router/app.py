@@ -32,7 +32,14 @@ from kvpool.router.dispatch import ClientLeft, DispatchGate
 from kvpool.router.health import HealthChecker
 from kvpool.router.kv_events import EventStream, EventSubscriber
 from kvpool.router.metrics import RouterMetrics
-from kvpool.router.policy import CacheAwarePolicy, NoHealthyBackend, RouteRequest, estimate_ttft, make_policy
+from kvpool.router.policy import (
+    BackendView,
+    CacheAwarePolicy,
+    NoHealthyBackend,
+    RouteRequest,
+    estimate_ttft,
+    make_policy,
+)
 from kvpool.router.prefix_index import PoolLedger, RouterHash, prompt_chain
 from kvpool.router.rates import RateConfig, RateEstimator
 from kvpool.router.sessions import RequestInfo, parse_body, request_info
@@ -55,6 +62,7 @@ class Attempt:
     compute_tokens: int  # what the backend must compute before this request's first token
     sent_s: float
     first_byte_s: float | None = None
+    estimates: str = ""  # the cache-aware policy's estimated TTFT on each backend, for the access log
 
 
 @dataclass
@@ -155,6 +163,7 @@ class Router:
     def _choose(self, routed: RoutedRequest, path: str, rooms: list[bool] | None = None) -> Attempt:
         """The next attempt's backend (among those with `rooms`, when given); raises NoHealthyBackend."""
         tried = routed.tried()
+        estimates = ""
         now = time.perf_counter() if self.config.observed_wait else None
         bs = routed.block_size
         usable = max(0, (routed.info.prompt_tokens - 1) // bs) if bs else 0
@@ -169,6 +178,8 @@ class Router:
             route = RouteRequest(routed.info.session_id, routed.info.prompt_tokens, routed.pool_tokens)
             decision = self.policy.choose(route, views)
             index, reason = decision.index, decision.reason
+            if isinstance(self.policy, CacheAwarePolicy):
+                estimates = _estimates_text(self.policy.estimates(route, views), views)
         backend = self.backends[index]
         costs = self.policy.costs if isinstance(self.policy, CacheAwarePolicy) else self.rates.costs()
         est = estimate_ttft(RouteRequest(routed.info.session_id, routed.info.prompt_tokens, routed.pool_tokens),
@@ -176,7 +187,7 @@ class Router:
         queued = backend.inflight_prompt_tokens
         load = Load(backend, est.recompute_tokens, routed.info.max_tokens, sent_s=time.perf_counter())
         return Attempt(backend, reason, load, est.local_tokens, est.pool_tokens, est.recompute_tokens + queued,
-                       time.perf_counter())  # fmt: skip
+                       time.perf_counter(), estimates=estimates)  # fmt: skip
 
     def _any_healthy(self, tried: set[str]) -> int:
         order = [(self._next_any + k) % len(self.backends) for k in range(len(self.backends))]
@@ -355,13 +366,21 @@ class Router:
         ttft = f"{last.first_byte_s - routed.started_s:.3f}" if last and last.first_byte_s else "-"
         access_log.info(
             '%s "%s %s" %s session=%s(%s) backend=%s reason=%s attempts=%d prompt=%d local=%d pool=%d '
-            "ttft_s=%s total_s=%.3f bytes=%d%s",
+            "ttft_s=%s total_s=%.3f bytes=%d%s%s",
             request.remote, request.method, request.path_qs, routed.status, routed.info.session_id,
             routed.info.session_source, last.backend.name if last else "-", last.reason if last else "-",
             len(routed.attempts), routed.info.prompt_tokens, last.local_tokens if last else 0,
             routed.pool_tokens, ttft, time.perf_counter() - routed.started_s, routed.bytes_out,
+            f" est={last.estimates}" if last and last.estimates else "",
             f' error="{routed.error}"' if routed.error else "",
         )  # fmt: skip
+
+
+def _estimates_text(estimates: list, views: list[BackendView]) -> str:
+    """`url:ttft/queue` seconds per backend the policy scored ("-": not eligible), as the access log
+    shows them: why a request went where it went."""
+    return ",".join(f"{v.name}:{e.ttft_s:.2f}/{e.queue_s:.2f}" if e is not None else f"{v.name}:-"
+                    for v, e in zip(views, estimates))  # fmt: skip
 
 
 def _client_gone(request: web.Request) -> bool:
