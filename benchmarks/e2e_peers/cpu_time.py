@@ -205,3 +205,53 @@ class Timeline:
                     spent[f"{t.label} / {t.process} / {t.thread}"] += round(delta, 2)
             self.samples.append((round(time.monotonic() - t0, 2), dict(spent)))
             before = after
+
+
+def plot_timelines(saved: list[dict], path: Path, top: int = 5) -> Path | None:
+    """One panel per run that has a timeline: CPU cores used per second by its busiest threads
+    (stacked), the slowest request's wait to its first token shaded."""
+    runs = [r for r in saved if r.get("cpu_timeline") and not r.get("error")]
+    if not runs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 2.6 * len(runs)), sharex=True, squeeze=False)
+    for ax, run in zip(axes[:, 0], runs):
+        samples = run["cpu_timeline"]
+        times = [t for t, _ in samples]
+        periods = [b - a for a, b in zip([0.0, *times[:-1]], times)]
+        totals: dict[str, float] = defaultdict(float)
+        for _, spent in samples:
+            for k, v in spent.items():
+                totals[k] += v
+        groups = sorted(totals, key=lambda k: -totals[k])[:top]
+        series = [[spent.get(g, 0.0) / max(p, 1e-3) for (_, spent), p in zip(samples, periods)] for g in groups]
+        rest = [sum(v for k, v in spent.items() if k not in groups) / max(p, 1e-3) for (_, spent), p in zip(samples, periods)]
+        ax.stackplot(times, *series, rest, labels=[*groups, "everything else"], step="pre")
+        slowest = _slowest_request(run)
+        if slowest is not None:
+            ax.axvspan(slowest[0], slowest[0] + slowest[1], color="grey", alpha=0.15, label="slowest request waiting")
+        ax.set_ylabel("cores")
+        ax.set_ylim(0, 1.2 * (os.cpu_count() or 1))  # a starved sampler's period can read above the machine
+        ax.set_title(f"round {run['round'] + 1}, {run['label']}", fontsize=9)
+        ax.legend(fontsize=6, loc="upper left", ncol=2)
+    axes[-1, 0].set_xlabel("seconds into the replay")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _slowest_request(run: dict) -> tuple[float, float] | None:
+    block = run.get("requests")
+    if not block or not block.get("rows"):
+        return None
+    at = {c: i for i, c in enumerate(block["columns"])}
+    done = [r for r in block["rows"] if r[at["ttft_s"]] is not None]
+    if not done:
+        return None
+    worst = max(done, key=lambda r: r[at["ttft_s"]])
+    return worst[at["start_s"]], worst[at["ttft_s"]]

@@ -273,4 +273,7 @@ def write(out_dir: Path, saved: list[dict], runs: list[RunRecord], settings: dic
     paths = [md, js]
     if any(aggregate.usable(r) for r in runs):
         paths.append(plot(runs, out_dir / "e2e_peers.png"))
+    timelines = cpu_time.plot_timelines(saved, out_dir / "cpu_timeline.png")
+    if timelines is not None:
+        paths.append(timelines)
     return paths

@@ -24,7 +24,8 @@ from pathlib import Path
 # one line of the router's access log (router/app.py `_log`)
 _ROUTE = re.compile(r"session=(\S+)\(\w+\) backend=(\S+) reason=(\S+) attempts=(\d+) prompt=(\d+) local=(\d+) "
                     r"pool=(\d+) ttft_s=(\S+)")
-ROUTE_COLUMNS = ("session", "backend", "reason", "prompt_tokens", "local_tokens", "pool_tokens")
+ROUTE_COLUMNS = ("session", "backend", "reason", "prompt_tokens", "local_tokens", "pool_tokens", "estimates")
+_ESTIMATES = re.compile(r" est=(\S+)")  # the cache-aware policy's TTFT/queue per backend, when logged
 SURPRISE_TOKENS = 1024  # expected cached minus served cached, at least this: a surprise recompute
 
 
@@ -48,7 +49,8 @@ def parse_router_log(path: Path, since_unix: float = 0.0, until_unix: float = fl
             m = _ROUTE.search(line)
             if m and m.group(5) != "0":  # /v1/models and the like carry no prompt
                 session, backend, reason, _attempts, prompt, local, pool, _ttft = m.groups()
-                rows.append([session, backend, reason, int(prompt), int(local), int(pool)])
+                est = _ESTIMATES.search(line)
+                rows.append([session, backend, reason, int(prompt), int(local), int(pool), est.group(1) if est else ""])
     return {"columns": list(ROUTE_COLUMNS), "rows": rows}
 
 

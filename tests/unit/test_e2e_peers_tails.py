@@ -21,12 +21,13 @@ def test_only_the_runs_own_lines_are_read_and_a_recomputed_expected_hit_is_a_sur
         _line("2026-12-02 11:00:00", "s1", 5000, 4096, 4096),
         '2026-12-02 11:00:01,000 127.0.0.1 "GET /v1/models" 200 session=x(hash) backend=b reason=any attempts=1 '
         "prompt=0 local=0 pool=0 ttft_s=- total_s=0.001 bytes=10",
-        _line("2026-12-02 11:00:02", "s2", 3000, 0, 0),
+        _line("2026-12-02 11:00:02", "s2", 3000, 0, 0) + " est=http://127.0.0.1:1:2.50/0.40,http://127.0.0.1:2:9.10/8.00",
         _line("2026-12-02 12:00:00", "s1", 5000, 0, 0),  # a later run
     ]) + "\n")
     start = datetime(2026, 12, 2, 11, 0, 0).timestamp()
     routes = parse_router_log(log, start, start + 60)
     assert [r[0] for r in routes["rows"]] == ["s1", "s2"]
+    assert [r[-1] for r in routes["rows"]] == ["", "http://127.0.0.1:1:2.50/0.40,http://127.0.0.1:2:9.10/8.00"]
     run = {"routes": routes, "requests": {
         "columns": ["session", "turn", "prompt_tokens", "cached_tokens", "ttft_s"],
         "rows": [["s1", 3, 5000, 1536, 40.0], ["s2", 0, 3000, 0, 2.0], ["s3", 0, 100, 0, 1.0]]}}

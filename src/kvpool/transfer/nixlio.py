@@ -87,8 +87,10 @@ _SPIN_S = 0.0002  # busy-poll this long before sleeping between polls
 # NIXL's UCX progress thread polls its workers' event fds with this timeout (microseconds). The
 # Python wrapper hard-codes 0, which makes the thread spin on a whole core even when idle
 # (measured: an embedded node in a vLLM worker pinned to one core halved its prefill speed).
-# Events still wake it at once; the timeout only bounds the periodic fallback poll.
-_PROGRESS_DELAY_US = 1000
+# Events still wake it at once (the thread arms the workers and poll()s their fds); the timeout
+# only bounds the periodic fallback poll. An idle node's CPU (20 s, this VM): 2.7 % of a core at
+# 1 ms, 1.1 % at 10 ms, 0.2 % at 100 ms; an embedded node shares the forward's core.
+_PROGRESS_DELAY_US = 100_000
 _AGENT_LOCK = threading.Lock()
 _MAX_SLEEP_S = 0.001
 _REAP_INTERVAL_S = 0.005  # how often the reaper polls requests past their deadline
