@@ -88,9 +88,11 @@ _SPIN_S = 0.0002  # busy-poll this long before sleeping between polls
 # Python wrapper hard-codes 0, which makes the thread spin on a whole core even when idle
 # (measured: an embedded node in a vLLM worker pinned to one core halved its prefill speed).
 # Events still wake it at once (the thread arms the workers and poll()s their fds); the timeout
-# only bounds the periodic fallback poll. An idle node's CPU (20 s, this VM): 2.7 % of a core at
-# 1 ms, 1.1 % at 10 ms, 0.2 % at 100 ms; an embedded node shares the forward's core.
+# only bounds the periodic fallback poll. An idle node's CPU (benchmarks/idle_cpu_bench.py): 2.7 %
+# of a core at 1 ms, 1.1 % at 10 ms, 0.2 % at 100 ms; an embedded node shares the forward's core.
+# KVPOOL_NIXL_PROGRESS_DELAY_US overrides it (UCX itself is tuned through the environment too).
 _PROGRESS_DELAY_US = 100_000
+PROGRESS_DELAY_ENV = "KVPOOL_NIXL_PROGRESS_DELAY_US"
 _AGENT_LOCK = threading.Lock()
 _MAX_SLEEP_S = 0.001
 _REAP_INTERVAL_S = 0.005  # how often the reaper polls requests past their deadline
@@ -122,6 +124,20 @@ class Pending:
     done: bool = False
 
 
+def progress_delay_us() -> int:
+    """The progress thread's fallback poll period: $KVPOOL_NIXL_PROGRESS_DELAY_US, else the default."""
+    text = os.environ.get(PROGRESS_DELAY_ENV)
+    if text is None:
+        return _PROGRESS_DELAY_US
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1_000 <= value <= 10_000_000:
+        raise TransferError(f"{PROGRESS_DELAY_ENV}={text!r}: give microseconds from 1000 (1 ms) to 10000000 (10 s)")
+    return value
+
+
 def _agent_with_progress_delay(name: str, config, delay_us: int):
     """nixl_agent(name, config) with the progress thread's poll timeout set to `delay_us`
     (nixl_agent_config does not expose it; the wrapper reads nixlBind.nixlAgent at call time)."""
@@ -151,7 +167,7 @@ class NixlEndpoint:
         try:
             config = nixl_agent_config(enable_prog_thread=progress_thread, backends=["UCX"],
                                        sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_RW)  # fmt: skip
-            self._agent = _agent_with_progress_delay(name, config, _PROGRESS_DELAY_US)
+            self._agent = _agent_with_progress_delay(name, config, progress_delay_us())
         except _NIXL_ERRORS as e:
             raise TransferError(f"cannot start NIXL agent {name!r} with the UCX backend: {e}") from e
         if "UCX" not in self._agent.backends:
