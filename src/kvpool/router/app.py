@@ -360,6 +360,8 @@ class Router:
         self.metrics.cost.labels("prefill").set(costs.prefill_s_per_token)
         self.metrics.cost.labels("pool_load").set(costs.pool_load_s_per_token)
         self.metrics.cost.labels("decode").set(costs.decode_s_per_token)
+        if self.rates.decode_latency_s_per_token is not None:
+            self.metrics.decode_latency.set(self.rates.decode_latency_s_per_token)
 
     def _log(self, request: web.Request, routed: RoutedRequest) -> None:
         last = routed.attempts[-1] if routed.attempts else None

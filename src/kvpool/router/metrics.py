@@ -40,3 +40,6 @@ class RouterMetrics:
                                 "how long a streamed completion waited at the router (--max-waiting; 0: sent at once)",
                                 buckets=(0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100), registry=r)  # fmt: skip
         self.cost = Gauge("kvpool_router_cost_s_per_token", "the cost model in use", ["kind"], registry=r)
+        self.decode_latency = Gauge("kvpool_router_decode_latency_s_per_token",
+                                    "seconds between a stream's tokens (recent average): latency, not a cost",
+                                    registry=r)  # fmt: skip

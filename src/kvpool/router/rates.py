@@ -11,6 +11,13 @@ Rules:
   Rejected: separate EWMAs of ttft/tokens per kind of request: queueing and the fixed overhead land
   in whichever rate happens to be observed, and mixed requests (part pool, part recompute) are lost.
 - Rates never go negative; a fit that says so is clamped to zero.
+- The cost of a token another request decodes meanwhile (`CostModel.decode_s_per_token`) is the
+  fitted prefill rate: one more token through the model. It is NOT the decode latency a stream
+  shows (`decode_latency_s_per_token`, seconds between one request's tokens): that is a whole
+  engine step, shared by every request in the batch, and a request sent now joins the next step
+  alongside the decodes. Charged per token in flight, the latency made a server decoding two
+  answers (~100 tokens) look 20 s busy on the Claude Code replay, so warm requests went behind a
+  14K-token cold prefill instead (benchmarks/results/e2e_peers/cc-estimates-stop29/NOTES.md).
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ class RateEstimator:
         self._decay = 0.5 ** (1.0 / config.half_life)
         self._xtx = [[0.0] * _FEATURES for _ in range(_FEATURES)]
         self._xty = [0.0] * _FEATURES
-        self._decode_s_per_token = config.prior.decode_s_per_token
+        self._decode_latency_s = None  # seconds between a stream's tokens (an EWMA), once seen
         self._decode_weight = 0.0
         self.num_ttft_observations = 0
         self.num_decode_observations = 0
@@ -79,13 +86,20 @@ class RateEstimator:
         self.num_ttft_observations += 1
 
     def observe_decode(self, num_tokens: int, seconds: float) -> None:
-        """`num_tokens` generated in `seconds` after the first one (one request's decode phase)."""
+        """`num_tokens` generated in `seconds` after the first one (one request's decode phase):
+        the decode latency, reported (metrics), not a cost (see the module's rules)."""
         if num_tokens <= 0 or not seconds >= 0:
             return  # nothing decoded: nothing to learn
         w = self._decode_weight * self._decay
-        self._decode_s_per_token = (w * self._decode_s_per_token + seconds / num_tokens) / (w + 1.0)
+        latest = seconds / num_tokens
+        previous = self._decode_latency_s if self._decode_latency_s is not None else latest
+        self._decode_latency_s = (w * previous + latest) / (w + 1.0)
         self._decode_weight = w + 1.0
         self.num_decode_observations += 1
+
+    @property
+    def decode_latency_s_per_token(self) -> float | None:
+        return self._decode_latency_s
 
     def costs(self) -> CostModel:
         prior, t, w = self.config.prior, float(self.config.prior_tokens), self.config.prior_weight
@@ -101,6 +115,6 @@ class RateEstimator:
                     xtx[i][j] += w * x[i] * x[j]
         fit = _solve(xtx, xty)
         if fit is None:
-            return CostModel(prior.prefill_s_per_token, prior.pool_load_s_per_token, self._decode_s_per_token)
-        return CostModel(prefill_s_per_token=max(0.0, fit[1]), pool_load_s_per_token=max(0.0, fit[2]),
-                         decode_s_per_token=max(0.0, self._decode_s_per_token))  # fmt: skip
+            return CostModel(prior.prefill_s_per_token, prior.pool_load_s_per_token, prior.prefill_s_per_token)
+        prefill = max(0.0, fit[1])
+        return CostModel(prefill_s_per_token=prefill, pool_load_s_per_token=max(0.0, fit[2]), decode_s_per_token=prefill)
