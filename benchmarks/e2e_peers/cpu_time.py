@@ -209,7 +209,7 @@ class Timeline:
 
 def plot_timelines(saved: list[dict], path: Path, top: int = 5) -> Path | None:
     """One panel per run that has a timeline: CPU cores used per second by its busiest threads
-    (stacked), the slowest request's wait to its first token shaded."""
+    (stacked, a 3-sample moving average), the slowest request's wait to its first token shaded."""
     runs = [r for r in saved if r.get("cpu_timeline") and not r.get("error")]
     if not runs:
         return None
@@ -228,8 +228,8 @@ def plot_timelines(saved: list[dict], path: Path, top: int = 5) -> Path | None:
             for k, v in spent.items():
                 totals[k] += v
         groups = sorted(totals, key=lambda k: -totals[k])[:top]
-        series = [[spent.get(g, 0.0) / max(p, 1e-3) for (_, spent), p in zip(samples, periods)] for g in groups]
-        rest = [sum(v for k, v in spent.items() if k not in groups) / max(p, 1e-3) for (_, spent), p in zip(samples, periods)]
+        series = [_smoothed([spent.get(g, 0.0) for _, spent in samples], periods) for g in groups]
+        rest = _smoothed([sum(v for k, v in spent.items() if k not in groups) for _, spent in samples], periods)
         ax.stackplot(times, *series, rest, labels=[*groups, "everything else"], step="pre")
         slowest = _slowest_request(run)
         if slowest is not None:
@@ -243,6 +243,16 @@ def plot_timelines(saved: list[dict], path: Path, top: int = 5) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _smoothed(cpu_s: list[float], periods: list[float], window: int = 3) -> list[float]:
+    """Cores used, over `window` samples around each: the sampler shares the replay client's GIL,
+    so one period may read late and the next early; their sum is exact."""
+    out = []
+    for i in range(len(cpu_s)):
+        lo, hi = max(0, i - window // 2), min(len(cpu_s), i + window // 2 + 1)
+        out.append(sum(cpu_s[lo:hi]) / max(1e-3, sum(periods[lo:hi])))
+    return out
 
 
 def _slowest_request(run: dict) -> tuple[float, float] | None:
