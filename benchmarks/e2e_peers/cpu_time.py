@@ -95,7 +95,8 @@ def _cpus_allowed(task: Path) -> str:
 def snapshot(roots: dict[str, int], names: bool = False) -> dict[tuple, ThreadTime]:
     """Every thread's CPU seconds so far under each labelled root process, keyed by (pid, tid);
     (pid, 0) holds the threads that already exited (the process total minus its live threads).
-    `names`: resolve Python thread names (a py-spy dump per process, ~0.1 s each)."""
+    `names`: resolve Python thread names (a py-spy dump per process, ~0.1 s each) and read each
+    thread's affinity; without, the timeline's per-second samples stay cheap."""
     out: dict[tuple, ThreadTime] = {}
     for label, root in roots.items():
         for pid in descendants(root):
@@ -112,7 +113,7 @@ def snapshot(roots: dict[str, int], names: bool = False) -> dict[tuple, ThreadTi
                 tid, cpu_s = int(task.name), _cpu_s(tfields)
                 live += cpu_s
                 name = _POOL_SUFFIX.sub("", py_names.get(tid, comm)) or comm
-                out[(pid, tid)] = ThreadTime(label, process, name, _cpus_allowed(task), cpu_s)
+                out[(pid, tid)] = ThreadTime(label, process, name, _cpus_allowed(task) if names else "", cpu_s)
             out[(pid, 0)] = ThreadTime(label, process, "(exited threads)", "", max(0.0, _cpu_s(fields) - live))
     return out
 
@@ -154,11 +155,11 @@ def report_lines(saved: list[dict], top: int = 12) -> list[str]:
              "CPU seconds per process and thread from /proc, median over rounds; `cpus`: where the thread may run "
              "(the servers pin their forward to one core each; threads they start inherit it).", ""]  # fmt: skip
     for config, runs in sorted(by_config.items()):
-        totals = [sum(r["cpu_s"] for r in run["cpu"]) for run in runs]
-        wall = [run.get("replay_wall_s") or 0.0 for run in runs]
+        total = statistics.median(sum(r["cpu_s"] for r in run["cpu"]) for run in runs)
+        wall = statistics.median(run.get("replay_wall_s") or 0.0 for run in runs)
         cores = os.cpu_count() or 1
-        lines += [f"**{runs[0]['label']}** ({len(runs)} runs): {statistics.median(totals):.0f} CPU-s in a {statistics.median(wall):.0f} s "
-                  f"replay ({100 * statistics.median(totals) / max(1e-9, statistics.median(wall) * cores):.0f} % of {cores} cores)", "",
+        lines += [f"**{runs[0]['label']}** ({len(runs)} runs): {total:.0f} CPU-s in a {wall:.0f} s replay "
+                  f"({100 * total / max(1e-9, wall * cores):.0f} % of {cores} cores)", "",
                   "| process / thread | cpus | CPU s | share |", "|---|---|---|---|"]  # fmt: skip
         per_group: dict[str, list[float]] = defaultdict(list)
         cpus: dict[str, str] = {}
@@ -168,10 +169,9 @@ def report_lines(saved: list[dict], top: int = 12) -> list[str]:
                 cpus[_group(row)] = row["cpus"]
         medians = {g: statistics.median(v + [0.0] * (len(runs) - len(v))) for g, v in per_group.items()}
         for group, value in sorted(medians.items(), key=lambda kv: -kv[1])[:top]:
-            lines.append(f"| {group} | {cpus[group]} | {value:.1f} | {100 * value / max(1e-9, statistics.median(totals)):.1f} % |")
+            lines.append(f"| {group} | {cpus[group]} | {value:.1f} | {100 * value / max(1e-9, total):.1f} % |")
         lines.append("")
     return lines
-
 
 
 class Timeline:
@@ -198,12 +198,7 @@ class Timeline:
         before = snapshot(self.roots)
         while not self._stop.wait(self.period_s):
             after = snapshot(self.roots)
-            spent: dict[str, float] = defaultdict(float)
-            for key, t in after.items():
-                delta = t.cpu_s - (before[key].cpu_s if key in before else 0.0)
-                if delta > 0:
-                    spent[f"{t.label} / {t.process} / {t.thread}"] += round(delta, 2)
-            self.samples.append((round(time.monotonic() - t0, 2), dict(spent)))
+            self.samples.append((round(time.monotonic() - t0, 2), {_group(r): r["cpu_s"] for r in usage(before, after)}))
             before = after
 
 

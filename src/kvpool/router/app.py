@@ -178,8 +178,7 @@ class Router:
             route = RouteRequest(routed.info.session_id, routed.info.prompt_tokens, routed.pool_tokens)
             decision = self.policy.choose(route, views)
             index, reason = decision.index, decision.reason
-            if isinstance(self.policy, CacheAwarePolicy):
-                estimates = _estimates_text(self.policy.estimates(route, views), views)
+            estimates = _estimates_text(decision.estimates, views)
         backend = self.backends[index]
         costs = self.policy.costs if isinstance(self.policy, CacheAwarePolicy) else self.rates.costs()
         est = estimate_ttft(RouteRequest(routed.info.session_id, routed.info.prompt_tokens, routed.pool_tokens),
@@ -378,9 +377,9 @@ class Router:
         )  # fmt: skip
 
 
-def _estimates_text(estimates: list, views: list[BackendView]) -> str:
+def _estimates_text(estimates: tuple, views: list[BackendView]) -> str:
     """`url:ttft/queue` seconds per backend the policy scored ("-": not eligible), as the access log
-    shows them: why a request went where it went."""
+    shows them: why a request went where it went; "" from a policy that estimates nothing."""
     return ",".join(f"{v.name}:{e.ttft_s:.2f}/{e.queue_s:.2f}" if e is not None else f"{v.name}:-"
                     for v, e in zip(views, estimates))  # fmt: skip
 

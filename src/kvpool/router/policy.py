@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -65,6 +65,8 @@ class CostModel:
 class Decision:
     index: int
     reason: str
+    # the cache-aware policy's estimate on each backend (None: not eligible), for the access log
+    estimates: tuple[Estimate | None, ...] = field(default=(), compare=False)
 
 
 class Policy(Protocol):
@@ -239,11 +241,12 @@ class CacheAwarePolicy:
         return [estimate_ttft(request, b, self.costs) if b.healthy else None for b in backends]
 
     def choose(self, request: RouteRequest, backends: Sequence[BackendView]) -> Decision:
-        scored = [(i, estimate_ttft(request, backends[i], self.costs)) for i in _healthy_indexes(backends)]
+        estimates = self.estimates(request, backends)
+        scored = [(i, estimates[i]) for i in _healthy_indexes(backends)]
         index, best = min(scored, key=lambda ie: (
             ie[1].ttft_s, -ie[1].local_tokens, -_hash64(f"{request.session_id}@{backends[ie[0]].name}")))
         reason = "local" if best.local_tokens > 0 else "pool" if best.pool_tokens > 0 else "cold"
-        return Decision(index, reason)
+        return Decision(index, reason, tuple(estimates))
 
 
 POLICY_NAMES = ("round_robin", "least_loaded", "session", "cache_aware")

@@ -164,10 +164,11 @@ class NixlEndpoint:
         thread progressing the same worker only contends with it (profiled: 22 % of a cross-host
         reader's CPU in pthread_spin_lock under check_xfer_state)."""
         self.name = name
+        delay_us = progress_delay_us()  # a bad setting says so itself, not as a NIXL failure
         try:
             config = nixl_agent_config(enable_prog_thread=progress_thread, backends=["UCX"],
                                        sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_RW)  # fmt: skip
-            self._agent = _agent_with_progress_delay(name, config, progress_delay_us())
+            self._agent = _agent_with_progress_delay(name, config, delay_us)
         except _NIXL_ERRORS as e:
             raise TransferError(f"cannot start NIXL agent {name!r} with the UCX backend: {e}") from e
         if "UCX" not in self._agent.backends:
