@@ -1,7 +1,7 @@
 """A/B of two kvpool builds across harness hosts: control-plane-bound operations (issue 14).
 
     flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/ab_builds.py BASE [NEW] \
-        [--rounds 6] [--same-host] [--cases control,bulk,evict] [--node-mib 512] [--out FILE]
+        [--rounds 6] [--same-host] [--cases control,bulk,evict,plain] [--node-mib 512] [--out FILE]
 
 BASE and NEW are git revisions (NEW defaults to the working tree, "WORKTREE"); each is exported
 with `git archive` (the working tree: copied) into a scratch directory and run from there with
@@ -13,7 +13,8 @@ clients all on one host: the shared-memory path). Each client process measures, 
 - the single-key lookup round trip (2,000 calls; P50 / P99);
 - a sequential agent-like loop (lookup of 9 keys, zero-copy get of 8 x 256 KiB, put of 2), 200
   loops: loops/s and P50 / P99 per loop;
-and for `bulk`: zero-copy put and get of 64 MiB in 1 MiB objects, of 128 MiB in 16 MiB objects and
+for `plain`: plain put and get of 16 values of 1 MiB and of 4 MiB (node objects: over the master's
+inline limit), GB/s and the get's P50 / P99 per value; for `bulk`: zero-copy put and get of 64 MiB in 1 MiB objects, of 128 MiB in 16 MiB objects and
 of 64 MiB in objects of 32 x 64 KiB regions lying far apart (sg) (batches of 64 MiB at most, bytes
 compared; the median of 3 passes after a first one); for `evict`: the pool filled with 256 KiB
 objects worth 1.05x the node's memory (`--node-mib`), then the agent-like loop, 400 loops, where
@@ -120,6 +121,32 @@ if "bulk" in cases:
             client.remove(keys)
         out[f"get_{name}_gbs"] = float(np.median(gets[1:]))
         out[f"put_{name}_gbs"] = float(np.median(puts[1:]))
+if "plain" in cases:
+    # plain bytes of node-sized values (over the master's inline limit): one call per value, as the
+    # peers benchmark's sweep (16 values per size, 3 passes after a first): GB/s and get P50 / P99
+    for name, size in (("1m", 1 << 20), ("4m", 4 << 20)):
+        values = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(16)]
+        puts, gets, get_lat = [], [], []
+        for rep in range(4):
+            keys = [f"{tag}/plain{name}/{rep}/{i}" for i in range(16)]
+            t = time.perf_counter()
+            for k, v in zip(keys, values):
+                assert client.put(k, v) is True
+            puts.append(16 * size / (time.perf_counter() - t) / 1e9)
+            got = []
+            t = time.perf_counter()
+            for k in keys:
+                t1 = time.perf_counter()
+                got.append(client.get(k))
+                if rep:
+                    get_lat.append(time.perf_counter() - t1)
+            gets.append(16 * size / (time.perf_counter() - t) / 1e9)
+            assert got == values
+            client.remove(keys)
+        out[f"plain_put_{name}_gbs"] = float(np.median(puts[1:]))
+        out[f"plain_get_{name}_gbs"] = float(np.median(gets[1:]))
+        out[f"plain_get_{name}_p50_us"] = float(np.percentile(get_lat, 50)) * 1e6
+        out[f"plain_get_{name}_p99_us"] = float(np.percentile(get_lat, 99)) * 1e6
 if "control" not in cases:
     out["cpu_s"] = round(time.process_time(), 2)
     client.close()
@@ -157,6 +184,8 @@ HIGHER_BETTER = {"get_1m_gbs": True, "put_1m_gbs": True, "get_16m_gbs": True, "p
                  "get_sg_gbs": True, "put_sg_gbs": True,
                  "plain_put_gbs": True, "plain_get_gbs": True, "lookup_p50_us": False, "lookup_p99_us": False,
                  "agent_loops_per_s": True, "agent_p50_ms": False, "agent_p99_ms": False,
+                 **{f"plain_{op}_{n}_gbs": True for op in ("put", "get") for n in ("1m", "4m")},
+                 **{f"plain_get_{n}_{q}_us": False for n in ("1m", "4m") for q in ("p50", "p99")},
                  "evict_loops_per_s": True, "evict_p50_ms": False, "evict_p99_ms": False, "cpu_s": False}
 
 
@@ -210,7 +239,7 @@ def main() -> None:
     ap.add_argument("new", nargs="?", default="WORKTREE", help="git revision, or WORKTREE (default)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--same-host", action="store_true", help="master, nodes and clients on one host (shared memory)")
-    ap.add_argument("--cases", default="control", help="comma-separated: control, bulk, evict (default: control)")
+    ap.add_argument("--cases", default="control", help="comma-separated: control, bulk, evict, plain (default: control)")
     ap.add_argument("--node-mib", type=int, default=512, help="each build's node memory in MiB (default 512)")
     ap.add_argument("--out", type=Path, default=None, help="write every process's JSON and the summary here")
     args = ap.parse_args()

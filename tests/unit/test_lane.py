@@ -341,3 +341,66 @@ def test_a_large_reply_that_stalls_or_breaks_midway_ends_the_call_and_the_lane()
             assert not channel.on_lane  # half a frame read: the connection cannot carry another
             master_end.close()
         ours.close()
+
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """Two ends of a real loopback TCP connection (TCP_CORK needs TCP, not a Unix socketpair)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        ours = socket.create_connection(server.getsockname())
+        theirs, _ = server.accept()
+    ours.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return ours, theirs
+
+
+def _read_frames(sock: socket.socket, count: int) -> list[tuple[int, p.Request]]:
+    head, got, frames = struct.Struct("<IQ"), b"", []
+    while len(frames) < count:
+        got += sock.recv(1 << 16)
+        while len(got) >= head.size and len(got) >= head.size + head.unpack_from(got)[0]:
+            length, request_id = head.unpack_from(got)
+            frames.append((request_id, p.request_decoder.decode(got[head.size:head.size + length])))
+            got = got[head.size + length:]
+    return frames
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_CORK"), reason="TCP_CORK is Linux's")
+def test_a_lazy_one_way_frame_rides_with_the_next_call_or_leaves_within_the_cork_limit():
+    """A lazy frame (a lease release) waits in the socket: the master end sees nothing until the
+    next call's frame, then both, in order; alone it still leaves within the kernel's 200 ms, and
+    an eager send right behind it takes it along at once."""
+    import select
+    import threading
+
+    ours, master_end = _tcp_pair()
+    channel = _lane_on(ours)
+    release = p.ReleaseLeases("t", [7])
+    try:
+        channel.send(release, lazy=True)
+        assert select.select([master_end], [], [], 0.1)[0] == []  # corked: nothing on the wire yet
+        frames = []
+
+        def master_answers():
+            frames.extend(_read_frames(master_end, 2))
+            master_end.sendall(_reply_frame(frames[1][0], p.OkReply()))
+
+        answering = threading.Thread(target=master_answers)
+        answering.start()
+        assert isinstance(channel.call(p.Stats(), timeout_s=5.0), p.OkReply)
+        answering.join(5.0)
+        assert [(i, type(r)) for i, r in frames] == [(0, p.ReleaseLeases), (frames[1][0], p.Stats)]
+        assert frames[0][1] == release and not channel._corked
+
+        channel.send(release, lazy=True)
+        started = time.monotonic()
+        assert select.select([master_end], [], [], 2.0)[0], "a lone lazy frame never left"
+        assert time.monotonic() - started < 1.0
+        assert _read_frames(master_end, 1) == [(0, release)]
+
+        channel.send(release, lazy=True)
+        channel.send(release)
+        assert select.select([master_end], [], [], 0.1)[0]
+        assert _read_frames(master_end, 2) == [(0, release), (0, release)]
+    finally:
+        ours.close()
+        master_end.close()

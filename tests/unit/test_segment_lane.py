@@ -226,7 +226,7 @@ def test_connections_over_the_limit_are_closed_and_jobs_still_complete(buf):
         memory.close()
 
 
-def test_without_rdma_reads_and_scatter_gather_writes_of_any_size_take_the_lane(info, monkeypatch):
+def test_without_rdma_reads_and_scatter_gather_or_split_writes_of_any_size_take_the_lane(info, monkeypatch):
     from kvpool.transfer import plane as plane_module
 
     monkeypatch.setattr(plane_module, "rdma_available", lambda: False)
@@ -237,8 +237,11 @@ def test_without_rdma_reads_and_scatter_gather_writes_of_any_size_take_the_lane(
         plane.transfer("WRITE", info, small_regions, [i * (64 << 10) for i in range(48)], [64 << 10] * 48, 5)
         plane.transfer("READ", info, [big.ctypes.data], [0], [3 << 20], 5)  # any read
         assert plane.jobs_by_path["lane"] == 2
-        plane.transfer("WRITE", info, [big.ctypes.data], [0], [3 << 20], 5)  # 3 MiB in one region: NIXL
-        assert plane.jobs_by_path == {"shm": 0, "nixl": 1, "lane": 2}
+        plane.transfer("WRITE", info, [big.ctypes.data], [0], [3 << 20], 5)  # over the limit, split in two
+        assert plane.jobs_by_path == {"shm": 0, "nixl": 0, "lane": 3}
+        plane.lane_split_bytes = 0  # no split: one stream lost to NIXL's writes from 4 MiB
+        plane.transfer("WRITE", info, [big.ctypes.data], [0], [3 << 20], 5)
+        assert plane.jobs_by_path == {"shm": 0, "nixl": 1, "lane": 3}
     monkeypatch.setattr(plane_module, "rdma_available", lambda: True)
     with _plane(big, lane_max_bytes=1 << 20) as plane:
         assert plane.lane_region_bytes == 0  # with RDMA only small jobs
@@ -323,13 +326,15 @@ def test_a_large_read_runs_as_two_halves_on_two_connections(segment, info, buf):
     dst = np.zeros(1 << 20, dtype=np.uint8)
     sizes = [100_003, 300_001, 48_000, (1 << 20) - 448_004]
     with _plane(src, dst, path="lane") as plane:
+        plane.lane_split_bytes = 0
         plane.transfer("WRITE", info, [src.ctypes.data], [0], [src.nbytes], 5)
+        lane = next(r.lane for r in plane._routes.values() if r.lane is not None)
+        assert lane._open == 1
         plane.lane_split_bytes = 64 << 10
         local = list(itertools.accumulate([dst.ctypes.data] + sizes[:-1]))
         remote = list(itertools.accumulate([0] + sizes[:-1]))
         plane.transfer("READ", info, local, remote, sizes, 5)
         assert np.array_equal(src, dst)
-        lane = next(r.lane for r in plane._routes.values() if r.lane is not None)
         assert lane._open == 2  # the second half had a connection of its own
         for _ in range(5):  # again: second halves run on kept threads, none started per read
             dst[:] = 0
@@ -337,6 +342,24 @@ def test_a_large_read_runs_as_two_halves_on_two_connections(segment, info, buf):
             assert np.array_equal(src, dst)
         halves = [t for t in threading.enumerate() if t.name.startswith("kvpool-lane-half")]
         assert 1 <= len(halves) <= 4
+
+
+def test_a_large_write_runs_as_two_halves_and_every_byte_lands_in_place(info):
+    """A WRITE of lane_split_bytes or more is split like a READ (the cut inside a region): the
+    segment then holds exactly the source's bytes, written over two connections at once."""
+    src = np.random.default_rng(6).integers(0, 256, 3 << 20, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    sizes = [1_000_001, 777_777, (3 << 20) - 1_777_778]
+    local = list(itertools.accumulate([src.ctypes.data] + sizes[:-1]))
+    remote = list(itertools.accumulate([4096] + sizes[:-1]))
+    with _plane(src, dst, path="lane") as plane:
+        plane.lane_split_bytes = 1 << 20
+        plane.transfer("WRITE", info, local, remote, sizes, 5)
+        lane = next(r.lane for r in plane._routes.values() if r.lane is not None)
+        assert lane._open == 2
+        plane.lane_split_bytes = 0  # read back on one connection: nothing but the write decides
+        plane.transfer("READ", info, [dst.ctypes.data], [4096], [src.nbytes], 5)
+    assert np.array_equal(src, dst)
 
 
 def test_a_split_read_from_a_silent_node_ends_at_its_deadline(info, buf):

@@ -18,8 +18,9 @@ Rules:
   is never later than the master's. A read finishing after it counts as failed: its bytes are never
   reported. A failed read falls back to the object's next replica (same-host replicas first).
 - Leases are released as soon as the reads end, read or failed (ReleaseLeases with the lookup's
-  lease id, sent without waiting for the answer: the channel drops that late reply), so removed or
-  evicted space is freed at once rather than at the lease TTL. A lost release costs nothing but
+  lease id, sent without waiting for the answer: the channel drops that late reply; over the lane
+  lazily, riding with our next request or sent within 200 ms), so removed or evicted space is
+  freed within that rather than at the lease TTL. A lost release costs nothing but
   that wait: the master still ends the lease at its TTL.
 - Segment descriptions are cached by id (segments.py): unknown ids are fetched with GetSegments,
   ids the master no longer knows are forgotten by the data plane. A reply from a new master
@@ -380,7 +381,7 @@ class Client(PlainValues):
         """Hand a leased lookup back (fire-and-forget; the lease TTL covers a lost message)."""
         if lease_id and not self._closed:
             try:
-                self._channel.send(protocol.ReleaseLeases(self.config.tenant, [lease_id]))
+                self._channel.send(protocol.ReleaseLeases(self.config.tenant, [lease_id]), lazy=True)
             except KVPoolError:
                 pass
 

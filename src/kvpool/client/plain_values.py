@@ -18,6 +18,7 @@ import ctypes
 import logging
 import time
 
+from kvpool.client import fresh_memory
 from kvpool.client.memory import copy_bytes, region_of
 from kvpool.client.statuses import PUT_FAILED, PUT_STATUS_NAMES
 from kvpool.core import protocol
@@ -95,7 +96,7 @@ class PlainValues:
         """The value stored under `key`, or None on a miss (or when no replica could be read)."""
         with self._staging.lock:
             view = self._get_staged(key)
-            return view if view is None or isinstance(view, bytes) else view.tobytes()
+            return view if view is None or isinstance(view, bytes) else _bytes_of(view)
 
     def get_array(self, key: str, dtype="uint8", shape: tuple[int, ...] | None = None):
         """A fresh numpy array with the value's bytes viewed as `dtype` (and `shape`), or None."""
@@ -105,7 +106,10 @@ class PlainValues:
             view = self._get_staged(key)
             if view is None:
                 return None
-            array = np.array(np.frombuffer(view, dtype=np.uint8) if isinstance(view, bytes) else view, copy=True)
+            src = np.frombuffer(view, dtype=np.uint8) if isinstance(view, bytes) else view
+            array = np.empty(src.nbytes, dtype=np.uint8)
+            fresh_memory.prefault(int(array.ctypes.data), array.nbytes)
+            copy_bytes(int(array.ctypes.data), int(src.ctypes.data), src.nbytes)
         array = array.view(dtype)
         return array if shape is None else array.reshape(shape)
 
@@ -158,3 +162,15 @@ class PlainValues:
             self._release(reply.lease_id)
         self._metrics.latency_s["get"].observe(time.perf_counter() - started)
         return self._staging.array[:size] if count == 1 else None
+
+
+def _bytes_of(view) -> bytes:
+    """A new bytes object with the staged value's bytes: its pages faulted in one call, then one
+    copy (fresh_memory.py; `tobytes()` faulted them one by one)."""
+    size = view.nbytes
+    if not fresh_memory.available() or size < fresh_memory.PREFAULT_FROM_BYTES:
+        return view.tobytes()
+    out, addr = fresh_memory.new_bytes(size)
+    fresh_memory.prefault(addr, size)
+    copy_bytes(addr, int(view.ctypes.data), size)
+    return out

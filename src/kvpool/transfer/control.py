@@ -199,8 +199,9 @@ class MasterChannel:
             raise error_from_reply(reply.kind, reply.message)
         return reply
 
-    def send(self, request: protocol.Request) -> None:
-        """Send without waiting for the reply; raises UnavailableError if the send queue is full."""
+    def send(self, request: protocol.Request, *, lazy: bool = False) -> None:
+        """Send without waiting for the reply; raises UnavailableError if the send queue is full.
+        `lazy` (the lane's: the frame may wait for the next one) changes nothing here."""
         payload = protocol.request_encoder.encode(request)
         with self._lock:
             sock = self._connect()

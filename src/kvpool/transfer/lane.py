@@ -22,6 +22,10 @@ Rules:
 - Master side (`LaneServer`): non-blocking sockets polled by the master's own loop (zmq.Poller
   takes plain fds); a frame announcing more than `max_frame_bytes` closes that connection (as
   ZMQ's MAXMSGSIZE does), and so does a peer whose unsent replies pass `max_pending_bytes`.
+- Lazy one-way frames (`send(request, lazy=True)`: lease releases) are written with the socket
+  corked (TCP_CORK) and go out with the next frame, or after the kernel's 200 ms cork limit: a
+  release no longer costs its caller a transmit of its own. The master sees it no later than the
+  caller's next request on this channel, in order, so "release, then ask" still holds.
 - Client side (`LaneChannel`): wraps a MasterChannel and has its interface. A lane that breaks
   (reset, EOF: the master went away or restarted) is closed and the call is made again over ZMQ,
   which reconnects and fails over as before; a lane call that times out raises UnavailableError
@@ -56,6 +60,7 @@ _REDISCOVER_S = 5.0
 ONE_WAY_ID = 0  # a request with this id gets no reply (ids of calls start at 1)
 ONE_WAY_BYTES = ONE_WAY_ID.to_bytes(8, "little")  # the same id as it travels in a frame
 _RECV_CHUNK = 1 << 16
+_TCP_CORK = getattr(socket, "TCP_CORK", None)  # Linux; elsewhere lazy frames go out at once
 _DIRECT_BODY_BYTES = 16 << 10  # a reply this large is received into its own buffer (LaneChannel._read_body)
 # the master receives a request in place only up to this size: its body is allocated (and zeroed,
 # so resident) when the head arrives, and an unauthenticated peer must not make it commit more than
@@ -284,6 +289,7 @@ class LaneChannel:
         self._next_look_s = 0.0  # monotonic time of the next LaneQuery
         self._inbox = bytearray()
         self._timeouts: KernelTimeouts | None = None  # the lane socket's (timeouts.py)
+        self._corked = False  # lazy frames wait in the socket (TCP_CORK) for the next frame
 
     # the MasterChannel interface
     @property
@@ -318,13 +324,22 @@ class LaneChannel:
                     self._close_lane()
         return self.channel.call(request, max(1e-3, started + timeout - time.monotonic()))
 
-    def send(self, request: protocol.Request) -> None:
+    def send(self, request: protocol.Request, *, lazy: bool = False) -> None:
+        """One way: the master answers nothing. `lazy`: the frame may wait in our socket until the
+        next frame goes out behind it, at most the kernel's cork limit (200 ms), so a lease release
+        costs the caller no transmit of its own (~50 us across hosts here) and rides with the next
+        request; over ZMQ it is sent at once."""
         with self._lock:
             if self._sock is not None:
                 payload = protocol.request_encoder.encode(request)
                 try:
+                    if lazy and _TCP_CORK is not None and not self._corked:
+                        self._sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, 1)
+                        self._corked = True
                     self._timeouts.send_all(_REQUEST_HEAD.pack(len(payload), ONE_WAY_ID) + payload,
                                             time.monotonic() + self.channel.timeout_s)
+                    if not lazy:
+                        self._uncork()
                     return
                 except OSError:  # TimeoutError and BlockingIOError too
                     self._close_lane()
@@ -367,6 +382,13 @@ class LaneChannel:
             self._sock.close()
             self._sock = None
         self._inbox = bytearray()
+        self._corked = False
+
+    def _uncork(self) -> None:
+        """Send what lazy frames left corked, with whatever was written behind them."""
+        if self._corked:
+            self._corked = False
+            self._sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, 0)
 
     def _lane_call(self, sock: socket.socket, request: protocol.Request, deadline_s: float) -> protocol.Reply:
         frame = bytearray(_REQUEST_HEAD.size)  # the payload is encoded behind the head: no copy to join them
@@ -375,6 +397,7 @@ class LaneChannel:
         _REQUEST_HEAD.pack_into(frame, 0, len(frame) - _REQUEST_HEAD.size, request_id)
         try:
             self._timeouts.send_all(frame, deadline_s)
+            self._uncork()
         except (TimeoutError, BlockingIOError):
             self._close_lane()
             raise UnavailableError(f"master {self.address} does not take requests (lane send timed out)") from None

@@ -8,9 +8,14 @@ Rules:
   (measured across hosts over UCX TCP: ~20 % less client CPU, 1 MiB gets ~1.2x; nixlio.py).
 - A cross-host job of at most `lane_max_bytes` goes over the segment's lane when its node serves
   one (segment_lane.py: one TCP round trip; UCX's TCP transport emulates one-sided ops in several;
-  without RDMA every read, writes up to 4 MiB and scatter-gather writes of regions of 256 KiB or
-  less at any size: benchmarks/results/peers/segment_lane_sweep.md), unless another thread is using that lane right then (it goes to
-  NIXL instead of waiting). GPU jobs never do. `lane` forces the lane for every job (tests).
+  without RDMA every read, every write of `lane_split_bytes` or more (split in two, below), writes
+  up to 4 MiB and scatter-gather writes of regions of 256 KiB or less at any size:
+  benchmarks/results/peers/segment_lane_sweep.md, fixes.md 25), unless another thread is using
+  that lane right then (it goes to NIXL instead of waiting). GPU jobs never do. `lane` forces the
+  lane for every job (tests).
+- A lane job of `lane_split_bytes` (1 MiB) or more, READ or WRITE, runs as two halves on two
+  connections at once when a second one is free (two TCP streams: the kernel's work for each on
+  its own core); the call returns only when both have ended.
 - The NIXL agent starts lazily on the first segment that needs it (0.4 s), so a client that only
   talks to same-host segments never pays for it; memory registered before is registered then.
 - Every region is checked before any byte moves: local regions must lie inside registered memory,
@@ -49,10 +54,11 @@ RDMA_LANE_MAX_BYTES = 256 << 10  # with RDMA, NIXL takes every larger job
 TCP_LANE_MAX_BYTES = 4 << 20  # without: UCX on TCP; NIXL's writes led from 4-16 MiB jobs (segment_lane.py)
 TCP_LANE_REGION_BYTES = 256 << 10  # ... and a job of any size whose regions average this or less
 LANE_SPLIT_BYTES_ENV = "KVPOOL_SEGMENT_LANE_SPLIT_BYTES"
-# a lane READ this large runs as two halves on two connections at once (2 cores: two Python TCP
+# a lane job this large runs as two halves on two connections at once (2 cores: two Python TCP
 # streams carried 1.35x one; kvpool's 64 MiB get 1.89-2.47 -> 2.75-2.83 GB/s, fixes.md section 15;
 # from 1 MiB since the second half runs on a kept thread: plain 1 / 2 / 4 MiB gets 1.09 / 1.08 /
-# 1.26x faster than from 8 MiB, fixes.md section 18)
+# 1.26x faster than from 8 MiB, fixes.md section 18; writes split too since section 25: bulk puts
+# 1.2-1.6x NIXL's on UCX TCP, where one lane stream lost to NIXL from 4 MiB)
 LANE_SPLIT_BYTES = 1 << 20
 OPS = ("READ", "WRITE")
 _MAX_HALF_RUNNERS = 4  # threads that run second halves, per process (lazily started, kept)
@@ -362,10 +368,10 @@ class DataPlane:
         return errors
 
     def _lane_transfer(self, op: str, job: _Checked, conn, deadline: float) -> None:
-        """A job on its lane connection; a READ of lane_split_bytes or more as two halves at once,
-        the second on another connection of the same lane when one is free (else whole)."""
+        """A job on its lane connection; one of lane_split_bytes or more (READ or WRITE) as two
+        halves at once, the second on another connection of the same lane when one is free (else whole)."""
         split = self.lane_split_bytes
-        total = sum(job.sizes) if split and op == "READ" else 0
+        total = sum(job.sizes) if split else 0
         second = job.route.lane.try_acquire() if split and total >= split else None
         if second is None:
             conn.transfer(op, job.local_addrs, job.remote_offsets, job.sizes, deadline)
@@ -387,7 +393,8 @@ class DataPlane:
     def _takes_lane(self, op: str, job: _Checked) -> bool:
         """Whether the job should go over its segment's lane (path "lane": every job; auto: a host-
         memory job of at most lane_max_bytes, or whose regions average at most lane_region_bytes,
-        or without RDMA any READ; if a connection is free when it is asked for)."""
+        or without RDMA any READ, and any WRITE that is split in two; if a connection is free when
+        it is asked for)."""
         if job.route.lane is None or not len(job.sizes):
             return False
         if job.route.peer is None:
@@ -397,6 +404,8 @@ class DataPlane:
             return False
         if self.lane_region_bytes and op == "READ":
             return True  # no RDMA: one TCP stream into the caller's memory beat UCX's reads at every size
+        if self.lane_region_bytes and self.lane_split_bytes and total >= self.lane_split_bytes:
+            return True  # no RDMA: two TCP streams beat UCX's writes (one did not from 4 MiB; fixes.md 25)
         return total <= self.lane_max_bytes or total <= self.lane_region_bytes * len(job.sizes)
 
     def _post(self, op: str, job: _Checked):

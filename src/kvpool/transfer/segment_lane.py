@@ -20,15 +20,17 @@ Rules:
   that opens many cannot exhaust the node's threads); close() shuts every connection and joins its
   thread before the memory goes away, so no thread touches an unmapped segment.
 - Which jobs (DataPlane decides): where NIXL has no RDMA (`rdma_available()` false: UCX runs on
-  TCP) every read, writes of up to 4 MiB and writes in regions of 256 KiB or less; with RDMA jobs
-  of up to 256 KiB, where one round trip is the whole cost; $KVPOOL_SEGMENT_LANE_MAX_BYTES sets
-  the size limit. Measured across harness hosts (benchmarks/results/peers/segment_lane_sweep.md,
-  one job of 1 MiB regions, lane / NIXL on UCX TCP): READ 1.36-3.10x from 256 KiB to 64 MiB;
-  WRITE 1.39-2.03x up to 4 MiB, 0.85x at 16 MiB, 1.01x at 64 MiB (so those stay on NIXL).
+  TCP) every read, every write of 1 MiB or more (split in two, below), writes of up to 4 MiB and
+  writes in regions of 256 KiB or less; with RDMA jobs of up to 256 KiB, where one round trip is
+  the whole cost; $KVPOOL_SEGMENT_LANE_MAX_BYTES sets the size limit. Measured across harness
+  hosts (benchmarks/results/peers/segment_lane_sweep.md, one job of 1 MiB regions, lane / NIXL on
+  UCX TCP, one connection): READ 1.36-3.10x from 256 KiB to 64 MiB; WRITE 1.39-2.03x up to 4 MiB,
+  0.85x at 16 MiB, 1.01x at 64 MiB; split over two connections, 64 MiB puts in 1 / 16 MiB objects
+  1.2x / 1.5x NIXL's (peers/fixes.md 25).
 - Client side (`SegmentLane`): up to 4 connections per segment route, each used by one thread at a
-  time (`try_acquire`: with all in use the job goes to NIXL instead of queueing). A READ of 8 MiB
-  or more ($KVPOOL_SEGMENT_LANE_SPLIT_BYTES; 0: never) runs as two halves on two connections at
-  once when a second is free (DataPlane._lane_transfer). A failure closes
+  time (`try_acquire`: with all in use the job goes to NIXL instead of queueing). A READ or WRITE
+  of 1 MiB or more ($KVPOOL_SEGMENT_LANE_SPLIT_BYTES; 0: never) runs as two halves on two
+  connections at once when a second is free (DataPlane._lane_transfer). A failure closes
   that connection (the next job reconnects) and is a TransferError for that job, never a hang.
 """
 
