@@ -120,12 +120,17 @@ class Peer:
 @dataclass(frozen=True)
 class PlainVllm(Peer):
     more_kv: bool = False  # give the extra memory to each server's own KV cache
+    # a bound, not a like-for-like configuration: this much local KV per server (the whole trace),
+    # so with the cache_aware router every cacheable token is a local hit that costs no load at all
+    ceiling_kv_bytes: int = 0
 
     def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
         kv = setup.kv_cache_bytes + (setup.extra_bytes_per_server if self.more_kv else 0)
+        kv = max(kv, self.ceiling_kv_bytes)
         router, urls = self._servers_and_router(setup, workdir, started, kv, [None] * setup.num_servers)
         note = (f"{_mib(kv)} KV per server (its own + its {_mib(setup.extra_bytes_per_server)} share)"
-                if self.more_kv else f"{_mib(kv)} KV per server, the extra memory unused")  # fmt: skip
+                if self.more_kv else f"{_mib(kv)} KV per server (a bound: more memory than any other row)"
+                if self.ceiling_kv_bytes else f"{_mib(kv)} KV per server, the extra memory unused")  # fmt: skip
         return Stack(started, router, urls, note)
 
 
@@ -234,6 +239,10 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
     # no pool, sessions kept on one server: what the memory is worth without sharing
     PlainVllm("vllm_more_kv_cache_aware", "vLLM, the extra memory as local KV, cache_aware router", more_kv=True,
               policy="cache_aware"),
+    # the bound for any cache on this trace and machine: every server holds the whole trace's KV
+    # locally, so a hit costs nothing; what is left is the cold prefill and the decode
+    PlainVllm("vllm_ceiling", "vLLM, 1 GiB local KV per server (the whole trace), cache_aware router: free hits",
+              policy="cache_aware", ceiling_kv_bytes=1 << 30),
     LMCacheMP("lmcache_shm", "LMCache MP, shared memory", backend="shm"),
     # kvpool's own router in front of LMCache: what the pool adds beyond routing
     LMCacheMP("lmcache_shm_cache_aware", "LMCache MP, shared memory, cache_aware router", backend="shm",

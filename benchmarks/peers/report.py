@@ -86,7 +86,7 @@ def write_report(results: dict, out_dir: Path, name: str) -> None:
     m = results["machine"]
     lines = [
         "# kvpool side by side with Mooncake Store and Redis (issue 14)", "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB (a 2-core AMD EPYC VM), kernel "
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB (a VM), kernel "
         f"{m['kernel']}, Python {m['python']}. Load average {results['load_avg_start'][0]:.1f} at start, "
         f"{results['load_avg_end'][0]:.1f} at the end: the lead and other helpers run their own work on the same "
         "two cores " + ("(this run held /tmp/kvpool-heavy.lock, so no other benchmark or e2e suite ran at once)"
@@ -187,7 +187,9 @@ def _plot(results: dict, peers: list[str], path: Path) -> None:
     ax2.set_xticks(range(len(peers)))
     ax2.set_xticklabels([PEERS[p].label.replace(" ", "\n", 1) for p in peers], fontsize=7)
     ax2.set_ylabel("single-key lookup round trip, us (solid P50, light P99)")
-    fig.suptitle("kvpool vs Mooncake Store vs Redis; 2-core AMD EPYC VM, shared; hosts = network namespaces")
+    m = results["machine"]
+    fig.suptitle(f"kvpool vs Mooncake Store vs Redis; {m['cores']}-core VM ({m['cpu']}), shared; hosts = network namespaces",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
