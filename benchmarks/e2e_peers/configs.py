@@ -140,18 +140,22 @@ class Kvpool(Peer):
     lookup_wait_ms: float = 2.0  # the connector's default: how long one engine step waits for a lookup
     master_args: tuple[str, ...] = ()  # extra `kvpool master` options
     touch_waiting_s: float | None = None  # None: the connector's default (connector/waiting.py)
+    engine_share: float = 0.0  # this share of the extra memory goes to the server's own KV, the rest to the pool
 
     def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
         master = procs.start_master(workdir, *self.master_args, name="master")
         started.append(master)
-        extra = {"master_address": master.info["address"], "pool_memory_bytes": setup.extra_bytes_per_server,
+        to_engine = _share(setup.extra_bytes_per_server, self.engine_share)
+        pool_bytes = setup.extra_bytes_per_server - to_engine
+        extra = {"master_address": master.info["address"], "pool_memory_bytes": pool_bytes,
                  "lookup_on_arrival": self.lookup_on_arrival, "lookup_wait_ms": self.lookup_wait_ms}
         if self.touch_waiting_s is not None:
             extra["touch_waiting_s"] = self.touch_waiting_s
         transfer = KVPOOL_CONNECTOR | {"kv_connector_extra_config": extra}
-        router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes,
+        router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes + to_engine,
                                                 [transfer] * setup.num_servers, router_args=("--pooled",))  # fmt: skip
-        return Stack(started, router, urls, f"a {_mib(setup.extra_bytes_per_server)} pool segment embedded in each server")
+        note = f"a {_mib(pool_bytes)} pool segment embedded in each server"
+        return Stack(started, router, urls, note + (f", {_mib(to_engine)} more local KV each" if to_engine else ""))
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,7 @@ class LMCacheMP(Peer):
     """
 
     backend: str = "shm"
+    engine_share: float = 0.0  # shm: this share of the extra memory goes to each server's own KV, the rest to L1
 
     def problem(self, setup: Setup) -> str | None:
         if setup.lmcache_python is None:
@@ -178,11 +183,15 @@ class LMCacheMP(Peer):
 
     def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
         leftovers: list[Path] = []
+        to_engine = 0
         if self.backend == "shm":
-            server = self._lmcache_server(setup, workdir, "lmcache", setup.extra_bytes_total, (), leftovers)
+            to_engine = _share(setup.extra_bytes_per_server, self.engine_share)
+            l1_bytes = setup.extra_bytes_total - to_engine * setup.num_servers
+            server = self._lmcache_server(setup, workdir, "lmcache", l1_bytes, (), leftovers)
             started.append(server)
             addresses = [server.info["address"]] * setup.num_servers
-            note = f"one LMCache server, {_mib(setup.extra_bytes_total)} L1 (DRAM)"
+            note = f"one LMCache server, {_mib(l1_bytes)} L1 (DRAM)" + (
+                f", {_mib(to_engine)} more local KV per server" if to_engine else "")
         else:
             redis_bytes = setup.extra_bytes_total - setup.num_servers * LMCACHE_L1_BYTES_WITH_REDIS
             redis = self._redis(setup, workdir, redis_bytes)
@@ -201,7 +210,7 @@ class LMCacheMP(Peer):
                      for port in (int(a.rsplit(":", 1)[1]) for a in addresses)]  # fmt: skip
         # with the cache_aware router: both servers read one LMCache store, as kvpool's read one pool
         pooled = ("--pooled",) if self.policy == "cache_aware" else ()
-        router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes, transfers,
+        router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes + to_engine, transfers,
                                                 python=setup.lmcache_python, router_args=pooled)  # fmt: skip
         return Stack(started, router, urls, note + "; vLLM <-> LMCache through shared memory (--shm-name)", leftovers)
 
@@ -248,8 +257,13 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
     LMCacheMP("lmcache_shm_cache_aware", "LMCache MP, shared memory, cache_aware router", backend="shm",
               policy="cache_aware"),
     LMCacheMP("lmcache_redis", "LMCache MP per server + Redis", backend="redis"),
+    # the same memory split: half of it more local KV (room for more running requests), half the store
+    LMCacheMP("lmcache_shm_cache_aware_half_kv", "LMCache MP, shared memory, cache_aware router, half the memory as local KV",
+              backend="shm", policy="cache_aware", engine_share=0.5),
     Kvpool("kvpool_rr", "kvpool, round-robin"),
     Kvpool("kvpool_cache_aware", "kvpool, cache_aware router", policy="cache_aware"),
+    Kvpool("kvpool_cache_aware_half_kv", "kvpool, cache_aware router, half the memory as local KV", policy="cache_aware",
+           engine_share=0.5),
     # A/B of lookup_on_arrival; in quiet-ab/ (made while it was on by default) kvpool_cache_aware had it
     # on and this configuration off, as its label says
     Kvpool("kvpool_cache_aware_step_lookup", "kvpool, cache_aware router, lookup at the first step",
@@ -296,6 +310,13 @@ def _wait_tcp(proc: procs.ManagedProcess, port: int, timeout_s: float) -> None:
             time.sleep(0.1)
     proc.kill()
     raise TimeoutError(f"{proc.name} did not listen on {port} within {timeout_s:.0f} s:\n{proc.tail_log()}")
+
+
+def _share(num_bytes: int, share: float) -> int:
+    """`share` of `num_bytes`, in whole MiB (vLLM and the stores take MiB)."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"a memory share must be in [0, 1), got {share}")
+    return int(num_bytes * share) >> 20 << 20
 
 
 def _mib(num_bytes: int) -> str:

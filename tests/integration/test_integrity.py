@@ -251,6 +251,44 @@ def test_transfer_to_a_stopped_node_times_out_and_nothing_lands_in_reused_space(
             proc.stop(grace_s=5.0)
 
 
+def test_a_lane_write_to_a_stopped_node_stays_fenced_until_its_bytes_can_no_longer_land(tmp_path):
+    # The segment lane (plain TCP): a write the client gave up on may still sit in the node's
+    # socket and land when the node resumes; its range must stay quarantined until then.
+    master = procs.start_master(tmp_path)
+    address = master.info["address"]
+    node = procs.start_node(tmp_path, address, "4MiB", name="node")
+    size = 256 * KiB
+    try:
+        with Client(address, path="lane", timeout_s=0.5) as remote, Client(address, path="shm") as local:
+            assert _put(local, ["warm"], size) == [PUT_ALLOCATED]
+            assert _put(remote, ["lane-ok"], size) == [PUT_ALLOCATED]  # the lane works
+            os.kill(node.pid, signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                assert _put(remote, ["stuck"], size) == [PUT_FAILED]
+                assert time.monotonic() - started < 2.0  # the writer gives up at its deadline
+                assert _stats(address).quarantined == 1  # its range is held while its bytes may land
+                filler = chain_keys("filler", 11)  # with warm, lane-ok and stuck: 3.5 of 4 MiB
+                assert _put(local, filler, size) == [PUT_ALLOCATED] * 11
+                time.sleep(0.5)
+                assert _stats(address).quarantined == 1
+            finally:
+                os.kill(node.pid, signal.SIGCONT)
+            wait_until(lambda: _stats(address).quarantined == 0, 5, "the quarantine ended once the node closed")
+            assert _read_back(address, ["warm", "lane-ok", *filler], size) == (13, 0)  # none overwritten
+            more = chain_keys("more", 14)
+            _put(local, more, size)  # the stuck write's range is reused now, and stays intact
+            assert _put(remote, ["after"], size) == [PUT_ALLOCATED]  # the lane reconnects
+        with Client(address) as fresh:
+            for key in ["warm", "lane-ok", *filler, *more, "after"]:
+                value = fresh.get(key)
+                assert value is None or value == pattern(key, size).tobytes(), key
+            assert fresh.get("stuck") is None
+    finally:
+        for proc in (node, master):
+            proc.stop(grace_s=5.0)
+
+
 def test_a_standby_master_takes_over_with_the_cache(tmp_path):
     primary = procs.start_master(tmp_path, *FAST, name="primary")
     standby_port = str(procs.free_port())

@@ -13,7 +13,7 @@ import struct
 import msgspec
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool.core.errors import TransferError
@@ -302,6 +302,50 @@ def test_a_peer_that_reads_a_trickle_cannot_hold_a_write_past_its_deadline():
         reader.join(timeout=5)
 
 
+def test_a_write_given_up_on_stays_in_flight_until_the_node_closes_its_end():
+    """A WRITE that timed out may still land (its bytes wait in the node's socket): its error
+    carries a handle that is done only when the node, having read all of it, closes; a READ that
+    timed out carries none (nothing lands but what we receive ourselves)."""
+    import time
+
+    server = socket.create_server(("127.0.0.1", 0))
+    resume = threading.Event()
+    got = []
+
+    def stopped_node() -> None:
+        conn, _ = server.accept()
+        resume.wait(10)  # a stopped node: reads nothing until it resumes
+        while data := conn.recv(1 << 16):
+            got.append(len(data))  # the cut request's bytes, then EOF from the client
+        conn.close()
+
+    node = threading.Thread(target=stopped_node, daemon=True)
+    node.start()
+    data = np.ones(256 << 10, dtype=np.uint8)
+    try:
+        conn = sl.LaneConnection(f"127.0.0.1:{server.getsockname()[1]}")
+        with pytest.raises(TransferError, match="timed out") as raised:
+            conn.transfer("WRITE", [data.ctypes.data], [0], [data.nbytes], time.monotonic() + 0.3)
+        stuck = raised.value.in_flight
+        assert stuck is not None and not stuck.wait(0.3)  # may still land: fenced
+        resume.set()
+        assert stuck.wait(5.0)  # the node read what it got and closed: over
+        assert sum(got) >= data.nbytes
+        node.join(5)
+    finally:
+        server.close()
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        conn = sl.LaneConnection(f"127.0.0.1:{silent.getsockname()[1]}")
+        with pytest.raises(TransferError, match="timed out") as raised:
+            conn.transfer("READ", [data.ctypes.data], [0], [4096], time.monotonic() + 0.2)
+        assert raised.value.in_flight is None
+    finally:
+        silent.close()
+
+
+@settings(deadline=None)  # up to 60K byte pairs per example: slow on a loaded 2-core machine, not wrong
 @given(st.lists(st.integers(1, 5000), min_size=1, max_size=12), st.floats(0, 1))
 def test_a_job_cut_in_halves_covers_the_same_bytes_in_order(sizes, where):
     from kvpool.transfer.plane import _halves
@@ -375,3 +419,19 @@ def test_a_split_read_from_a_silent_node_ends_at_its_deadline(info, buf):
             assert isinstance(error, TransferError) and time.monotonic() - started < 1.5
     finally:
         silent.close()
+
+
+def test_a_split_write_to_a_silent_node_is_fenced_until_both_halves_are_over(info):
+    import time
+
+    silent = socket.create_server(("127.0.0.1", 0))  # connections queue, nothing is ever read
+    quiet = msgspec.structs.replace(info, segment_id=98, lane_address=f"127.0.0.1:{silent.getsockname()[1]}")
+    src = np.ones(SEGMENT_BYTES, dtype=np.uint8)  # two halves; the node answers neither
+    with _plane(src, path="lane") as plane:
+        plane.lane_split_bytes = 64 << 10
+        started = time.monotonic()
+        error = plane.transfer_many("WRITE", [(quiet, [src.ctypes.data], [0], [src.nbytes])], 0.3)[0]
+        assert isinstance(error, TransferError) and time.monotonic() - started < 1.5
+        assert error.in_flight is not None and not error.in_flight.wait(0.2)
+        silent.close()  # the queued connections are reset: neither half can land any more
+        assert error.in_flight.wait(5.0)

@@ -44,6 +44,7 @@ import numpy as np
 
 from kvpool.core.errors import TransferError, UsageError
 from kvpool.core.protocol import SegmentInfo
+from kvpool.transfer.fence import StuckTransfer
 from kvpool.transfer.hostinfo import host_id
 from kvpool.transfer.segment_lane import SegmentLane, rdma_available
 from kvpool.transfer.shm import PeerMapping
@@ -382,13 +383,25 @@ class DataPlane:
         except BaseException:
             job.route.lane.release(second)
             raise
+        first_error = None
         try:
             conn.transfer(op, *first_half, deadline)
+        except TransferError as e:
+            first_error = e
         finally:
             # the other half lands in the caller's memory: never return before it ends
             futures.wait([other])
             job.route.lane.release(second)
-        other.result()  # its error, if the first half had none
+        second_error = other.exception()
+        if second_error is not None and not isinstance(second_error, TransferError):
+            raise second_error
+        if first_error is None or second_error is None:
+            if first_error or second_error:
+                raise first_error or second_error
+            return
+        # both failed: whichever WRITE half may still land keeps the range fenced
+        stuck = [e.in_flight for e in (first_error, second_error) if e.in_flight is not None]
+        raise TransferError(f"{first_error}; {second_error}", in_flight=_all_of(stuck) if stuck else None)
 
     def _takes_lane(self, op: str, job: _Checked) -> bool:
         """Whether the job should go over its segment's lane (path "lane": every job; auto: a host-
@@ -515,6 +528,26 @@ class DataPlane:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _all_of(transfers: list) -> object:
+    """One in-flight handle for several: itself if one, else a StuckTransfer done when all are."""
+    if len(transfers) == 1:
+        return transfers[0]
+    combined = StuckTransfer(" + ".join(t.description for t in transfers))
+    left = [len(transfers)]
+    lock = threading.Lock()
+
+    def one_done(_transfer) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        combined.finish("done")
+
+    for t in transfers:
+        t.add_done_callback(one_done)
+    return combined
 
 
 def _path_of(route: _Route) -> str:

@@ -32,6 +32,9 @@ Rules:
   of 1 MiB or more ($KVPOOL_SEGMENT_LANE_SPLIT_BYTES; 0: never) runs as two halves on two
   connections at once when a second is free (DataPlane._lane_transfer). A failure closes
   that connection (the next job reconnects) and is a TransferError for that job, never a hang.
+  A WRITE that failed midway carries `in_flight` (fence.py): bytes already in the node's socket
+  still land when its thread reads them (a stopped node: when it resumes), so the handle is done
+  only once the node has closed its end of that connection; until then the range is quarantined.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import time
 from collections.abc import Sequence
 
 from kvpool.core.errors import TransferError
+from kvpool.transfer.fence import StuckTransfer
 from kvpool.transfer.timeouts import KernelTimeouts
 
 log = logging.getLogger(__name__)
@@ -280,15 +284,31 @@ class LaneConnection:
         try:
             for addrs, offsets, lengths in _requests(local_addrs, remote_offsets, sizes):
                 self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s)
-        except TransferError:
+        except TransferError:  # refused, or a wrong answer: the node has stopped reading this request
             self._close()
             raise
         except (TimeoutError, BlockingIOError):  # BlockingIOError: a send or receive waited past its timeout
-            self._close()
-            raise TransferError(f"segment lane {self.address}: {op} timed out") from None
+            raise TransferError(f"segment lane {self.address}: {op} timed out",
+                                in_flight=self._give_up(op)) from None
         except OSError as e:
-            self._close()
-            raise TransferError(f"segment lane {self.address}: {op} failed: {e}") from None
+            raise TransferError(f"segment lane {self.address}: {op} failed: {e}", in_flight=self._give_up(op)) from None
+
+    def _give_up(self, op: str) -> StuckTransfer | None:
+        """Drop the connection after a failed job. A READ lands only through our own receives, so
+        nothing more can arrive once we stop; but bytes of a WRITE that reached the node's socket
+        are still copied into the segment when its thread reads them (a stopped node: when it
+        resumes). So a WRITE's socket is shut for sending and handed to a thread that waits for
+        the node to close its end (it does at the end of a cut request, or by dying): the returned
+        handle is done then, and the written range must not be reused before (fence.py)."""
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return None
+        if op != "WRITE":
+            sock.close()
+            return None
+        stuck = StuckTransfer(f"segment lane WRITE to {self.address}")
+        threading.Thread(target=_wait_for_close, args=(sock, stuck), name="kvpool-lane-fence", daemon=True).start()
+        return stuck
 
     def _transfer(self, op: int, local_addrs, remote_offsets, sizes, deadline_s: float) -> None:
         remaining = deadline_s - time.monotonic()
@@ -337,6 +357,22 @@ class LaneConnection:
             self._sock = None
 
     close = _close
+
+
+def _wait_for_close(sock: socket.socket, stuck: StuckTransfer) -> None:
+    """Until the node closes its end of a WRITE we gave up on (EOF, or a reset: its thread has
+    read all it ever will), then `stuck` is done."""
+    outcome = "closed by the node"
+    try:
+        sock.shutdown(socket.SHUT_WR)  # the node's receive of the cut request ends at EOF
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))  # no timeout
+        while sock.recv(1 << 16):
+            pass  # a late reply to the write
+    except OSError as e:
+        outcome = f"connection ended: {e}"
+    finally:
+        sock.close()
+        stuck.finish(outcome)
 
 
 def _requests(local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
