@@ -141,6 +141,7 @@ class Kvpool(Peer):
     master_args: tuple[str, ...] = ()  # extra `kvpool master` options
     touch_waiting_s: float | None = None  # None: the connector's default (connector/waiting.py)
     engine_share: float = 0.0  # this share of the extra memory goes to the server's own KV, the rest to the pool
+    connector_options: tuple[tuple[str, object], ...] = ()  # more kv_connector_extra_config keys
 
     def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
         master = procs.start_master(workdir, *self.master_args, name="master")
@@ -151,6 +152,7 @@ class Kvpool(Peer):
                  "lookup_on_arrival": self.lookup_on_arrival, "lookup_wait_ms": self.lookup_wait_ms}
         if self.touch_waiting_s is not None:
             extra["touch_waiting_s"] = self.touch_waiting_s
+        extra.update(self.connector_options)
         transfer = KVPOOL_CONNECTOR | {"kv_connector_extra_config": extra}
         router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes + to_engine,
                                                 [transfer] * setup.num_servers, router_args=("--pooled",))  # fmt: skip
@@ -262,6 +264,9 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
               backend="shm", policy="cache_aware", engine_share=0.5),
     Kvpool("kvpool_rr", "kvpool, round-robin"),
     Kvpool("kvpool_cache_aware", "kvpool, cache_aware router", policy="cache_aware"),
+    # stop 30: 0.2 ms became the connector's default; this row keeps Python's 5 ms (switch-interval-stop30/)
+    Kvpool("kvpool_cache_aware_switch5ms", "kvpool, cache_aware router, Python's own GIL switch interval (5 ms)",
+           policy="cache_aware", connector_options=(("switch_interval_s", 0.0),)),
     Kvpool("kvpool_cache_aware_half_kv", "kvpool, cache_aware router, half the memory as local KV", policy="cache_aware",
            engine_share=0.5),
     # A/B of lookup_on_arrival; in quiet-ab/ (made while it was on by default) kvpool_cache_aware had it

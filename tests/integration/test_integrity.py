@@ -200,6 +200,15 @@ def test_a_flipped_byte_is_found_by_the_checksum_taken_during_a_large_scattered_
         assert client._metrics.checksum_mismatches._value.get() == mismatches + 1
 
 
+def _assert_only_own_bytes_or_misses(address: str, keys: list[str], size: int, never: str) -> None:
+    """A fresh reader gets each key's own bytes or a miss, never other bytes; `never` is a miss."""
+    with Client(address) as fresh:
+        for key in keys:
+            value = fresh.get(key)
+            assert value is None or value == pattern(key, size).tobytes(), key
+        assert fresh.get(never) is None
+
+
 def test_transfer_to_a_stopped_node_times_out_and_nothing_lands_in_reused_space(tmp_path, monkeypatch):
     # UCX over TCP needs the target to progress, as across hosts; on one host it would use CMA,
     # which completes without the target (tests/notes in transfer/nixlio.py)
@@ -240,12 +249,7 @@ def test_transfer_to_a_stopped_node_times_out_and_nothing_lands_in_reused_space(
             assert _read_back(address, ["warm", *filler], size) == (13, 0)  # the late write hit none of them
             more = chain_keys("more", 14)
             _put(local, more, size)  # now the stuck write's range is reused
-        stored = [k for k in ["warm", *filler, *more]]
-        with Client(address) as fresh:
-            for key in stored:
-                value = fresh.get(key)
-                assert value is None or value == pattern(key, size).tobytes(), key
-            assert fresh.get("stuck") is None
+        _assert_only_own_bytes_or_misses(address, ["warm", *filler, *more], size, never="stuck")
     finally:
         for proc in (node, master):
             proc.stop(grace_s=5.0)
@@ -279,11 +283,7 @@ def test_a_lane_write_to_a_stopped_node_stays_fenced_until_its_bytes_can_no_long
             more = chain_keys("more", 14)
             _put(local, more, size)  # the stuck write's range is reused now, and stays intact
             assert _put(remote, ["after"], size) == [PUT_ALLOCATED]  # the lane reconnects
-        with Client(address) as fresh:
-            for key in ["warm", "lane-ok", *filler, *more, "after"]:
-                value = fresh.get(key)
-                assert value is None or value == pattern(key, size).tobytes(), key
-            assert fresh.get("stuck") is None
+        _assert_only_own_bytes_or_misses(address, ["warm", "lane-ok", *filler, *more, "after"], size, never="stuck")
     finally:
         for proc in (node, master):
             proc.stop(grace_s=5.0)

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import socket
+import sys
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -116,6 +117,10 @@ class KVPoolConnector(KVConnectorBase_V1):
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
+            if cfg.switch_interval_s:
+                log.info("kvpool: GIL switch interval %.6f s (was %.6f s) so lookup replies are not kept waiting",
+                         cfg.switch_interval_s, sys.getswitchinterval())
+                sys.setswitchinterval(cfg.switch_interval_s)
             # TP/PP ranks store under their own namespaces; a lookup counts what all of them have
             parallel = vllm_config.parallel_config
             self.rank_namespaces = [
