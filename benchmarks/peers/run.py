@@ -246,9 +246,21 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parents[1] / "results" / "peers")
     parser.add_argument("--name", default="peers", help="results file name stem (default peers)")
     parser.add_argument("--note", default="", help="a line written into the report (what else ran, which build)")
+    parser.add_argument("--pin", default=None, metavar="SERVERS:CLIENT",
+                        help="pin every peer's servers and every client to these CPU lists (taskset), e.g. 0:1; "
+                             "default: the kernel places them (see echo_placement.py)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
+    if args.pin is not None:
+        servers_cpus, _, client_cpus = args.pin.partition(":")
+        if not servers_cpus or not client_cpus or shutil.which("taskset") is None:
+            parser.error("--pin needs SERVERS:CLIENT CPU lists (like 0:1) and taskset")
+        import servers
+
+        servers.PIN.update(servers=servers_cpus, client=client_cpus)
+        args.note = (args.note + "; " if args.note else "") + (
+            f"every peer's servers pinned to CPU {servers_cpus}, every client process to CPU {client_cpus}")
     try:
         results = run_benchmark(args)
     except KeyboardInterrupt:

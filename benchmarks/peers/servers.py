@@ -28,6 +28,18 @@ MiB = 1024 * 1024
 HOSTS = ["kvsame", "kvmaster", "kvnode", "mcmaster", "mcstore", "mcipc", "redis", "rawtcp", "client"]
 
 
+# `run.py --pin`: the CPUs every peer's servers and every client process are pinned to (taskset),
+# the same for all peers, so single round trips compare like for like (a wake-up on another vCPU
+# costs ~30 us each way here: echo_placement.md). None: the kernel places them.
+PIN: dict[str, str | None] = {"servers": None, "client": None}
+
+
+def pinned(argv: list[str], cpus: str | None = None) -> list[str]:
+    """`argv` under taskset to `cpus` (default: the servers' pin), or as it is when unpinned."""
+    cpus = PIN["servers"] if cpus is None else cpus
+    return ["taskset", "-c", cpus, *argv] if cpus else list(argv)
+
+
 class PeerUnavailable(RuntimeError):
     pass
 
@@ -77,11 +89,11 @@ def _kvpool(master_host: str, node_host: str, client_host: str, **client_options
             argv = procs.kvpool_argv("master", "--insecure", "--host", m.address, "--port", "0", "--lease-ttl-s", "2",
                                      "--max-lease-hold-s", "10")  # fmt: skip
             tag = "-".join([master_host, *client_options])
-            master = procs.ManagedProcess(f"{tag}-master", m.wrap(argv), workdir)
+            master = procs.ManagedProcess(f"{tag}-master", m.wrap(pinned(argv)), workdir)
             running.processes.append(master.start(30))
             argv = procs.kvpool_argv("node", "--master", master.info["address"], "--memory", str(storage_bytes),
                                      "--node-id", f"{tag}-node")  # fmt: skip
-            node = procs.ManagedProcess(f"{tag}-node", net[node_host].wrap(argv), workdir)
+            node = procs.ManagedProcess(f"{tag}-node", net[node_host].wrap(pinned(argv)), workdir)
             running.processes.append(node.start(60))
         except (RuntimeError, TimeoutError) as e:
             running.stop()
@@ -116,7 +128,7 @@ store.close()
 def _start_listening(host: hosts.Host, name: str, argv: list[str], ports: tuple[int, ...], workdir: Path,
                      running: Running) -> procs.ManagedProcess:
     """Start a server in `host` (it joins `running`) and wait until it listens on `ports`."""
-    proc = procs.ManagedProcess(name, host.wrap(argv), workdir)
+    proc = procs.ManagedProcess(name, host.wrap(pinned(argv)), workdir)
     running.processes.append(proc.start(ready_file_arg=False))
     for port in ports:
         wait_port(host, host.address, port, proc)
@@ -146,7 +158,7 @@ def _mooncake_tcp(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, pyt
         metadata_url, master_addr = _start_mooncake_master(m, workdir, python, running, "mooncake-master")
         ready = workdir / "mooncake-store.ready.json"
         argv = [python, "-c", MOONCAKE_STORE, s.address, metadata_url, master_addr, str(storage_bytes), str(ready)]
-        store = procs.ManagedProcess("mooncake-store", s.wrap(argv), workdir)
+        store = procs.ManagedProcess("mooncake-store", s.wrap(pinned(argv)), workdir)
         running.processes.append(store.start(ready_file_arg=False))
         deadline = time.monotonic() + 60
         while not ready.exists():
@@ -236,7 +248,8 @@ PEERS: dict[str, Peer] = {
 
 def run_client(running: Running, spec: dict, env: dict | None = None, timeout_s: float = 600.0) -> dict:
     """clients.py in its own process on the peer's client host; its JSON, or RuntimeError."""
-    argv = running.client_host.wrap([running.python, str(Path(__file__).with_name("clients.py")), json.dumps(spec)])
+    argv = running.client_host.wrap(pinned([running.python, str(Path(__file__).with_name("clients.py")), json.dumps(spec)],
+                                                 PIN["client"]))
     import os
 
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **(env or {})})
