@@ -49,6 +49,7 @@ from kvpool.core.errors import KVPoolError, ProtocolError, UsageError
 from kvpool.core.protocol import PUT_ALLOCATED, PUT_EXISTS, Replica
 from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
 from kvpool.transfer.control import MasterChannel, parse_addresses
+from kvpool.transfer.fence import all_of
 from kvpool.transfer.lane import LaneChannel
 
 log = logging.getLogger(__name__)
@@ -297,24 +298,16 @@ class Client(PlainValues):
 
     def _end_quarantine_later(self, transfers: dict, tokens: list[int]) -> None:
         """Tell the master once every write of these tokens is over (done or failed)."""
-        waits = {id(t): t for t in transfers.values()}
-        remaining = [len(waits)]
-        lock = threading.Lock()
         tenant = self.config.tenant
 
         def settled(_transfer) -> None:
-            with lock:
-                remaining[0] -= 1
-                if remaining[0]:
-                    return
             if not self._closed:
                 # off the reaper's thread: the channel's lock may be held by a call waiting on a slow
                 # master, and the reaper must go on ending other transfers meanwhile
                 threading.Thread(target=self._send_quietly, args=(protocol.EndQuarantine(tenant, tokens),),
                                  name="kvpool-end-quarantine", daemon=True).start()
 
-        for transfer in waits.values():
-            transfer.add_done_callback(settled)
+        all_of(list({id(t): t for t in transfers.values()}.values())).add_done_callback(settled)
 
     def _revoke_quietly(self, keys: list[str], tokens: list[int]) -> None:
         """Free allocations whose write never happened; if the master is unreachable too, its put

@@ -20,6 +20,7 @@ Rules:
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import sys
 
@@ -76,7 +77,7 @@ def prefault(addr: int, size_bytes: int) -> bool:
     if end <= start:
         return False
     if _madvise(start, end - start, _MADV_POPULATE_WRITE) != 0:
-        if ctypes.get_errno() in (22, 38):  # EINVAL, ENOSYS: a kernel before 5.14
+        if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS):  # a kernel before 5.14
             _populate_works = False
         return False
     return True

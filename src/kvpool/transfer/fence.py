@@ -55,3 +55,24 @@ class StuckTransfer:
                 fn(self)
             except Exception:  # one owner's bug must not keep the others waiting
                 log.exception("callback of a settled transfer (%s) failed", self.description)
+
+
+def all_of(transfers: list) -> "StuckTransfer":
+    """One handle for several in-flight transfers: the one itself, else a StuckTransfer that is
+    done once every one of them is."""
+    if len(transfers) == 1:
+        return transfers[0]
+    combined = StuckTransfer(" + ".join(t.description for t in transfers))
+    left = [len(transfers)]
+    lock = threading.Lock()
+
+    def one_done(_transfer) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        combined.finish("done")
+
+    for t in transfers:
+        t.add_done_callback(one_done)
+    return combined

@@ -44,7 +44,7 @@ import numpy as np
 
 from kvpool.core.errors import TransferError, UsageError
 from kvpool.core.protocol import SegmentInfo
-from kvpool.transfer.fence import StuckTransfer
+from kvpool.transfer.fence import all_of
 from kvpool.transfer.hostinfo import host_id
 from kvpool.transfer.segment_lane import SegmentLane, rdma_available
 from kvpool.transfer.shm import PeerMapping
@@ -392,16 +392,15 @@ class DataPlane:
             # the other half lands in the caller's memory: never return before it ends
             futures.wait([other])
             job.route.lane.release(second)
-        second_error = other.exception()
-        if second_error is not None and not isinstance(second_error, TransferError):
-            raise second_error
-        if first_error is None or second_error is None:
-            if first_error or second_error:
-                raise first_error or second_error
-            return
-        # both failed: whichever WRITE half may still land keeps the range fenced
-        stuck = [e.in_flight for e in (first_error, second_error) if e.in_flight is not None]
-        raise TransferError(f"{first_error}; {second_error}", in_flight=_all_of(stuck) if stuck else None)
+        errors = [e for e in (first_error, other.exception()) if e is not None]
+        for error in errors:
+            if not isinstance(error, TransferError):
+                raise error
+        if len(errors) == 2:  # both failed: whichever WRITE half may still land keeps the range fenced
+            stuck = [e.in_flight for e in errors if e.in_flight is not None]
+            raise TransferError(f"{errors[0]}; {errors[1]}", in_flight=all_of(stuck) if stuck else None)
+        if errors:
+            raise errors[0]
 
     def _takes_lane(self, op: str, job: _Checked) -> bool:
         """Whether the job should go over its segment's lane (path "lane": every job; auto: a host-
@@ -528,26 +527,6 @@ class DataPlane:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _all_of(transfers: list) -> object:
-    """One in-flight handle for several: itself if one, else a StuckTransfer done when all are."""
-    if len(transfers) == 1:
-        return transfers[0]
-    combined = StuckTransfer(" + ".join(t.description for t in transfers))
-    left = [len(transfers)]
-    lock = threading.Lock()
-
-    def one_done(_transfer) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0]:
-                return
-        combined.finish("done")
-
-    for t in transfers:
-        t.add_done_callback(one_done)
-    return combined
 
 
 def _path_of(route: _Route) -> str:

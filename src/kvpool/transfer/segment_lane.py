@@ -307,7 +307,8 @@ class LaneConnection:
             sock.close()
             return None
         stuck = StuckTransfer(f"segment lane WRITE to {self.address}")
-        threading.Thread(target=_wait_for_close, args=(sock, stuck), name="kvpool-lane-fence", daemon=True).start()
+        threading.Thread(target=_wait_for_close, args=(sock, self._timeouts, stuck), name="kvpool-lane-fence",
+                         daemon=True).start()
         return stuck
 
     def _transfer(self, op: int, local_addrs, remote_offsets, sizes, deadline_s: float) -> None:
@@ -359,13 +360,13 @@ class LaneConnection:
     close = _close
 
 
-def _wait_for_close(sock: socket.socket, stuck: StuckTransfer) -> None:
+def _wait_for_close(sock: socket.socket, timeouts: KernelTimeouts, stuck: StuckTransfer) -> None:
     """Until the node closes its end of a WRITE we gave up on (EOF, or a reset: its thread has
     read all it ever will), then `stuck` is done."""
     outcome = "closed by the node"
     try:
         sock.shutdown(socket.SHUT_WR)  # the node's receive of the cut request ends at EOF
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))  # no timeout
+        timeouts.disarm()  # wait as long as the node takes
         while sock.recv(1 << 16):
             pass  # a late reply to the write
     except OSError as e:

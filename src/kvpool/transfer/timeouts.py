@@ -54,3 +54,10 @@ class KernelTimeouts:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
         self._armed_s = seconds
+
+    def disarm(self) -> None:
+        """Let sends and receives wait as long as they need (no kernel timeout)."""
+        value = _TIMEVAL.pack(0, 0)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        self._armed_s = None
