@@ -93,6 +93,42 @@ def test_values_bytes_numpy_torch(pool):
         assert client.get("t") is None
 
 
+@pytest.mark.parametrize("path", ["shm", "lane", "nixl"])
+def test_plain_values_skip_the_staging_buffer_where_their_route_allows(pool, path):
+    """A plain put is written straight from the caller's value and a plain get read straight
+    into the bytes it returns where the route carries unregistered memory (shared memory, the
+    segment lane); over NIXL both go through the registered staging buffer. Bytes are the same."""
+    with Client(pool.address, f"plain-{path}", path=path, staging_bytes=64 * KiB) as client:
+        values = {f"{path}/{i}": pattern(f"{path}/{i}", size).tobytes()
+                  for i, size in enumerate([300 * KiB, 1 * MiB, 3 * MiB + 5])}
+        for key, value in values.items():
+            assert client.put(key, value) is True
+        for key, value in values.items():
+            assert client.get(key) == value
+            assert client.get_array(key).tobytes() == value
+        staged = client._staging.array.nbytes
+        assert staged == 64 * KiB if path != "nixl" else staged >= 3 * MiB + 5
+        assert set(client.plane.jobs_by_path) == {"shm", "nixl", "lane"}
+        used = {p for p, jobs in client.plane.jobs_by_path.items() if jobs}
+        assert used == ({"nixl"} if path == "nixl" else {path})
+
+
+def test_a_checksum_that_fails_while_put_start_travels_revokes_the_put(pool, monkeypatch):
+    """One object's checksum runs while its PutStart is in flight; if it raises, the error
+    reaches the caller after the reply and the allocation is revoked, so the key can be put again."""
+    with Client(pool.address, "early") as client:
+        def broken(addrs, sizes):
+            raise RuntimeError("checksum broke")
+
+        monkeypatch.setattr(client, "_checksums", broken)
+        with pytest.raises(RuntimeError, match="checksum broke"):
+            client.put("k", b"x" * (300 * KiB))
+        monkeypatch.undo()
+        assert client.get("k") is None
+        assert client.put("k", b"y" * (300 * KiB)) is True  # not "exists": the first was revoked
+        assert client.get("k") == b"y" * (300 * KiB)
+
+
 def test_tenants_are_isolated(pool):
     with Client(pool.address, "alice") as alice, Client(pool.address, "bob") as bob:
         assert alice.put("shared-name", b"alice's secret") is True

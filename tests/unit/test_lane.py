@@ -404,3 +404,33 @@ def test_a_lazy_one_way_frame_rides_with_the_next_call_or_leaves_within_the_cork
     finally:
         ours.close()
         master_end.close()
+
+
+def test_meanwhile_runs_once_after_the_request_left_and_before_its_reply_is_read():
+    """`call(..., meanwhile=f)`: f runs after the request is on the wire (the master already has
+    it while f works) and before the reply is awaited, once, on the lane and over ZMQ alike."""
+    ours, theirs = _tcp_pair()
+    channel = _lane_on(ours)
+    seen = []
+
+    def meanwhile():
+        theirs.settimeout(2.0)
+        seen.append(_read_frames(theirs, 1)[0])  # the request arrived before meanwhile returned
+        theirs.sendall(_reply_frame(seen[-1][0], p.OkReply(count=7)))
+
+    try:
+        reply = channel.call(p.Exists("t", ["a"]), meanwhile=meanwhile)
+        assert reply == p.OkReply(count=7) and len(seen) == 1 and isinstance(seen[0][1], p.Exists)
+    finally:
+        channel.close()
+        theirs.close()
+
+
+def test_meanwhile_over_zmq(master):
+    channel = MasterChannel(master.address, timeout_s=5.0)
+    calls = []
+    try:
+        reply = channel.call(p.Exists("t", ["a"]), meanwhile=lambda: calls.append(time.monotonic()))
+        assert isinstance(reply, p.ExistsReply) and len(calls) == 1
+    finally:
+        channel.close()

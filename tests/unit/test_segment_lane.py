@@ -364,7 +364,7 @@ def test_a_job_cut_in_halves_covers_the_same_bytes_in_order(sizes, where):
 
 
 def test_a_large_read_runs_as_two_halves_on_two_connections(segment, info, buf):
-    """A READ of lane_split_bytes or more runs half on a second connection of the same lane, at once;
+    """A READ of lane_read_split_bytes or more runs half on a second connection of the same lane, at once;
     every byte lands where it belongs (regions of odd sizes, one cut in the middle)."""
     src = np.random.default_rng(5).integers(0, 256, 1 << 20, dtype=np.uint8)
     dst = np.zeros(1 << 20, dtype=np.uint8)
@@ -374,7 +374,7 @@ def test_a_large_read_runs_as_two_halves_on_two_connections(segment, info, buf):
         plane.transfer("WRITE", info, [src.ctypes.data], [0], [src.nbytes], 5)
         lane = next(r.lane for r in plane._routes.values() if r.lane is not None)
         assert lane._open == 1
-        plane.lane_split_bytes = 64 << 10
+        plane.lane_read_split_bytes = 64 << 10
         local = list(itertools.accumulate([dst.ctypes.data] + sizes[:-1]))
         remote = list(itertools.accumulate([0] + sizes[:-1]))
         plane.transfer("READ", info, local, remote, sizes, 5)
@@ -401,7 +401,7 @@ def test_a_large_write_runs_as_two_halves_and_every_byte_lands_in_place(info):
         plane.transfer("WRITE", info, local, remote, sizes, 5)
         lane = next(r.lane for r in plane._routes.values() if r.lane is not None)
         assert lane._open == 2
-        plane.lane_split_bytes = 0  # read back on one connection: nothing but the write decides
+        plane.lane_read_split_bytes = 0  # read back on one connection: nothing but the write decides
         plane.transfer("READ", info, [dst.ctypes.data], [4096], [src.nbytes], 5)
     assert np.array_equal(src, dst)
 
@@ -413,7 +413,7 @@ def test_a_split_read_from_a_silent_node_ends_at_its_deadline(info, buf):
     quiet = msgspec.structs.replace(info, segment_id=99, lane_address=f"127.0.0.1:{silent.getsockname()[1]}")
     try:
         with _plane(buf, path="lane") as plane:
-            plane.lane_split_bytes = 64 << 10
+            plane.lane_read_split_bytes = 64 << 10
             started = time.monotonic()
             error = plane.transfer_many("READ", [(quiet, [buf.ctypes.data], [0], [buf.nbytes])], 0.3)[0]
             assert isinstance(error, TransferError) and time.monotonic() - started < 1.5
@@ -435,3 +435,54 @@ def test_a_split_write_to_a_silent_node_is_fenced_until_both_halves_are_over(inf
         assert error.in_flight is not None and not error.in_flight.wait(0.2)
         silent.close()  # the queued connections are reset: neither half can land any more
         assert error.in_flight.wait(5.0)
+
+
+def test_unregistered_memory_goes_over_the_lane_and_a_read_prepares_its_regions_first(info):
+    """`unregistered=True`: local memory the plane never registered (a plain value's bytes) is
+    carried by the lane, not refused; `before_landing` sees every region of a READ once its
+    request is sent, before its bytes land (a reader faults fresh pages in meanwhile)."""
+    src = np.random.default_rng(7).integers(0, 256, 3 << 20, dtype=np.uint8)  # registered nowhere
+    dst = np.zeros_like(src)
+    seen = []
+
+    def before_landing(addr, size):
+        seen.append((addr, size, int(dst[(addr - dst.ctypes.data) + size - 1])))  # nothing landed yet
+
+    with _plane() as plane:
+        with pytest.raises(Exception, match="registered"):
+            plane.transfer("WRITE", info, [src.ctypes.data], [0], [src.nbytes], 5)  # as always
+        assert plane.carries_unregistered("WRITE", info, src.nbytes)
+        regions = [src.ctypes.data, src.ctypes.data + (1 << 20)]
+        sizes = [1 << 20, 2 << 20]
+        errors = plane.transfer_many("WRITE", [(info, regions, [0, 1 << 20], sizes)], 5, unregistered=True)
+        assert errors == [None]
+        dst[:] = 0
+        errors = plane.transfer_many("READ", [(info, [dst.ctypes.data, dst.ctypes.data + (1 << 20)], [0, 1 << 20],
+                                               sizes)], 5, unregistered=True, before_landing=before_landing)
+        assert errors == [None]
+        assert np.array_equal(src, dst)
+        assert plane.jobs_by_path == {"shm": 0, "nixl": 0, "lane": 2}
+    # the 3 MiB read ran as two halves, each preparing its own part: every byte exactly once, and
+    # each part before its bytes came (its last byte still the 0 it was set to)
+    covered = np.zeros(dst.nbytes, dtype=np.int64)
+    for addr, size, last in seen:
+        covered[addr - dst.ctypes.data : addr - dst.ctypes.data + size] += 1
+        assert last == 0 or src[addr - dst.ctypes.data + size - 1] == 0
+    assert (covered == 1).all() and len(seen) >= 3
+
+
+def test_unregistered_memory_never_goes_to_nixl(info, monkeypatch):
+    """Where only NIXL would carry a job (path nixl, or a large one with RDMA), a call from
+    unregistered memory fails with a TransferError and moves nothing; the plane says so first."""
+    from kvpool.transfer import plane as plane_module
+
+    src = np.ones(1 << 20, dtype=np.uint8)
+    with _plane(path="nixl") as plane:
+        assert not plane.carries_unregistered("WRITE", info, src.nbytes)
+        error = plane.transfer_many("WRITE", [(info, [src.ctypes.data], [0], [src.nbytes])], 5, unregistered=True)[0]
+        assert isinstance(error, TransferError) and "unregistered" in str(error)
+        assert plane.jobs_by_path == {"shm": 0, "nixl": 0, "lane": 0}
+    monkeypatch.setattr(plane_module, "rdma_available", lambda: True)  # NIXL takes jobs over 256 KiB
+    with _plane() as plane:
+        assert plane.carries_unregistered("READ", info, 256 << 10)
+        assert not plane.carries_unregistered("READ", info, 1 << 20)

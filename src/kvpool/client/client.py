@@ -11,7 +11,8 @@ Rules:
   a margin before the master would reclaim. A write that missed its deadline and may still land
   (data_plane's in_flight) is revoked into quarantine and the quarantine ended once the transfer
   is known to be over.
-- Checksums (client/checksum.py): the writer sends one per object with PutEnd; a reader verifies
+- Checksums (client/checksum.py): the writer sends one per object with PutEnd (a put of one
+  object computes it while its PutStart travels: the channel's `meanwhile`); a reader verifies
   every hit against the one its lookup returned before counting it, and a mismatch ends the hits
   there (a miss, a metric and a log line). `checksums=False` neither sends nor verifies.
 - Get: the lease clock starts BEFORE the lookup is sent (t0), so the client's deadline t0 + ttl
@@ -32,6 +33,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -69,6 +71,32 @@ class _Once:
         fn, self._fn = self._fn, None
         if fn is not None:
             fn()
+
+
+class _Early:
+    """`fn(*args)` run while a request travels (as a channel's `meanwhile`), at most once; its
+    result, or its exception re-raised, from `result()` (which runs it if it never ran)."""
+
+    __slots__ = ("_call", "_outcome")
+
+    def __init__(self, fn, *args) -> None:
+        self._call = (fn, args)
+        self._outcome = None
+
+    def __call__(self) -> None:
+        if self._outcome is None:
+            fn, args = self._call
+            try:
+                self._outcome = (True, fn(*args))
+            except Exception as e:  # re-raised by result(), where the caller can still revoke
+                self._outcome = (False, e)
+
+    def result(self):
+        self()
+        ok, value = self._outcome
+        if not ok:
+            raise value
+        return value
 
 
 _PROMOTION_POLL_S = 0.02  # how often a lookup asks again while its keys are promoted from disk
@@ -200,17 +228,22 @@ class Client(PlainValues):
         statuses, _ = self._put_from(keys, addrs, sizes, parents, pinned, on_written)
         return statuses
 
-    def _put_from(self, keys, addrs, sizes, parents, pinned: bool = False, on_written=None) -> tuple[list[int], str]:
+    def _put_from(self, keys, addrs, sizes, parents, pinned: bool = False, on_written=None,
+                  unregistered: bool = False) -> tuple[list[int], str]:
+        """`unregistered`: one object whose host memory is not registered (a plain value's
+        bytes): written straight from it where its replicas' routes carry such memory, else from
+        a copy in the staging buffer."""
         once = _Once(on_written)
         if self.config.read_only:
             once()
             raise UsageError("this client is read-only (read_only=True): it cannot put")
         try:
-            return self._put_from_inner(keys, addrs, sizes, parents, pinned, once)
+            return self._put_from_inner(keys, addrs, sizes, parents, pinned, once, unregistered)
         finally:
             once()
 
-    def _put_from_inner(self, keys, addrs, sizes, parents, pinned, written: "_Once") -> tuple[list[int], str]:
+    def _put_from_inner(self, keys, addrs, sizes, parents, pinned, written: "_Once",
+                        unregistered: bool = False) -> tuple[list[int], str]:
         started = time.perf_counter()
         self._check_keys(keys, unique=True)
         addrs, sizes = self._regions(len(keys), addrs, sizes)
@@ -220,13 +253,19 @@ class Client(PlainValues):
             raise UsageError(f"parents must be None or a list of {len(keys)} keys/None, got {parents!r}")
         if not keys:
             return [], ""
-        self._check_registered(addrs, sizes)
+        if unregistered and len(keys) != 1:
+            raise UsageError("an unregistered source is one object")
+        if not unregistered:
+            self._check_registered(addrs, sizes)
         totals = [sum(s) for s in sizes]
         tenant = self.config.tenant
+        # one object: checksummed while PutStart travels (a batch checksums only what is
+        # allocated, after: most of a prefix chain usually exists already)
+        early = _Early(self._checksums, addrs, sizes) if len(keys) == 1 else None
         t0 = time.monotonic()  # before sending: our deadline is never later than the master's reclaim
         reply = self._call(
             protocol.PutStart(tenant, list(keys), totals, list(parents), self.config.num_replicas, bool(pinned)),
-            protocol.PutStartReply,
+            protocol.PutStartReply, meanwhile=early,
         )
         statuses = list(reply.statuses)
         allocated = [i for i, st in enumerate(statuses) if st == PUT_ALLOCATED]
@@ -236,10 +275,20 @@ class Client(PlainValues):
         write_deadline = t0 + reply.put_timeout_s - _end_margin_s(reply.put_timeout_s)
         choices = [(i, r) for i in allocated for r in reply.replicas[i]]
         try:
-            checksums = self._checksums([addrs[i] for i in allocated], [sizes[i] for i in allocated])
-            failed, in_flight = self._run_round(
-                "WRITE", choices, addrs, sizes, max(1e-3, write_deadline - time.monotonic())
-            )
+            if early is not None:
+                checksums = early.result() if allocated else []
+            else:
+                checksums = self._checksums([addrs[i] for i in allocated], [sizes[i] for i in allocated])
+            with contextlib.ExitStack() as staged:
+                if unregistered and not self._carried_unregistered("WRITE", choices, totals):
+                    staged.enter_context(self._staging.lock)  # copied into the staging buffer, written from it
+                    self._staging.ensure(totals[0])
+                    copy_bytes(self._staging.addr, addrs[0][0], totals[0])
+                    addrs, unregistered = [[self._staging.addr]], False
+                failed, in_flight = self._run_round(
+                    "WRITE", choices, addrs, sizes, max(1e-3, write_deadline - time.monotonic()),
+                    unregistered=unregistered,
+                )
         except BaseException:
             self._revoke_quietly([keys[i] for i in allocated], [tokens[i] for i in allocated])
             raise
@@ -379,7 +428,7 @@ class Client(PlainValues):
                 pass
 
     def _read_leased(self, keys, replicas: list[list[Replica]], reply: protocol.LookupReply, t0: float, addrs,
-                     sizes) -> int:
+                     sizes, *, unregistered: bool = False, before_landing=None) -> int:
         deadline = t0 + reply.lease_ttl_s
         num_hit = len(replicas)
         if num_hit:
@@ -399,7 +448,8 @@ class Client(PlainValues):
             first_round = False
             # waiting past the lease is pointless: such a read would be discarded anyway
             failed, in_flight = self._run_round("READ", choices, addrs, sizes, max(1e-3, deadline - time.monotonic()),
-                                                (digests, expected) if digests is not None else None)
+                                                (digests, expected) if digests is not None else None,
+                                                unregistered=unregistered, before_landing=before_landing)
             if digests:
                 for i in failed:
                     digests.pop(i, None)  # a copy that failed: what it checksummed is no longer the read
@@ -472,9 +522,15 @@ class Client(PlainValues):
         for transfer in {id(t): t for t in in_flight.values()}.values():
             transfer.wait()
 
+    def _carried_unregistered(self, op: str, choices: list[tuple[int, Replica]], totals: list[int]) -> bool:
+        """Whether every chosen replica's route carries memory that is not registered (plane.py)."""
+        infos = self._segments.get({r.segment_id for _, r in choices})
+        return all(r.segment_id in infos and self.plane.carries_unregistered(op, infos[r.segment_id], totals[i])
+                   for i, r in choices)
+
     def _run_round(
         self, op: str, choices: list[tuple[int, Replica]], addrs, sizes, timeout_s: float | None = None,
-        checksum_into: tuple[dict, list[int]] | None = None,
+        checksum_into: tuple[dict, list[int]] | None = None, *, unregistered: bool = False, before_landing=None,
     ) -> tuple[set[int], dict]:
         """One round of transfers, one job per segment; returns (the object indices that failed,
         object index -> the data plane's StuckTransfer for failed ones whose transfer may still land).
@@ -496,6 +552,7 @@ class Client(PlainValues):
             self.config.timeout_s if timeout_s is None else min(timeout_s, self.config.timeout_s),
             [checksum_after(j.object_indices, addrs, sizes, *checksum_into)
              if sum(j.sizes) >= CHECKSUM_DURING_COPY_BYTES else None for j in jobs] if checksum_into else None,
+            unregistered=unregistered, before_landing=before_landing,
         )
         broken_segments = []
         for job, error in zip(jobs, errors):
@@ -558,10 +615,11 @@ class Client(PlainValues):
         """The master incarnation that answered last (None before the first answer)."""
         return self._channel.epoch
 
-    def _call(self, request, reply_type, timeout_s: float | None = None):
+    def _call(self, request, reply_type, timeout_s: float | None = None, meanwhile=None):
         if self._closed:
             raise UsageError("the client is closed")
-        reply = self._channel.call(request, timeout_s)
+        reply = self._channel.call(request, timeout_s, meanwhile) if meanwhile is not None else \
+            self._channel.call(request, timeout_s)
         if not isinstance(reply, reply_type):
             raise ProtocolError(f"master answered {type(request).__name__} with {type(reply).__name__}")
         return reply

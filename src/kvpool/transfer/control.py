@@ -160,7 +160,9 @@ class MasterChannel:
             with self._lock:
                 self._see_epoch(epoch.to_bytes(8, "little"))
 
-    def call(self, request: protocol.Request, timeout_s: float | None = None) -> protocol.Reply:
+    def call(self, request: protocol.Request, timeout_s: float | None = None, meanwhile=None) -> protocol.Reply:
+        """The master's reply, or UnavailableError / the error it answered. `meanwhile()`: run
+        once the request is sent, before the reply is awaited (it must not raise)."""
         timeout_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
         payload = protocol.request_encoder.encode(request)
         with self._lock:
@@ -172,6 +174,8 @@ class MasterChannel:
                 self._fail_over()
                 raise UnavailableError(f"master {self.address} is not accepting requests") from None
             deadline = time.monotonic() + timeout_ms / 1000
+            if meanwhile is not None:
+                meanwhile()
             while True:
                 remaining_ms = max(0, int(1000 * (deadline - time.monotonic())))
                 if not sock.poll(min(remaining_ms, _POLL_SLICE_MS), zmq.POLLIN):

@@ -311,18 +311,20 @@ class LaneChannel:
     def add_epoch_listener(self, listener) -> None:
         self.channel.add_epoch_listener(listener)
 
-    def call(self, request: protocol.Request, timeout_s: float | None = None) -> protocol.Reply:
+    def call(self, request: protocol.Request, timeout_s: float | None = None, meanwhile=None) -> protocol.Reply:
+        """`meanwhile()`: run once the request is sent, before its reply is awaited (the
+        caller's own work while the master answers; it must not raise)."""
         timeout = self.channel.timeout_s if timeout_s is None else timeout_s
         started = time.monotonic()
         with self._lock:
             sock = self._lane(timeout)
             if sock is not None:
                 try:
-                    return self._lane_call(sock, request, started + timeout)
+                    return self._lane_call(sock, request, started + timeout, meanwhile)
                 except _LaneBroken as e:
                     log.info("lane to master %s broke (%s): going over ZMQ", self.address, e)
                     self._close_lane()
-        return self.channel.call(request, max(1e-3, started + timeout - time.monotonic()))
+        return self.channel.call(request, max(1e-3, started + timeout - time.monotonic()), meanwhile)
 
     def send(self, request: protocol.Request, *, lazy: bool = False) -> None:
         """One way: the master answers nothing. `lazy`: the frame may wait in our socket until the
@@ -390,7 +392,8 @@ class LaneChannel:
             self._corked = False
             self._sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, 0)
 
-    def _lane_call(self, sock: socket.socket, request: protocol.Request, deadline_s: float) -> protocol.Reply:
+    def _lane_call(self, sock: socket.socket, request: protocol.Request, deadline_s: float,
+                   meanwhile=None) -> protocol.Reply:
         frame = bytearray(_REQUEST_HEAD.size)  # the payload is encoded behind the head: no copy to join them
         protocol.request_encoder.encode_into(request, frame, _REQUEST_HEAD.size)
         request_id = self.channel.next_request_id()
@@ -403,6 +406,8 @@ class LaneChannel:
             raise UnavailableError(f"master {self.address} does not take requests (lane send timed out)") from None
         except OSError as e:
             raise _LaneBroken(e) from None
+        if meanwhile is not None:
+            meanwhile()
         while True:
             reply_id, epoch, body = self._read_frame(sock, deadline_s, request)
             if reply_id == request_id:

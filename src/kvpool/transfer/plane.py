@@ -13,13 +13,22 @@ Rules:
   benchmarks/results/peers/segment_lane_sweep.md, fixes.md 25), unless another thread is using
   that lane right then (it goes to NIXL instead of waiting). GPU jobs never do. `lane` forces the
   lane for every job (tests).
-- A lane job of `lane_split_bytes` (1 MiB) or more, READ or WRITE, runs as two halves on two
+- A lane WRITE of `lane_split_bytes` (1 MiB) or more, a READ of `lane_read_split_bytes` (2 MiB)
+  or more, runs as two halves on two
   connections at once when a second one is free (two TCP streams: the kernel's work for each on
   its own core); the call returns only when both have ended.
 - The NIXL agent starts lazily on the first segment that needs it (0.4 s), so a client that only
   talks to same-host segments never pays for it; memory registered before is registered then.
 - Every region is checked before any byte moves: local regions must lie inside registered memory,
-  remote ones inside the segment. A bad list is the caller's bug (UsageError, nothing moved); a
+  remote ones inside the segment. Except in a call made with `unregistered=True`: its local
+  regions are host memory the caller owns but did not register (a plain value's bytes), which
+  shared memory and the lane carry as they carry any (the lane waits for a free connection then)
+  and NIXL does not: `carries_unregistered` says beforehand whether a segment's job would go
+  where such memory can; one that could not fails with a TransferError, nothing moved.
+- `before_landing(addr, size)`, when given, is called for each local region of a READ before its
+  bytes land: on the lane once its request is sent, before they are received (a caller reading
+  into fresh memory faults its pages in while the node sends: client/fresh_memory.py), by shared
+  memory before the copy; NIXL jobs never call it. A bad list is the caller's bug (UsageError, nothing moved); a
   failed transfer is a TransferError, per job in `transfer_many`, never a hang (deadline).
 - Thread-safe: routes are created under a lock, transfers run concurrently.
 - GPU memory: `register(addr, size, device=N)` registers CUDA device N's memory (NIXL VRAM). A
@@ -61,6 +70,10 @@ LANE_SPLIT_BYTES_ENV = "KVPOOL_SEGMENT_LANE_SPLIT_BYTES"
 # 1.26x faster than from 8 MiB, fixes.md section 18; writes split too since section 25: bulk puts
 # 1.2-1.6x NIXL's on UCX TCP, where one lane stream lost to NIXL from 4 MiB)
 LANE_SPLIT_BYTES = 1 << 20
+# reads split from 2 MiB since they land straight in a plain get's fresh result: a 1 MiB plain get
+# across hosts took 0.61 ms on one connection and 1.01 ms in two halves (2 MiB: level; 4 MiB:
+# halves 1.15x faster); writes of 1 MiB still gain from two (fixes.md 26). The variable sets both.
+LANE_READ_SPLIT_BYTES = 2 << 20
 OPS = ("READ", "WRITE")
 _MAX_HALF_RUNNERS = 4  # threads that run second halves, per process (lazily started, kept)
 _half_pool: futures.ThreadPoolExecutor | None = None
@@ -135,7 +148,9 @@ class DataPlane:
             raise ValueError(f"lane_max_bytes must be >= 0, got {lane_max_bytes}")
         self.lane_max_bytes = lane_max_bytes
         try:
-            self.lane_split_bytes = int(os.environ.get(LANE_SPLIT_BYTES_ENV, LANE_SPLIT_BYTES))  # 0: never split
+            # writes, then reads, of this many bytes or more run as two halves (0: never)
+            self.lane_split_bytes = int(os.environ.get(LANE_SPLIT_BYTES_ENV, LANE_SPLIT_BYTES))
+            self.lane_read_split_bytes = int(os.environ.get(LANE_SPLIT_BYTES_ENV, LANE_READ_SPLIT_BYTES))
         except ValueError:
             raise ValueError(f"${LANE_SPLIT_BYTES_ENV} must be a number of bytes, got "
                              f"{os.environ[LANE_SPLIT_BYTES_ENV]!r}") from None
@@ -294,8 +309,19 @@ class DataPlane:
         if error is not None:
             raise error
 
+    def carries_unregistered(self, op: str, segment: SegmentInfo, num_bytes: int) -> bool:
+        """Whether a host job of `num_bytes` to this segment goes by shared memory or its lane, so
+        that its local memory need not be registered (`transfer_many(..., unregistered=True)`);
+        False also when no route can be made (the transfer would fail anyway)."""
+        try:
+            route = self._route(segment)
+        except TransferError:
+            return False
+        return route.mapping is not None or (route.lane is not None and self._lane_wanted(op, route, [num_bytes], None))
+
     def transfer_many(self, op: str, jobs: Sequence[Job], timeout_s: float,
-                      after_objects: Sequence | None = None) -> list[TransferError | None]:
+                      after_objects: Sequence | None = None, *, unregistered: bool = False,
+                      before_landing=None) -> list[TransferError | None]:
         """Run jobs (usually one per segment) concurrently: NIXL requests are all posted first,
         shared-memory copies run while they progress. Returns one error or None per job.
         `after_objects[i]`, None or (counts, after): job i's regions are objects of counts[n]
@@ -308,7 +334,7 @@ class DataPlane:
         if not timeout_s > 0:
             raise UsageError(f"timeout_s must be > 0, got {timeout_s!r}")
         deadline = time.monotonic() + timeout_s
-        checked = [self._check(*job) for job in jobs]  # UsageError before anything moves
+        checked = [self._check(*job, unregistered=unregistered) for job in jobs]  # UsageError before anything moves
         errors: list[TransferError | None] = [None] * len(jobs)
         for i, job in enumerate(checked):
             try:
@@ -325,20 +351,23 @@ class DataPlane:
                 if job.route.peer is None and job.route.mapping is None and job.device is not None:
                     errors[i] = TransferError("the segment lane moves host memory only: GPU memory needs the nixl path")
                 elif lane is not None and id(lane) in held:
-                    if job.route.peer is None:  # path "lane": after the other job, on its connection
+                    if job.route.peer is None or unregistered:  # after the other job, on its connection
                         on_lane[i] = held[id(lane)][1]
                 elif self._takes_lane(op, job):
-                    conn = lane.acquire() if job.route.peer is None else lane.try_acquire()
+                    conn = lane.acquire() if job.route.peer is None or unregistered else lane.try_acquire()
                     if conn is not None:
                         held[id(lane)] = (lane, conn)
                         on_lane[i] = conn
-            return self._run_jobs(op, checked, errors, on_lane, deadline, after_objects)
+                if unregistered and on_lane[i] is None and job.route.mapping is None and errors[i] is None:
+                    errors[i] = TransferError(f"segment {job.segment.segment_id}: a job from unregistered memory "
+                                              "goes by shared memory or the segment lane only, not NIXL")
+            return self._run_jobs(op, checked, errors, on_lane, deadline, after_objects, before_landing)
         finally:
             for lane, conn in held.values():
                 lane.release(conn)
 
     def _run_jobs(self, op: str, checked: list[_Checked], errors: list, on_lane: list, deadline: float,
-                  after_objects: Sequence | None = None) -> list:
+                  after_objects: Sequence | None = None, before_landing=None) -> list:
         posted, posted_idx = [], []
         for i, job in enumerate(checked):
             if errors[i] is None and on_lane[i] is None and job.route.peer is not None and len(job.sizes):
@@ -351,6 +380,9 @@ class DataPlane:
         for i, job in enumerate(checked):
             if errors[i] is None and job.route.mapping is not None:
                 try:
+                    if before_landing is not None and op == "READ":
+                        for addr, size in zip(job.local_addrs, job.sizes):
+                            before_landing(addr, size)
                     job.route.mapping.copy(op, job.local_addrs, job.remote_offsets, job.sizes, job.device,
                                            after_objects[i] if after_objects is not None else None)
                     self.jobs_by_path["shm"] += 1
@@ -359,7 +391,7 @@ class DataPlane:
         for i, job in enumerate(checked):
             if on_lane[i] is not None:
                 try:
-                    self._lane_transfer(op, job, on_lane[i], deadline)
+                    self._lane_transfer(op, job, on_lane[i], deadline, before_landing)
                     self.jobs_by_path["lane"] += 1
                 except TransferError as e:
                     errors[i] = e
@@ -368,24 +400,24 @@ class DataPlane:
                 errors[i] = error
         return errors
 
-    def _lane_transfer(self, op: str, job: _Checked, conn, deadline: float) -> None:
+    def _lane_transfer(self, op: str, job: _Checked, conn, deadline: float, before_landing=None) -> None:
         """A job on its lane connection; one of lane_split_bytes or more (READ or WRITE) as two
         halves at once, the second on another connection of the same lane when one is free (else whole)."""
-        split = self.lane_split_bytes
+        split = self.lane_read_split_bytes if op == "READ" else self.lane_split_bytes
         total = sum(job.sizes) if split else 0
         second = job.route.lane.try_acquire() if split and total >= split else None
         if second is None:
-            conn.transfer(op, job.local_addrs, job.remote_offsets, job.sizes, deadline)
+            conn.transfer(op, job.local_addrs, job.remote_offsets, job.sizes, deadline, before_landing)
             return
         first_half, second_half = _halves(job.local_addrs, job.remote_offsets, job.sizes, total // 2)
         try:
-            other = _half_runner().submit(second.transfer, op, *second_half, deadline)
+            other = _half_runner().submit(second.transfer, op, *second_half, deadline, before_landing)
         except BaseException:
             job.route.lane.release(second)
             raise
         first_error = None
         try:
-            conn.transfer(op, *first_half, deadline)
+            conn.transfer(op, *first_half, deadline, before_landing)
         except TransferError as e:
             first_error = e
         finally:
@@ -407,18 +439,21 @@ class DataPlane:
         memory job of at most lane_max_bytes, or whose regions average at most lane_region_bytes,
         or without RDMA any READ, and any WRITE that is split in two; if a connection is free when
         it is asked for)."""
-        if job.route.lane is None or not len(job.sizes):
+        return self._lane_wanted(op, job.route, job.sizes, job.device)
+
+    def _lane_wanted(self, op: str, route: _Route, sizes: Sequence[int], device: int | None) -> bool:
+        if route.lane is None or not len(sizes):
             return False
-        if job.route.peer is None:
+        if route.peer is None:
             return True
-        total = sum(job.sizes)
-        if job.device is not None:
+        total = sum(sizes)
+        if device is not None:
             return False
         if self.lane_region_bytes and op == "READ":
             return True  # no RDMA: one TCP stream into the caller's memory beat UCX's reads at every size
         if self.lane_region_bytes and self.lane_split_bytes and total >= self.lane_split_bytes:
             return True  # no RDMA: two TCP streams beat UCX's writes (one did not from 4 MiB; fixes.md 25)
-        return total <= self.lane_max_bytes or total <= self.lane_region_bytes * len(job.sizes)
+        return total <= self.lane_max_bytes or total <= self.lane_region_bytes * len(sizes)
 
     def _post(self, op: str, job: _Checked):
         from kvpool.transfer.nixlio import descriptors
@@ -428,7 +463,8 @@ class DataPlane:
         return self._endpoint.post(op, local, remote, job.route.peer, local_vram=job.device is not None)
 
     def _check(
-        self, segment: SegmentInfo, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int]
+        self, segment: SegmentInfo, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
+        unregistered: bool = False,
     ) -> _Checked:
         if not isinstance(segment, SegmentInfo):
             raise UsageError(f"segment must be a SegmentInfo, got {type(segment).__name__}")
@@ -443,6 +479,11 @@ class DataPlane:
             size = [operator.index(x) for x in sizes]
         except TypeError as e:
             raise UsageError(f"addresses, offsets and sizes must be integers: {e}") from None
+        if unregistered:  # host memory of the caller's own: only the segment's bounds to check
+            for i, (offset, num_bytes) in enumerate(zip(remote, size)):
+                if num_bytes <= 0 or offset < 0 or offset + num_bytes > segment.size_bytes:
+                    self._outside_segment(segment, i, offset, num_bytes)
+            return _Checked(None, segment, local, remote, size, None)
         if len(size) > _VECTORIZE_FROM:
             self._check_vectorized(segment, local, remote, size)
             return _Checked(None, segment, local, remote, size, self._job_device(local))

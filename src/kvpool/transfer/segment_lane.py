@@ -28,8 +28,9 @@ Rules:
   0.85x at 16 MiB, 1.01x at 64 MiB; split over two connections, 64 MiB puts in 1 / 16 MiB objects
   1.2x / 1.5x NIXL's (peers/fixes.md 25).
 - Client side (`SegmentLane`): up to 4 connections per segment route, each used by one thread at a
-  time (`try_acquire`: with all in use the job goes to NIXL instead of queueing). A READ or WRITE
-  of 1 MiB or more ($KVPOOL_SEGMENT_LANE_SPLIT_BYTES; 0: never) runs as two halves on two
+  time (`try_acquire`: with all in use the job goes to NIXL instead of queueing; a job from
+  unregistered memory waits for one instead). A WRITE of 1 MiB or more, a READ of 2 MiB or more
+  ($KVPOOL_SEGMENT_LANE_SPLIT_BYTES sets both; 0: never) runs as two halves on two
   connections at once when a second is free (DataPlane._lane_transfer). A failure closes
   that connection (the next job reconnects) and is a TransferError for that job, never a hang.
   A WRITE that failed midway carries `in_flight` (fence.py): bytes already in the node's socket
@@ -278,12 +279,13 @@ class LaneConnection:
         self._timeouts: KernelTimeouts | None = None  # the socket's (timeouts.py: no poll() per receive)
 
     def transfer(self, op: str, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
-                 deadline_s: float) -> None:
+                 deadline_s: float, before_landing=None) -> None:
         """One job, in as many requests as the limits need; TransferError if it did not complete
-        (the connection is then closed, and made again by the next job)."""
+        (the connection is then closed, and made again by the next job). `before_landing(addr,
+        size)`: called for each local region of a READ request once it is sent (plane.py)."""
         try:
             for addrs, offsets, lengths in _requests(local_addrs, remote_offsets, sizes):
-                self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s)
+                self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s, before_landing)
         except TransferError:  # refused, or a wrong answer: the node has stopped reading this request
             self._close()
             raise
@@ -311,7 +313,7 @@ class LaneConnection:
                          daemon=True).start()
         return stuck
 
-    def _transfer(self, op: int, local_addrs, remote_offsets, sizes, deadline_s: float) -> None:
+    def _transfer(self, op: int, local_addrs, remote_offsets, sizes, deadline_s: float, before_landing=None) -> None:
         remaining = deadline_s - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
@@ -335,6 +337,9 @@ class LaneConnection:
             _recv_all(sock, [memoryview(reply)], 0, timeouts=timeouts, deadline_s=deadline_s)
         else:
             _send_all(sock, [memoryview(request)], timeouts, deadline_s)
+            if before_landing is not None:  # while the node sends
+                for addr, size in zip(local_addrs, sizes):
+                    before_landing(addr, size)
             # the reply's head and bytes in as few receives as the kernel allows (one, when small); on
             # a refusal the reason lands in the caller's memory, which a failed read leaves undefined
             received = _recv_all(sock, [memoryview(reply), *views], _REPLY.size, timeouts=timeouts,

@@ -152,13 +152,15 @@ class PeerMapping:
         self._populate_lock = threading.Lock()
         self._exit_watch = select.poll()  # the pidfd turns readable when the node exits
         self._exit_watch.register(self._pidfd, select.POLLIN)
+        self._watch_lock = threading.Lock()  # a poll object refuses two threads at once (RuntimeError)
         self._lock = threading.Lock()
         self._users = 0
         self._closing = False
         self._pinned_mapping = None  # cuda_copy.PinnedMapping, on the first GPU copy
 
     def node_alive(self) -> bool:
-        return not self._exit_watch.poll(0)
+        with self._watch_lock:
+            return not self._exit_watch.poll(0)
 
     def copy(self, op: str, local_addrs: list[int], remote_offsets: list[int], sizes: list[int],
              device: int | None = None, after_objects=None) -> None:  # fmt: skip

@@ -1,0 +1,125 @@
+"""Where a plain `get` / `put` of one value spends its time, phase by phase, across hosts (issue 14).
+
+    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/plain_phases.py \
+        [--size-kib 1024] [--count 200] [--out FILE]
+
+Starts the peers benchmark's `kvpool-nixl` peer (master, node and client on three hosts of the
+multi-host harness), then one client process that puts and gets `--count` values of `--size-kib`
+one call at a time (as `case_plain` does, results kept until the pass ends) with the client's
+internal steps wrapped in timers: the master round trips (`_call`, by request type), the staging
+copy, the checksums, the lane round (`_run_round`), the lease release and the result bytes;
+then 300 pings, the bare master round trip.
+Reported: per phase the median and P90 per call in microseconds, and the whole call's, so a
+change that should cut one phase can be seen to cut it. Bytes are compared with what was put.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from kvpool.bench import hosts, procs  # noqa: E402
+from servers import HOSTS, PEERS, run_client  # noqa: E402
+
+CLIENT = r'''
+import collections, json, sys, time
+import numpy as np
+spec = json.loads(sys.argv[1])
+from kvpool.client import Client, fresh_memory, plain_values
+phases = collections.defaultdict(list)
+
+def timed(owner, name, label=None):
+    inner = getattr(owner, name)
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            tag = label(args) if callable(label) else (label or name)
+            phases[tag].append(time.perf_counter() - t)
+    setattr(owner, name, wrapper)
+
+timed(Client, "_call", lambda a: type(a[1]).__name__)
+timed(Client, "_checksums")
+timed(Client, "_run_round")
+timed(Client, "_release")
+timed(Client, "_verified")
+timed(plain_values, "copy_bytes")
+timed(plain_values, "_bytes_of")
+timed(Client, "_carried_unregistered")
+timed(Client, "_find_value")
+timed(fresh_memory, "new_bytes")
+timed(fresh_memory, "prefault")
+c = Client(spec["master"], spec["tenant"], timeout_s=30.0)
+size, count = spec["size"], spec["count"]
+rng = np.random.default_rng(3)
+values = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(16)]
+out = {}
+for label in ("warm", "measured"):
+    phases.clear()
+    calls = {"put": [], "get": []}
+    for start in range(0, count, 16):
+        keys = [f"{label}/{start + i}" for i in range(16)]
+        for k, v in zip(keys, values):
+            t = time.perf_counter(); c.put(k, v); calls["put"].append(time.perf_counter() - t)
+        got = []
+        for k in keys:
+            t = time.perf_counter(); got.append(c.get(k)); calls["get"].append(time.perf_counter() - t)
+        if got != values:
+            raise SystemExit("plain get returned other bytes")
+        c.remove(keys)
+    pings = []
+    for _ in range(300):
+        t = time.perf_counter(); c.ping(); pings.append(time.perf_counter() - t)
+    calls["ping"] = pings
+    out = {"calls": calls, "phases": dict(phases)}
+c.close()
+print(json.dumps(out))
+'''
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-kib", type=int, default=1024)
+    ap.add_argument("--count", type=int, default=192, help="values put and got per pass, a multiple of 16 (default 192)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    why = hosts.why_unavailable()
+    if why is not None:
+        raise SystemExit(f"the multi-host harness cannot run here: {why}")
+    import numpy as np
+
+    workdir = procs.scratch_dir("kvpool-plain-phases-")
+    script = workdir / "plain_phases_client.py"
+    script.write_text(CLIENT)
+    with hosts.HostNetwork(HOSTS) as net:
+        running = PEERS["kvpool-nixl"].start(net, workdir, 1024 << 20, sys.executable)
+        try:
+            spec = {**running.spec, "size": args.size_kib << 10, "count": args.count}
+            argv = running.client_host.wrap([sys.executable, str(script), json.dumps(spec)])
+            import subprocess
+
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                raise SystemExit(f"client failed:\n{done.stderr[-3000:]}")
+            out = json.loads(done.stdout.strip().splitlines()[-1])
+        finally:
+            running.stop()
+    lines = [f"plain values of {args.size_kib} KiB across hosts, {args.count} puts and gets one at a time; "
+             "per call, microseconds", "", "| phase | calls | P50 | P90 |", "|---|---|---|---|"]
+    for name, samples in [*out["calls"].items(), *sorted(out["phases"].items())]:
+        us = np.array(samples) * 1e6
+        lines.append(f"| {name} | {len(us)} | {np.percentile(us, 50):.0f} | {np.percentile(us, 90):.0f} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
