@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
+from concurrent import futures
 from dataclasses import dataclass
 
 from kvpool.client import plan
@@ -102,6 +104,28 @@ class _Early:
 _PROMOTION_POLL_S = 0.02  # how often a lookup asks again while its keys are promoted from disk
 # a same-host read this large checksums each object right after its copy (memcopy.copy_objects)
 CHECKSUM_DURING_COPY_BYTES = 8 << 20
+# a put batch this large is checksummed on another thread while it is written (fixes.md 26)
+CHECKSUM_BESIDE_WRITE_BYTES = 4 << 20
+_checksum_pool: futures.ThreadPoolExecutor | None = None
+_checksum_pool_lock = threading.Lock()
+
+
+def _checksum_runner() -> futures.ThreadPoolExecutor:
+    """The kept thread that checksums large put batches beside their writes (xxh3 lets other
+    threads run while it hashes regions of 256 KiB and more)."""
+    global _checksum_pool
+    with _checksum_pool_lock:
+        if _checksum_pool is None:
+            _checksum_pool = futures.ThreadPoolExecutor(1, thread_name_prefix="kvpool-put-checksum")
+        return _checksum_pool
+
+
+def _forget_checksum_runner_after_fork() -> None:
+    global _checksum_pool
+    _checksum_pool = None
+
+
+os.register_at_fork(after_in_child=_forget_checksum_runner_after_fork)
 
 
 def _end_margin_s(put_timeout_s: float) -> float:
@@ -275,11 +299,17 @@ class Client(PlainValues):
         write_deadline = t0 + reply.put_timeout_s - _end_margin_s(reply.put_timeout_s)
         choices = [(i, r) for i in allocated for r in reply.replicas[i]]
         try:
+            beside = None  # a large batch's checksums, computed on another thread while it is written
             if early is not None:
                 checksums = early.result() if allocated else []
+            elif self.config.checksums and sum(totals[i] for i in allocated) >= CHECKSUM_BESIDE_WRITE_BYTES:
+                beside = _checksum_runner().submit(self._checksums, [addrs[i] for i in allocated],
+                                                   [sizes[i] for i in allocated])
             else:
                 checksums = self._checksums([addrs[i] for i in allocated], [sizes[i] for i in allocated])
             with contextlib.ExitStack() as staged:
+                if beside is not None:  # it reads the source: over before the source is the caller's again
+                    staged.callback(futures.wait, [beside])
                 if unregistered and not self._carried_unregistered("WRITE", choices, totals):
                     staged.enter_context(self._staging.lock)  # copied into the staging buffer, written from it
                     self._staging.ensure(totals[0])
@@ -289,6 +319,8 @@ class Client(PlainValues):
                     "WRITE", choices, addrs, sizes, max(1e-3, write_deadline - time.monotonic()),
                     unregistered=unregistered,
                 )
+            if beside is not None:
+                checksums = beside.result()
         except BaseException:
             self._revoke_quietly([keys[i] for i in allocated], [tokens[i] for i in allocated])
             raise
