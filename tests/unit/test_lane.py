@@ -434,3 +434,42 @@ def test_meanwhile_over_zmq(master):
         assert isinstance(reply, p.ExistsReply) and len(calls) == 1
     finally:
         channel.close()
+
+
+@pytest.mark.parametrize("reply_after_s", [0.0, 0.05])
+def test_a_call_spins_then_blocks_and_reads_its_reply_either_way(reply_after_s):
+    """The reply is read whether it comes while the call spins (spin_s) or after it blocked."""
+    import threading
+
+    ours, theirs = _tcp_pair()
+    channel = _lane_on(ours)
+    channel.spin_s = 0.01
+
+    def master():
+        theirs.settimeout(2.0)
+        request_id, _ = _read_frames(theirs, 1)[0]
+        time.sleep(reply_after_s)
+        theirs.sendall(_reply_frame(request_id, p.OkReply(count=3)))
+
+    thread = threading.Thread(target=master)
+    thread.start()
+    try:
+        assert channel.call(p.Exists("t", ["a"])) == p.OkReply(count=3)
+    finally:
+        thread.join()
+        channel.close()
+        theirs.close()
+
+
+def test_the_spin_comes_from_the_environment_and_a_bad_value_is_refused(monkeypatch):
+    from kvpool.transfer import lane as lane_module
+
+    monkeypatch.setenv(lane_module.SPIN_ENV, "250")
+    assert LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin_s == pytest.approx(250e-6)
+    monkeypatch.setenv(lane_module.SPIN_ENV, "0")
+    assert LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin_s == 0.0
+    monkeypatch.delenv(lane_module.SPIN_ENV)
+    assert LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin_s == pytest.approx(lane_module.DEFAULT_SPIN_US * 1e-6)
+    monkeypatch.setenv(lane_module.SPIN_ENV, "fast")
+    with pytest.raises(ValueError, match="microseconds"):
+        LaneChannel(MasterChannel("tcp://127.0.0.1:9"))

@@ -32,6 +32,13 @@ Rules:
   like a ZMQ one. After a failure the lane is looked for again at most every `_REDISCOVER_S`.
   (A live master closes a lane only for an oversized frame or a peer that does not read its
   replies; a request it had taken before that is then made twice, as a ZMQ retry would.)
+- A call waits for its reply spinning first: non-blocking receives for up to `spin_s`
+  ($KVPOOL_LANE_SPIN_US, default 100 us; 0: never), the CPU yielded between them
+  (sched_yield: a thread or process beside it on that CPU runs), then a blocking receive. A
+  blocked caller's CPU goes idle, and a reply arriving at an idle vCPU wakes it through the
+  hypervisor: ~30 us each way on the 2-core VM (benchmarks/results/peers/echo_placement.md).
+  Pinned like two machines, a lookup took 86-91 us blocking and 33 us spinning; the 4-client agent
+  loop's throughput held (651 vs 659 loops/s) with the yield and fell 10 % without it (fixes.md 27).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import os
 import socket
 import struct
 import threading
@@ -66,6 +74,8 @@ _DIRECT_BODY_BYTES = 16 << 10  # a reply this large is received into its own buf
 # so resident) when the head arrives, and an unauthenticated peer must not make it commit more than
 # this per connection by announcing a large frame; larger requests grow with the bytes that came
 _IN_PLACE_MAX_BYTES = 1 << 20
+SPIN_ENV = "KVPOOL_LANE_SPIN_US"
+DEFAULT_SPIN_US = 100.0
 # plain ints: every test of a zmq.PollEvent flag runs Python code (~1 us, several per request)
 _POLLIN, _POLLOUT, _POLLERR = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLERR)
 
@@ -279,11 +289,23 @@ class _LaneBroken(Exception):
     """The lane's connection is gone (reset, EOF): the call can go over ZMQ instead."""
 
 
+def _spin_from_env() -> float:
+    value = os.environ.get(SPIN_ENV, "")
+    try:
+        us = float(value) if value.strip() else DEFAULT_SPIN_US
+    except ValueError:
+        raise ValueError(f"${SPIN_ENV} must be a number of microseconds, got {value!r}") from None
+    return max(0.0, us) * 1e-6
+
+
 class LaneChannel:
     """A MasterChannel (same interface) whose calls go over the lane when the master offers one."""
 
-    def __init__(self, channel: MasterChannel) -> None:
+    def __init__(self, channel: MasterChannel, spin_s: float | None = None) -> None:
+        """`spin_s`: how long a call spins for its reply before blocking (None: $KVPOOL_LANE_SPIN_US
+        microseconds, default 100; 0: never)."""
         self.channel = channel
+        self.spin_s = _spin_from_env() if spin_s is None else max(0.0, float(spin_s))
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._next_look_s = 0.0  # monotonic time of the next LaneQuery
@@ -436,11 +458,13 @@ class LaneChannel:
                     return reply_id, epoch, body
                 if length >= _DIRECT_BODY_BYTES:  # a large reply (a value): the rest straight into its body
                     return reply_id, epoch, self._read_body(sock, length, deadline_s, request)
-            if not first:
-                self._arm_until(deadline_s, request)
-            first = False
             try:
-                data = sock.recv(_RECV_CHUNK)  # a reply under way here is < _DIRECT_BODY_BYTES: it fits
+                data = self._spin(sock) if first and self.spin_s > 0 else None
+                if not first:
+                    self._arm_until(deadline_s, request)
+                first = False
+                if data is None:
+                    data = sock.recv(_RECV_CHUNK)  # a reply under way here is < _DIRECT_BODY_BYTES: it fits
             except (TimeoutError, BlockingIOError, InterruptedError):
                 continue
             except OSError as e:
@@ -456,6 +480,17 @@ class LaneChannel:
                     # (appending 64 KiB to an empty bytearray cost ~45 us here: it grows, and faults)
                     return reply_id, epoch, self._read_body(sock, length, deadline_s, request, data)
             inbox += data
+
+    def _spin(self, sock: socket.socket) -> bytes | None:
+        """What a non-blocking receive finds within spin_s (yielding the CPU between tries), or None."""
+        end = time.perf_counter() + self.spin_s
+        while True:
+            try:
+                return sock.recv(_RECV_CHUNK, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                if time.perf_counter() >= end:
+                    return None
+                os.sched_yield()
 
     def _arm_until(self, deadline_s: float, request) -> None:
         """Bound the next receive by what is left of the call; past its deadline the lane is closed
