@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import statistics
 import sys
 import time
@@ -54,6 +55,8 @@ class KvpoolAdapter:
         from kvpool.transfer import DataPlane
 
         path = spec.get("path", "auto")
+        if "lane_spin_us" in spec:  # how long a lane call spins for its reply (A/B for the spin)
+            os.environ["KVPOOL_LANE_SPIN_US"] = str(spec["lane_spin_us"])
         self.plane = None
         if "nixl_progress_thread" in spec:  # a variant of the data plane (before/after a fix)
             self.plane = DataPlane(path=path, nixl_progress_thread=spec["nixl_progress_thread"])
@@ -470,18 +473,20 @@ def case_agent(store, tag: str, loops: int, start_at: float, chunk: int = 256 * 
     dst_addrs, sizes = [[dbase + i * chunk] for i in range(prefix)], [[chunk]] * prefix
     while time.time() < start_at:
         time.sleep(0.001)
-    latencies, written = np.empty(loops), []
+    phases, written = np.empty((loops, 3)), []  # per loop: lookup, get, put (s)
     t_start = time.perf_counter()
     for n in range(loops):
         s = n % sessions
         tail_keys = [f"{tag}/s{s}/t{n}/{j}" for j in range(tail)]
-        t = time.perf_counter()
+        t0 = time.perf_counter()
         if store.exists_batch(chains[s] + [tail_keys[0]]) != prefix:
             raise RuntimeError("agent loop: prefix lookup missed")
+        t1 = time.perf_counter()
         if store.get_into(chains[s], dst_addrs, sizes) != prefix:
             raise RuntimeError("agent loop: prefix get missed")
+        t2 = time.perf_counter()
         store.put_from(tail_keys, [[base + (s * slots + prefix + j) * chunk] for j in range(tail)], [[chunk]] * tail)
-        latencies[n] = time.perf_counter() - t
+        phases[n] = (t1 - t0, t2 - t1, time.perf_counter() - t2)
         written.extend(tail_keys)
         if n < sessions and not np.array_equal(dst, src[s * slots * chunk : (s * slots + prefix) * chunk]):
             raise RuntimeError("agent loop: prefix bytes differ")
@@ -489,7 +494,7 @@ def case_agent(store, tag: str, loops: int, start_at: float, chunk: int = 256 * 
     store.remove(written)
     for keys in chains:
         store.remove(keys)
-    return {"loops": loops, "elapsed_s": elapsed, "latencies_s": latencies.tolist()}
+    return {"loops": loops, "elapsed_s": elapsed, "latencies_s": phases.sum(1).tolist(), "phases_s": phases.tolist()}
 
 
 def run(spec: dict) -> dict:

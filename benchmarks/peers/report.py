@@ -22,6 +22,9 @@ METRICS = [
     ("plain_64k", "put_gbps", "plain put of 64 KiB values (bytes)", "GB/s", True),
     ("agent", "loops_per_s", "4 clients, agent-like loop (lookup 9, get 8 x 256 KiB, put 2): loops/s", "loops/s", True),
     ("agent", "p99_ms", "4 clients, agent-like loop: P99 per loop", "ms", False),
+    ("agent", "lookup_p99_ms", "agent-like loop: P99 of its lookup", "ms", False),
+    ("agent", "get_p99_ms", "agent-like loop: P99 of its get", "ms", False),
+    ("agent", "put_p99_ms", "agent-like loop: P99 of its put", "ms", False),
 ]
 GOALS = [  # (case, field, against, factor): kvpool-nixl's value / the peer's, per round
     ("get_1m", "get_gbps", "mooncake-tcp", 1.5),

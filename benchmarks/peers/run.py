@@ -225,8 +225,12 @@ def run_agents(running, spec: dict) -> dict:
         raise RuntimeError("agent loop: a client finished before the common start")
     lat = np.concatenate([o["agent_worker"]["latencies_s"] for o in outs]) * 1e3
     loops = sum(o["agent_worker"]["loops"] for o in outs)
-    return {"loops_per_s": loops / max(o["agent_worker"]["elapsed_s"] for o in outs), "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99)), "clients": AGENT_CLIENTS, "loops": loops}  # fmt: skip
+    out = {"loops_per_s": loops / max(o["agent_worker"]["elapsed_s"] for o in outs), "p50_ms": float(np.percentile(lat, 50)),
+           "p99_ms": float(np.percentile(lat, 99)), "clients": AGENT_CLIENTS, "loops": loops}  # fmt: skip
+    phases = np.concatenate([o["agent_worker"]["phases_s"] for o in outs]) * 1e3
+    for j, phase in enumerate(("lookup", "get", "put")):  # where a slow loop spent its time
+        out[f"{phase}_p50_ms"], out[f"{phase}_p99_ms"] = (float(np.percentile(phases[:, j], q)) for q in (50, 99))
+    return out
 
 
 def servers_hosts() -> list[str]:

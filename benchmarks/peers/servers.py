@@ -234,6 +234,9 @@ PEERS: dict[str, Peer] = {
         # the client as before this session's first fix: NIXL's progress thread on (A/B for it)
         Peer("kvpool-nixl-pt", "kvpool NIXL cross-host, progress thread (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", nixl_progress_thread=True)),
+        # lane calls block for their reply at once, as before c688096 (A/B for the spin)
+        Peer("kvpool-nixl-nospin", "kvpool cross-host, lane calls without the spin (before)", "cross-host",
+             _kvpool("kvmaster", "kvnode", "client", lane_spin_us=0)),
         # master round trips over ZMQ instead of the lane (A/B for the lane, issue 14)
         Peer("kvpool-nixl-zmq", "kvpool NIXL cross-host, ZMQ control (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", lane=False)),

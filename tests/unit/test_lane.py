@@ -462,14 +462,47 @@ def test_a_call_spins_then_blocks_and_reads_its_reply_either_way(reply_after_s):
 
 
 def test_the_spin_comes_from_the_environment_and_a_bad_value_is_refused(monkeypatch):
-    from kvpool.transfer import lane as lane_module
+    from kvpool.transfer import spin
 
-    monkeypatch.setenv(lane_module.SPIN_ENV, "250")
+    monkeypatch.setenv(spin.SPIN_ENV, "250")
     assert LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin_s == pytest.approx(250e-6)
-    monkeypatch.setenv(lane_module.SPIN_ENV, "0")
+    monkeypatch.setenv(spin.SPIN_ENV, "0")
     assert LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin_s == 0.0
-    monkeypatch.delenv(lane_module.SPIN_ENV)
-    assert LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin_s == pytest.approx(lane_module.DEFAULT_SPIN_US * 1e-6)
-    monkeypatch.setenv(lane_module.SPIN_ENV, "fast")
+    assert not LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin.spins
+    monkeypatch.delenv(spin.SPIN_ENV)
+    assert LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin_s == pytest.approx(spin.DEFAULT_SPIN_US * 1e-6)
+    monkeypatch.setenv(spin.SPIN_ENV, "fast")
     with pytest.raises(ValueError, match="microseconds"):
         LaneChannel(MasterChannel("tcp://127.0.0.1:9"))
+
+
+def test_a_channel_whose_replies_come_late_stops_spinning_and_spins_again_once_they_are_quick():
+    """Each call's wait is the spin policy's sample (spin.py), measured on a real socket: replies
+    later than spin_s stop the spin within a few calls, quick ones bring it back."""
+    import threading
+
+    ours, theirs = _tcp_pair()
+    channel = _lane_on(ours)
+    channel.spin_s = 0.002
+    delays = [0.02] * 6 + [0.0] * 12
+
+    def master():
+        theirs.settimeout(5.0)
+        for delay in delays:
+            request_id, _ = _read_frames(theirs, 1)[0]
+            time.sleep(delay)
+            theirs.sendall(_reply_frame(request_id, p.OkReply(count=1)))
+
+    thread = threading.Thread(target=master)
+    thread.start()
+    spun = []
+    try:
+        for _ in delays:
+            spun.append(channel.spin.spins)
+            assert channel.call(p.Exists("t", ["a"])) == p.OkReply(count=1)
+    finally:
+        thread.join()
+        channel.close()
+        theirs.close()
+    assert spun[0] and not spun[6]  # six late replies: no spin for the first quick call
+    assert spun[-1]  # twelve quick ones: spinning again

@@ -39,6 +39,8 @@ Rules:
   hypervisor: ~30 us each way on the 2-core VM (benchmarks/results/peers/echo_placement.md).
   Pinned like two machines, a lookup took 86-91 us blocking and 33 us spinning; the 4-client agent
   loop's throughput held (651 vs 659 loops/s) with the yield and fell 10 % without it (fixes.md 27).
+  A call spins only while recent replies came within the spin (spin.py): where they come later (a
+  busy master, more runnable processes than CPUs) each spin is lost CPU and the tail grows.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ import zmq
 from kvpool.core import protocol
 from kvpool.core.errors import ProtocolError, UnavailableError, error_from_reply
 from kvpool.transfer.control import MasterChannel, host_of
+from kvpool.transfer.spin import SpinPolicy, spin_from_env
 from kvpool.transfer.timeouts import KernelTimeouts
 
 log = logging.getLogger(__name__)
@@ -74,8 +77,6 @@ _DIRECT_BODY_BYTES = 16 << 10  # a reply this large is received into its own buf
 # so resident) when the head arrives, and an unauthenticated peer must not make it commit more than
 # this per connection by announcing a large frame; larger requests grow with the bytes that came
 _IN_PLACE_MAX_BYTES = 1 << 20
-SPIN_ENV = "KVPOOL_LANE_SPIN_US"
-DEFAULT_SPIN_US = 100.0
 # plain ints: every test of a zmq.PollEvent flag runs Python code (~1 us, several per request)
 _POLLIN, _POLLOUT, _POLLERR = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLERR)
 
@@ -289,29 +290,28 @@ class _LaneBroken(Exception):
     """The lane's connection is gone (reset, EOF): the call can go over ZMQ instead."""
 
 
-def _spin_from_env() -> float:
-    value = os.environ.get(SPIN_ENV, "")
-    try:
-        us = float(value) if value.strip() else DEFAULT_SPIN_US
-    except ValueError:
-        raise ValueError(f"${SPIN_ENV} must be a number of microseconds, got {value!r}") from None
-    return max(0.0, us) * 1e-6
-
-
 class LaneChannel:
     """A MasterChannel (same interface) whose calls go over the lane when the master offers one."""
 
     def __init__(self, channel: MasterChannel, spin_s: float | None = None) -> None:
         """`spin_s`: how long a call spins for its reply before blocking (None: $KVPOOL_LANE_SPIN_US
-        microseconds, default 100; 0: never)."""
+        microseconds, default 100; 0: never), while replies come that quickly (spin.py)."""
         self.channel = channel
-        self.spin_s = _spin_from_env() if spin_s is None else max(0.0, float(spin_s))
+        self.spin = SpinPolicy(spin_from_env() if spin_s is None else spin_s)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._next_look_s = 0.0  # monotonic time of the next LaneQuery
         self._inbox = bytearray()
         self._timeouts: KernelTimeouts | None = None  # the lane socket's (timeouts.py)
         self._corked = False  # lazy frames wait in the socket (TCP_CORK) for the next frame
+
+    @property
+    def spin_s(self) -> float:
+        return self.spin.spin_s
+
+    @spin_s.setter
+    def spin_s(self, value: float) -> None:
+        self.spin = SpinPolicy(value)
 
     # the MasterChannel interface
     @property
@@ -448,6 +448,7 @@ class LaneChannel:
         """The next reply frame: (request id, master epoch, body)."""
         inbox = self._inbox
         first = True
+        waiting_since = None  # perf_counter() when the first receive began (the spin policy's sample)
         while True:
             if len(inbox) >= _REPLY_HEAD.size:
                 length, reply_id, epoch = _REPLY_HEAD.unpack_from(inbox)
@@ -459,8 +460,12 @@ class LaneChannel:
                 if length >= _DIRECT_BODY_BYTES:  # a large reply (a value): the rest straight into its body
                     return reply_id, epoch, self._read_body(sock, length, deadline_s, request)
             try:
-                data = self._spin(sock) if first and self.spin_s > 0 else None
-                if not first:
+                data = None
+                if first:
+                    waiting_since = time.perf_counter()
+                    if self.spin.spins:
+                        data = self._spin(sock)
+                else:
                     self._arm_until(deadline_s, request)
                 first = False
                 if data is None:
@@ -471,6 +476,9 @@ class LaneChannel:
                 raise _LaneBroken(e) from None
             if not data:
                 raise _LaneBroken("connection closed by the master")
+            if waiting_since is not None:
+                self.spin.record(time.perf_counter() - waiting_since)
+                waiting_since = None
             if not inbox and len(data) >= _REPLY_HEAD.size:  # the usual case: one whole reply, no copies
                 length, reply_id, epoch = _REPLY_HEAD.unpack_from(data)
                 if len(data) == _REPLY_HEAD.size + length:
