@@ -42,6 +42,7 @@ from concurrent import futures
 from dataclasses import dataclass
 
 from kvpool.client import plan
+from kvpool.client.ahead import AheadSlots, end_margin_s
 from kvpool.client.checksum import NO_CHECKSUM, checksum_after, checksum_objects
 from kvpool.client.memory import RegisteredRanges, StagingBuffer, copy_bytes, region_of
 from kvpool.client.metrics import TenantMetrics, client_metrics
@@ -128,11 +129,6 @@ def _forget_checksum_runner_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_checksum_runner_after_fork)
 
 
-def _end_margin_s(put_timeout_s: float) -> float:
-    """How long before the master's reclaim a writer stops: room for PutEnd to travel and be handled."""
-    return min(max(0.2 * put_timeout_s, 0.05), 5.0)
-
-
 @dataclass(frozen=True)
 class ClientConfig:
     master_address: str
@@ -196,6 +192,7 @@ class Client(PlainValues):
         self._metrics = TenantMetrics(client_metrics(), self.config.tenant)
         self._staging = StagingBuffer(self._register_region, staging_bytes)
         self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # the master's, as its last reply said (-1: none)
+        self._ahead = AheadSlots()  # the allocation held for the next plain put (ahead.py)
         self._channel.add_epoch_listener(self._on_new_epoch)
         self._closed = False
 
@@ -253,21 +250,22 @@ class Client(PlainValues):
         return statuses
 
     def _put_from(self, keys, addrs, sizes, parents, pinned: bool = False, on_written=None,
-                  unregistered: bool = False) -> tuple[list[int], str]:
+                  unregistered: bool = False, ahead: bool = False) -> tuple[list[int], str]:
         """`unregistered`: one object whose host memory is not registered (a plain value's
         bytes): written straight from it where its replicas' routes carry such memory, else from
-        a copy in the staging buffer."""
+        a copy in the staging buffer. `ahead`: its PutEnd also asks for an allocation of the
+        object's size for the next plain put (client/ahead.py)."""
         once = _Once(on_written)
         if self.config.read_only:
             once()
             raise UsageError("this client is read-only (read_only=True): it cannot put")
         try:
-            return self._put_from_inner(keys, addrs, sizes, parents, pinned, once, unregistered)
+            return self._put_from_inner(keys, addrs, sizes, parents, pinned, once, unregistered, ahead)
         finally:
             once()
 
     def _put_from_inner(self, keys, addrs, sizes, parents, pinned, written: "_Once",
-                        unregistered: bool = False) -> tuple[list[int], str]:
+                        unregistered: bool = False, ahead: bool = False) -> tuple[list[int], str]:
         started = time.perf_counter()
         self._check_keys(keys, unique=True)
         addrs, sizes = self._regions(len(keys), addrs, sizes)
@@ -296,7 +294,7 @@ class Client(PlainValues):
         tokens = list(reply.tokens) if len(reply.tokens) == len(keys) else None
         if allocated and tokens is None:
             raise ProtocolError(f"the master answered PutStart with {len(reply.tokens)} tokens for {len(keys)} keys")
-        write_deadline = t0 + reply.put_timeout_s - _end_margin_s(reply.put_timeout_s)
+        write_deadline = t0 + reply.put_timeout_s - end_margin_s(reply.put_timeout_s)
         choices = [(i, r) for i in allocated for r in reply.replicas[i]]
         try:
             beside = None  # a large batch's checksums, computed on another thread while it is written
@@ -315,6 +313,7 @@ class Client(PlainValues):
                     self._staging.ensure(totals[0])
                     copy_bytes(self._staging.addr, addrs[0][0], totals[0])
                     addrs, unregistered = [[self._staging.addr]], False
+                    ahead = False  # the next plain put would be staged too: it gains nothing ahead
                 failed, in_flight = self._run_round(
                     "WRITE", choices, addrs, sizes, max(1e-3, write_deadline - time.monotonic()),
                     unregistered=unregistered,
@@ -341,11 +340,12 @@ class Client(PlainValues):
         written = [i for i in allocated if i not in failed]
         if written:
             by_index = dict(zip(allocated, checksums))
-            ended = self._call(
-                protocol.PutEnd(tenant, [keys[i] for i in written], [tokens[i] for i in written],
-                                [by_index[i] for i in written]),
-                protocol.PutEndReply,
-            )
+            end = protocol.PutEnd(tenant, [keys[i] for i in written], [tokens[i] for i in written],
+                                  [by_index[i] for i in written])
+            if ahead:
+                ended = self._end_asking_ahead(end, totals[0])
+            else:
+                ended = self._call(end, protocol.PutEndReply)
             for n in ended.refused:
                 statuses[written[n]] = PUT_FAILED
             if ended.refused:
@@ -675,6 +675,7 @@ class Client(PlainValues):
     def close(self) -> None:
         if self._closed:
             return
+        self._give_back(self._ahead.drop(), lazy=False)
         self._closed = True
         self._channel.close()
         if self._owns_plane:

@@ -51,6 +51,12 @@ class ClientMetrics:
         self.replica_fallbacks = Counter(
             "kvpool_client_replica_fallbacks", "Reads retried on another replica", t, registry=registry
         )
+        self.puts_ahead = Counter(
+            "kvpool_client_puts_ahead",
+            "Plain puts written into an allocation held ahead: the write and one PutEnd (client/ahead.py)",
+            t,
+            registry=registry,
+        )
         self.latency_s = Histogram(
             "kvpool_client_op_seconds",
             "Latency of client calls, master round trip and transfers included",
@@ -87,6 +93,7 @@ class TenantMetrics:
         self.lease_expiries = metrics.lease_expiries.labels(tenant)
         self.checksum_mismatches = metrics.checksum_mismatches.labels(tenant)
         self.replica_fallbacks = metrics.replica_fallbacks.labels(tenant)
+        self.puts_ahead = metrics.puts_ahead.labels(tenant)
 
 
 _BY_REGISTRY: dict[int, ClientMetrics] = {}

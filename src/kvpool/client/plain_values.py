@@ -25,12 +25,16 @@ import logging
 import time
 from dataclasses import dataclass
 
+import msgspec
+
 from kvpool.client import fresh_memory
+from kvpool.client.ahead import AheadSlot
+from kvpool.client.checksum import checksum_regions
 from kvpool.client.memory import copy_bytes, region_of
 from kvpool.client.statuses import PUT_FAILED, PUT_STATUS_NAMES
 from kvpool.core import protocol
-from kvpool.core.errors import CapacityError, ProtocolError, TransferError, UsageError
-from kvpool.core.protocol import PUT_ALLOCATED, PUT_NO_SPACE
+from kvpool.core.errors import CapacityError, KVPoolError, ProtocolError, TransferError, UsageError
+from kvpool.core.protocol import PUT_ALLOCATED, PUT_EXISTS, PUT_NO_SPACE
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +55,18 @@ class PlainValues:
                 return stored
         if region is None:
             region = region_of(value, writable=False)
-        if self._registered.contains(region.addr, region.size_bytes):
-            statuses, message = self._put_from([key], [[region.addr]], [[region.size_bytes]], [parent], pinned)
+        registered = self._registered.contains(region.addr, region.size_bytes)
+        ahead = parent is None and not pinned and self.config.checksums and region.device is None
+        if ahead:
+            stored = self._put_ahead(key, region.addr, size, unregistered=not registered)
+            if stored is not None:
+                return stored
+        if registered:
+            statuses, message = self._put_from([key], [[region.addr]], [[region.size_bytes]], [parent], pinned,
+                                               ahead=ahead)
         elif region.device is None:  # written straight from the value where its route allows, else staged
             statuses, message = self._put_from([key], [[region.addr]], [[region.size_bytes]], [parent], pinned,
-                                               unregistered=True)
+                                               unregistered=True, ahead=ahead)
         else:
             with self._staging.lock:
                 self._staging.ensure(region.size_bytes)
@@ -69,6 +80,72 @@ class PlainValues:
         if status == PUT_FAILED:
             raise TransferError(f"writing {key!r} failed (a node died?); the put was revoked, retry it")
         return status == PUT_ALLOCATED
+
+    def _put_ahead(self, key: str, addr: int, size: int, *, unregistered: bool) -> bool | None:
+        """Put one host-memory value into the allocation held ahead (ahead.py): its write, then one
+        PutEnd that ends it under `key` and asks for the next. True / False as `put`; None: not
+        done (no usable slot, its route needs the staging buffer, its write failed, or the master
+        had reclaimed it), and the caller puts the usual way."""
+        slot, stale = self._ahead.take(size, self._channel.epoch, time.monotonic())
+        self._give_back(stale)
+        if slot is None:
+            return None
+        self._check_keys([key], unique=False)
+        if self.config.read_only:
+            raise UsageError("this client is read-only (read_only=True): it cannot put")
+        started = time.perf_counter()
+        choices = [(0, replica) for replica in slot.replicas]
+        if unregistered and not self._carried_unregistered("WRITE", choices, [size]):
+            self._give_back(slot)
+            return None
+        tenant = self.config.tenant
+        try:
+            checksum = checksum_regions([addr], [size])
+            failed, in_flight = self._run_round("WRITE", choices, [[addr]], [[size]],
+                                                max(1e-3, slot.deadline_s - time.monotonic()), unregistered=unregistered)
+        except BaseException:
+            self._revoke_quietly([slot.key], [slot.token])
+            raise
+        if failed or time.monotonic() > slot.deadline_s:
+            self._call(protocol.PutRevoke(tenant, [slot.key], [slot.token], [0] if in_flight else []), protocol.OkReply)
+            if in_flight:
+                self._end_quarantine_later(in_flight, [slot.token])
+            return None
+        next_key, sent_s, epoch = self._ahead.new_key(), time.monotonic(), self._channel.epoch
+        reply = self._call(protocol.PutEnd(tenant, [slot.key], [slot.token], [checksum], as_keys=[key],
+                                           ahead=[next_key], ahead_sizes=[size],
+                                           ahead_replicas=self.config.num_replicas), protocol.PutEndReply)
+        self._give_back(self._ahead.grant(next_key, size, reply.ahead, sent_s, epoch, self._channel.epoch))
+        if reply.refused:
+            log.info("kvpool: the master no longer held the allocation put ahead for %r (reclaimed, or a new "
+                     "master); putting it again", key)
+            return None
+        stored = not reply.existed
+        if reply.existed:
+            self._give_back(slot)  # written for nothing: the key was there
+        else:
+            self._metrics.put_bytes.inc(size * len(slot.replicas))
+        self._metrics.puts_ahead.inc()
+        self._metrics.put_keys[PUT_STATUS_NAMES[PUT_ALLOCATED if stored else PUT_EXISTS]].inc()
+        self._metrics.latency_s["put"].observe(time.perf_counter() - started)
+        return stored
+
+    def _end_asking_ahead(self, end: protocol.PutEnd, size: int) -> protocol.PutEndReply:
+        """Send a plain put's PutEnd asking for an allocation of `size` bytes for the next one."""
+        next_key, sent_s, epoch = self._ahead.new_key(), time.monotonic(), self._channel.epoch
+        reply = self._call(msgspec.structs.replace(end, ahead=[next_key], ahead_sizes=[size],
+                                                   ahead_replicas=self.config.num_replicas), protocol.PutEndReply)
+        self._give_back(self._ahead.grant(next_key, size, reply.ahead, sent_s, epoch, self._channel.epoch))
+        return reply
+
+    def _give_back(self, slot: "AheadSlot | None", lazy: bool = True) -> None:
+        """Free an allocation held ahead that will not be used, waiting for no reply (the master's
+        put timeout reclaims it if this is lost)."""
+        if slot is not None:
+            try:
+                self._channel.send(protocol.PutRevoke(self.config.tenant, [slot.key], [slot.token]), lazy=lazy)
+            except KVPoolError:
+                pass
 
     def _put_inline(self, key: str, data: bytes, pinned: bool) -> bool | None:
         """Put a small value inside one PutValue; None: the master keeps no value this large."""
@@ -91,6 +168,7 @@ class PlainValues:
         return reply.status == PUT_ALLOCATED
 
     def _on_new_epoch(self, old_epoch: int | None, new_epoch: int) -> None:
+        self._ahead.drop()  # the old master's allocation: the new one does not know it
         if old_epoch is not None and self._max_inline < 0:
             self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # a new master: ask it again
 

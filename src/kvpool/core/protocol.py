@@ -189,12 +189,23 @@ class PutStart(Struct, tag="put_start", frozen=True):
 
 class PutEnd(Struct, tag="put_end", frozen=True):
     """Make written objects readable. `tokens[i]` is keys[i]'s token from PutStartReply;
-    `checksums[i]` its bytes' checksum (0: none). Answered with PutEndReply."""
+    `checksums[i]` its bytes' checksum (0: none). Answered with PutEndReply.
+
+    `as_keys` (empty, or one per key): the allocation pending under keys[i] becomes readable under
+    as_keys[i] instead, unless that key exists (then it stays pending under keys[i], its token
+    unchanged, and i is in the reply's `existed`). `ahead`: keys to allocate afresh once these
+    ended, as a PutStart of `ahead_sizes` without parents (`ahead_replicas` each) would; the
+    reply's `ahead` answers it. Together they let a writer hold an allocation ahead of its next
+    put (client/ahead.py): that put is then its write and one PutEnd."""
 
     tenant: str
     keys: list[str]
     tokens: list[int]
     checksums: list[int]
+    as_keys: list[str] = []
+    ahead: list[str] = []
+    ahead_sizes: list[int] = []
+    ahead_replicas: int = 1
 
 
 class PutRevoke(Struct, tag="put_revoke", frozen=True):
@@ -348,6 +359,8 @@ class PutEndReply(Struct, tag="put_ended", frozen=True):
 
     ended: int
     refused: list[int] = []
+    existed: list[int] = []  # indices whose as_keys[i] existed: still pending under keys[i]
+    ahead: "PutStartReply | None" = None  # PutEnd.ahead's allocations; None when none were asked
 
 
 class LookupReply(Struct, tag="lookup", frozen=True):

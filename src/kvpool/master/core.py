@@ -20,6 +20,8 @@ Rules:
 
 from __future__ import annotations
 
+from functools import partial
+
 import msgspec
 
 from kvpool.core import protocol as p
@@ -215,7 +217,7 @@ class MasterCore:
 
     # ---- objects -------------------------------------------------------------------------------
 
-    def _put_start(self, req: p.PutStart, now_s: float) -> p.PutStartReply:
+    def _put_start(self, req: p.PutStart, now_s: float, ahead: bool = False) -> p.PutStartReply:
         _check_keys(req.keys)
         n = len(req.keys)
         if len(req.sizes) != n or (req.parents and len(req.parents) != n):
@@ -228,14 +230,14 @@ class MasterCore:
         if not 1 <= req.num_replicas <= p.MAX_REPLICAS:
             raise UsageError(f"num_replicas must be in 1..{p.MAX_REPLICAS}, got {req.num_replicas}")
         if self.inline.holds_any(req.tenant):
-            return self._put_start_beside_inline(req, now_s)
+            return self._put_start_beside_inline(req, now_s, ahead)
         statuses, replicas, message, tokens = self.index.put_start(
-            req.tenant, req.keys, req.sizes, req.parents, req.num_replicas, req.pinned, now_s
+            req.tenant, req.keys, req.sizes, req.parents, req.num_replicas, req.pinned, now_s, ahead
         )
         return p.PutStartReply(statuses=statuses, replicas=replicas, message=message,  # type: ignore[arg-type]
                                tokens=tokens, put_timeout_s=self.config.put_timeout_s)
 
-    def _put_start_beside_inline(self, req: p.PutStart, now_s: float) -> p.PutStartReply:
+    def _put_start_beside_inline(self, req: p.PutStart, now_s: float, ahead: bool) -> p.PutStartReply:
         """PutStart in a namespace that holds inline values: those keys exist (one namespace)."""
         held = [self.inline.contains(req.tenant, key) for key in req.keys]
         rest = [i for i, h in enumerate(held) if not h]
@@ -245,7 +247,7 @@ class MasterCore:
             parents = [req.parents[i] for i in rest] if req.parents else []
             got, placed, message, granted = self.index.put_start(
                 req.tenant, [req.keys[i] for i in rest], [req.sizes[i] for i in rest], parents,
-                req.num_replicas, req.pinned, now_s)
+                req.num_replicas, req.pinned, now_s, ahead)
             for n, i in enumerate(rest):
                 statuses[i], replicas[i], tokens[i] = got[n], placed[n], granted[n]
         return p.PutStartReply(statuses=statuses, replicas=replicas, message=message,  # type: ignore[arg-type]
@@ -285,8 +287,25 @@ class MasterCore:
         _check_same_length("put_end", req.keys, req.tokens, req.checksums)
         if req.checksums and (min(req.checksums) < 0 or max(req.checksums) >= 1 << 64):
             raise UsageError("checksums must be unsigned 64-bit integers (0: none)")
-        ended, refused = self.index.put_end(req.tenant, req.keys, req.tokens, req.checksums, now_s)
-        return p.PutEndReply(ended=ended, refused=refused)
+        if req.ahead:  # checked before anything ends: a refused PutEnd changes nothing
+            _check_keys(req.ahead)
+            _check_same_length("put_end's ahead", req.ahead, req.ahead_sizes)
+            if min(req.ahead_sizes) <= 0 or not 1 <= req.ahead_replicas <= p.MAX_REPLICAS:
+                raise UsageError(f"ahead sizes must be > 0 bytes and ahead_replicas in 1..{p.MAX_REPLICAS}")
+        existed: list[int] = []
+        if req.as_keys:
+            _check_same_length("put_end", req.keys, req.as_keys)
+            _check_keys(req.as_keys)
+            taken = partial(self.inline.contains, req.tenant) if self.inline.holds_any(req.tenant) else None
+            ended, refused, existed = self.index.put_end(req.tenant, req.keys, req.tokens, req.checksums, now_s,
+                                                         req.as_keys, taken)
+        else:
+            ended, refused, _ = self.index.put_end(req.tenant, req.keys, req.tokens, req.checksums, now_s)
+        ahead = None
+        if req.ahead:  # after the ends: the space they leave pending stays the writer's either way
+            ahead = self._put_start(p.PutStart(req.tenant, req.ahead, req.ahead_sizes, [], req.ahead_replicas, False),
+                                    now_s, ahead=True)
+        return p.PutEndReply(ended=ended, refused=refused, existed=existed, ahead=ahead)
 
     def _put_revoke(self, req: p.PutRevoke, now_s: float) -> p.OkReply:
         _check_same_length("put_revoke", req.keys, req.tokens)

@@ -123,7 +123,10 @@ class ObjectIndex:
         num_replicas: int,
         pinned: bool,
         now_s: float,
+        ahead: bool = False,
     ) -> tuple[list[int], list[tuple[Replica, ...]], str, list[int]]:
+        """`ahead`: allocations a writer holds for its next put (PutEnd.ahead): a tenant at its quota
+        gets PUT_NO_SPACE for them rather than evicting its own objects early (not a refusal)."""
         space = self.space_of(tenant)
         account = space.account
         statuses: list[int] = []
@@ -149,9 +152,9 @@ class ObjectIndex:
             own_only = account.dedicated  # eviction for it takes only its own objects
             if not account.fits(size, num_replicas):
                 own_only = True
-                if not account.fits_when_empty(size, num_replicas) or not self.evictor.evict_for_quota(
+                if ahead or not account.fits_when_empty(size, num_replicas) or not self.evictor.evict_for_quota(
                         account, size, num_replicas, now_s):
-                    account.quota_refusals += 1
+                    account.quota_refusals += not ahead
                     placed, why = _NO_REPLICAS, account.refusal_message(size, num_replicas)
                 else:
                     placed, why = self._place(account, size, num_replicas, now_s, own_only)
@@ -214,13 +217,17 @@ class ObjectIndex:
         return rec
 
     def put_end(
-        self, tenant: str, keys: list[str], tokens: list[int], checksums: list[int], now_s: float
-    ) -> tuple[int, list[int]]:
+        self, tenant: str, keys: list[str], tokens: list[int], checksums: list[int], now_s: float,
+        as_keys: list[str] | None = None, taken=None,
+    ) -> tuple[int, list[int], list[int]]:
         """Make pending objects readable; returns (how many ended, indices refused: no pending
-        allocation under that key has that token any more)."""
+        allocation under that key has that token any more, indices existed). With `as_keys`, the
+        allocation pending under keys[i] is ended under as_keys[i], unless that key is held here
+        or `taken(key)` says it is held elsewhere (inline): then it stays pending under keys[i]."""
         space = self.tenants.get(tenant)
         ended = 0
         refused: list[int] = []
+        existed: list[int] = []
         push = self.evictor.push
         by_id = self.segments.by_id
         for i, key in enumerate(keys):
@@ -228,6 +235,14 @@ class ObjectIndex:
             if rec is None:
                 refused.append(i)
                 continue
+            if as_keys and as_keys[i] != key:
+                new_key = as_keys[i]
+                if new_key in space or (taken is not None and taken(new_key)):
+                    existed.append(i)
+                    continue
+                del space[key]
+                rec.key = key = new_key
+                space[key] = rec
             rec.flags |= COMPLETE
             rec.last_access_s = now_s
             checksum = checksums[i]
@@ -245,7 +260,7 @@ class ObjectIndex:
         self.num_complete += ended
         self.puts += ended
         self.refused_put_ends += len(refused)
-        return ended, refused
+        return ended, refused, existed
 
     def put_revoke(self, tenant: str, keys: list[str], tokens: list[int], in_flight: list[int], now_s: float) -> int:
         """Free pending allocations named by their tokens; those in `in_flight` are quarantined."""

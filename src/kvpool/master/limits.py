@@ -24,7 +24,7 @@ _KEYED = (p.LookupPrefix, p.PutStart, p.Exists, p.Remove, p.PutEnd, p.PutRevoke)
 def cost_of(request: p.Request) -> int:
     """Tokens a request takes: its number of keys for the calls that name keys, else 1."""
     if isinstance(request, _KEYED):
-        return max(1, len(request.keys))
+        return max(1, len(request.keys) + len(request.ahead) if type(request) is p.PutEnd else len(request.keys))
     return 1
 
 

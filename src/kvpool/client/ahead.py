@@ -1,0 +1,99 @@
+"""An allocation held ahead of a writer's next plain put: that put is its write and one PutEnd.
+
+Why (issue 14): a plain value on a node cost a writer three exchanges, PutStart, the write and
+PutEnd, where Redis answers a SET in one; on a VM whose halted vCPUs take ~50 us to wake, each
+exchange is ~100-200 us of a 1 MiB put's ~1 ms (`benchmarks/results/peers/plain_phases_stop32.md`).
+A plain put that goes to a node asks, inside its own PutEnd, for one more allocation of its size
+under a key of this client's (`ahead`); the next plain put of that size writes into it and ends it
+under its real key (PutEnd.as_keys), asking for the next one in the same message. The master's
+work per put is the same (one allocation, one end); one exchange is gone.
+
+Rules:
+- One slot at most (the size of the last such put). A slot is used only while all of these hold:
+  the master incarnation that granted it is the one the channel last heard from; it was granted
+  less than FRESH_S ago; the write fits within its deadline, counted like any put's from before
+  its request was sent (client.py). FRESH_S bounds how stale a slot can be when a master restarts
+  unseen: a new master must first take the node's segment back and hand the range to another
+  writer, which takes longer than that (heartbeats, remount, announcement); and a reader verifies
+  every object's checksum, so a slot is only used by a client that sends checksums.
+- A slot that cannot be used (too old, another size, another master, the key existed) is given
+  back with a PutRevoke that waits for no reply; one the master already reclaimed costs nothing.
+- Pure bookkeeping with a lock: no I/O. plain_values.py does the writes and the round trips.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from dataclasses import dataclass
+
+from kvpool.core.protocol import PUT_ALLOCATED, PutStartReply, Replica
+
+FRESH_S = 0.1
+KEY_PREFIX = "kvpool:ahead:"  # + a per-client id + a sequence number; never a lookup's hit while pending
+
+
+def end_margin_s(put_timeout_s: float) -> float:
+    """How long before the master's reclaim a writer stops: room for PutEnd to travel and be handled
+    (every put's deadline, client.py's and this module's)."""
+    return min(max(0.2 * put_timeout_s, 0.05), 5.0)
+
+
+@dataclass(frozen=True)
+class AheadSlot:
+    key: str
+    token: int
+    size: int
+    replicas: tuple[Replica, ...]
+    sent_s: float  # monotonic, before the request that granted it was sent
+    epoch: int | None  # the master incarnation that granted it
+    put_timeout_s: float
+
+    @property
+    def deadline_s(self) -> float:
+        """Monotonic time by which its write must be over (then PutEnd still arrives in time)."""
+        return self.sent_s + self.put_timeout_s - end_margin_s(self.put_timeout_s)
+
+
+class AheadSlots:
+    def __init__(self) -> None:
+        self._prefix = f"{KEY_PREFIX}{os.getpid():x}.{os.urandom(6).hex()}:"
+        self._numbers = itertools.count()
+        self._lock = threading.Lock()
+        self._slot: AheadSlot | None = None
+
+    def new_key(self) -> str:
+        return f"{self._prefix}{next(self._numbers)}"
+
+    def take(self, size: int, epoch: int | None, now_s: float) -> tuple[AheadSlot | None, AheadSlot | None]:
+        """(the slot, if a put of `size` may use it now; the slot held, if it must be given back).
+        Either way the slot leaves the holder."""
+        with self._lock:
+            slot, self._slot = self._slot, None
+        if slot is None:
+            return None, None
+        if slot.size == size and slot.epoch == epoch and epoch is not None and now_s - slot.sent_s < FRESH_S:
+            return slot, None
+        return None, slot
+
+    def grant(self, key: str, size: int, reply: PutStartReply | None, sent_s: float, epoch: int | None,
+              epoch_after: int | None) -> AheadSlot | None:
+        """Keep the allocation a PutEnd's `ahead` got; returns the slot it replaces (to give back),
+        or the new one itself when it cannot be trusted (no allocation, or the master changed
+        while the request travelled)."""
+        if reply is None or len(reply.statuses) != 1 or reply.statuses[0] != PUT_ALLOCATED \
+                or len(reply.tokens) != 1 or len(reply.replicas) != 1 or not reply.replicas[0]:
+            return None
+        slot = AheadSlot(key, reply.tokens[0], size, tuple(reply.replicas[0]), sent_s, epoch, reply.put_timeout_s)
+        if epoch is None or epoch != epoch_after:
+            return slot
+        with self._lock:
+            old, self._slot = self._slot, slot
+        return old
+
+    def drop(self) -> AheadSlot | None:
+        """The slot held (a new master, or the client closing): the caller gives it back."""
+        with self._lock:
+            slot, self._slot = self._slot, None
+        return slot
