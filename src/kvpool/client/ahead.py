@@ -13,9 +13,11 @@ Rules:
   the master incarnation that granted it is the one the channel last heard from; it was granted
   less than FRESH_S ago; the write fits within its deadline, counted like any put's from before
   its request was sent (client.py). FRESH_S bounds how stale a slot can be when a master restarts
-  unseen: a new master must first take the node's segment back and hand the range to another
-  writer, which takes longer than that (heartbeats, remount, announcement); and a reader verifies
-  every object's checksum, so a slot is only used by a client that sends checksums.
+  unseen: before a new master can hand the range to another writer it must start (a process: more
+  than that alone) or, a standby, wait for the node to find the old one gone (a failed heartbeat,
+  1 s apart by default), take the segment back and end its recovery. And a reader verifies every
+  object's checksum, so a slot is only used by a client that sends checksums: a write that did land
+  on another object makes that object a miss, never wrong bytes.
 - A slot that cannot be used (too old, another size, another master, the key existed) is given
   back with a PutRevoke that waits for no reply; one the master already reclaimed costs nothing.
 - Pure bookkeeping with a lock: no I/O. plain_values.py does the writes and the round trips.

@@ -26,7 +26,9 @@ Rules:
 - Segment descriptions are cached by id (segments.py): unknown ids are fetched with GetSegments,
   ids the master no longer knows are forgotten by the data plane. A reply from a new master
   incarnation empties the cache (and the data plane's routes) before it is used.
-- Plain values (`put`, `get`, plain_values.py): small ones in one round trip to the master.
+- Plain values (`put`, `get`, plain_values.py): small ones in one round trip to the master; a
+  larger one into the allocation the previous plain put of its size asked for with its PutEnd
+  (ahead.py): its write and one round trip.
 - Thread-safe: the channel and caches have locks, the staging buffer has its own; no lock is held
   across a transfer except the staging buffer's.
 """

@@ -14,8 +14,14 @@ Rules:
   object they return, its pages faulted in while the node sends (fresh_memory.prefault as the
   plane's `before_landing`). Over NIXL both go through the registered staging buffer as before.
   A 1 MiB plain get across hosts 1.01 -> 0.61 ms, a put 1.10 -> 0.87 ms (fixes.md 26).
+- A larger value put without a parent, unpinned, from host memory and with checksums on is
+  written into the allocation held ahead (ahead.py), when there is one for its size, and ended
+  under its key with one PutEnd that asks for the next: its write and one round trip instead of
+  three. Otherwise it goes the usual way (PutStart, write, PutEnd), its PutEnd asking for an
+  allocation ahead unless its route needs the staging buffer (nothing gained then).
 - The mixin uses the Client's channel, staging buffer, metrics and leased reads (client.py); it
-  holds only `_max_inline`, the master's limit as its last reply said (-1: a master without them).
+  holds `_max_inline`, the master's limit as its last reply said (-1: a master without them), and
+  `_ahead` (ahead.AheadSlots).
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ Rules:
   duplicate end (reclaimed, revoked, or removed and re-put by another writer) is refused and
   reported, never applied. A revoke whose write may still land (`in_flight`) keeps the space in
   `_quarantine` until end_quarantine names the token, the segment goes, or quarantine_max_s.
+  put_end's `as_keys` moves a pending record to the key it is ended under (client/ahead.py: an
+  allocation a writer held for its next put), unless that key is held here or inline; its token
+  and space go with it, so every rule above holds for it as for any pending put.
 - Every change to what a segment holds committed is appended to its directory log (directory.py):
   an add on put_end, a removal (size 0) when a committed object goes. Nodes keep that directory
   and announce it to a new master (`announce`), which rebuilds records, chains, tails and an LRU
