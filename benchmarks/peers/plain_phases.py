@@ -8,7 +8,8 @@ multi-host harness), then one client process that puts and gets `--count` values
 one call at a time (as `case_plain` does, results kept until the pass ends) with the client's
 internal steps wrapped in timers: the master round trips (`_call`, by request type), the staging
 copy, the checksums, the lane round (`_run_round`), the lease release and the result bytes;
-then 300 pings, the bare master round trip.
+then 300 pings, the bare master round trip, and 300 more each after 0.7 ms asleep (as long as
+a 1 MiB write: what waking an idle master and client adds to a round trip).
 Reported: per phase the median and P90 per call in microseconds, and the whole call's, so a
 change that should cut one phase can be seen to cut it. Bytes are compared with what was put.
 """
@@ -46,10 +47,11 @@ def timed(owner, name, label=None):
 
 timed(Client, "_call", lambda a: type(a[1]).__name__)
 timed(Client, "_checksums")
-timed(Client, "_run_round")
+timed(Client, "_run_round", lambda a: f"_run_round {a[1]}")
 timed(Client, "_release")
 timed(Client, "_verified")
 timed(plain_values, "copy_bytes")
+timed(plain_values, "checksum_regions")
 timed(plain_values, "_bytes_of")
 timed(Client, "_carried_unregistered")
 timed(Client, "_find_value")
@@ -77,6 +79,11 @@ for label in ("warm", "measured"):
     for _ in range(300):
         t = time.perf_counter(); c.ping(); pings.append(time.perf_counter() - t)
     calls["ping"] = pings
+    idle = []
+    for _ in range(300):  # the master idle as long as a 1 MiB write takes: its wake-up in the round trip
+        time.sleep(0.0007)
+        t = time.perf_counter(); c.ping(); idle.append(time.perf_counter() - t)
+    calls["ping after 0.7 ms idle"] = idle
     out = {"calls": calls, "phases": dict(phases)}
 c.close()
 print(json.dumps(out))
