@@ -79,3 +79,18 @@ def test_after_a_master_restart_the_old_allocation_is_never_written(tmp_path):
     finally:
         node.stop(grace_s=5.0)
         master.stop(grace_s=5.0)
+
+
+def test_an_idle_writers_allocation_is_reclaimed_and_a_chained_put_gives_one_back(pool):
+    with Client(pool.address, "idle") as client:
+        assert client.put("a", pattern("a", SIZE)) is True
+        assert client.stats().num_pending == 1
+        wait_until(lambda: client.stats().num_pending == 0, 5, "the unused allocation reclaimed by the master")
+        stats = client.stats()
+        assert stats.ahead_expired == 1 and stats.num_objects == 1
+        assert client.put("b", pattern("b", SIZE)) is True  # the usual way again (the slot was too old)
+        assert client.put("b/c", pattern("b/c", SIZE), parent="b") is True  # a chain: the slot given back
+        wait_until(lambda: client.stats().num_pending == 0, 5, "the allocation given back by the chained put")
+        assert client.stats().ahead_expired == 1
+        assert [client.get(k) for k in ("a", "b", "b/c")] == [pattern(k, SIZE).tobytes() for k in ("a", "b", "b/c")]
+

@@ -63,20 +63,23 @@ def test_an_end_under_a_key_that_exists_leaves_the_allocation_pending_and_usable
     assert hits(core, ["second"]) == (1, [slot.replicas[0][0].offset], [0x3])
 
 
-def test_ahead_allocates_after_the_ends_and_each_allocation_is_reclaimed_like_any_pending_put():
+def test_ahead_allocates_after_the_ends_and_an_unused_one_is_reclaimed_after_ahead_timeout_s():
     core = make_core()
     slot = start(core, ["ahead:0"])
     reply = core.handle(p.PutEnd("t", ["ahead:0"], list(slot.tokens), [0x5], as_keys=["a"], ahead=["ahead:1"],
                                  ahead_sizes=[SLOT]), 0.5)
     assert reply.ended == 1 and reply.ahead is not None and reply.ahead.statuses == [ALLOC]
-    assert reply.ahead.tokens[0] not in (0, slot.tokens[0]) and reply.ahead.put_timeout_s == 10.0
-    second = reply.ahead.replicas[0][0].offset
-    assert second != slot.replicas[0][0].offset
-    core.tick(11.0)  # never ended: reclaimed at the put timeout, its space free again
-    assert core.stats(11.0).num_pending == 0
-    late = core.handle(p.PutEnd("t", ["ahead:1"], list(reply.ahead.tokens), [0x6], as_keys=["b"]), 11.5)
+    assert reply.ahead.tokens[0] not in (0, slot.tokens[0])
+    assert reply.ahead.put_timeout_s == 1.0  # ahead_timeout_s: an unused allocation is not held for long
+    assert reply.ahead.replicas[0][0].offset != slot.replicas[0][0].offset
+    core.tick(1.0)
+    assert core.stats(1.0).num_pending == 1
+    core.tick(1.6)  # never ended: reclaimed, its space free again, and not counted as a writer that died
+    stats = core.stats(1.6)
+    assert (stats.num_pending, stats.ahead_expired, core.index.reclaimed) == (0, 1, 0)
+    late = core.handle(p.PutEnd("t", ["ahead:1"], list(reply.ahead.tokens), [0x6], as_keys=["b"]), 1.7)
     assert (late.ended, late.refused) == (0, [0])
-    assert hits(core, ["a"], 12.0)[0] == 1 and core.stats(12.0).num_objects == 1
+    assert hits(core, ["a"], 2.0)[0] == 1 and core.stats(2.0).num_objects == 1
 
 
 @pytest.mark.parametrize("ahead, sizes, replicas", [(["x"], [], 1), (["x"], [0], 1), (["x"], [SLOT], 0), ([""], [SLOT], 1)])

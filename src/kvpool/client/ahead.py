@@ -18,8 +18,11 @@ Rules:
   1 s apart by default), take the segment back and end its recovery. And a reader verifies every
   object's checksum, so a slot is only used by a client that sends checksums: a write that did land
   on another object makes that object a miss, never wrong bytes.
-- A slot that cannot be used (too old, another size, another master, the key existed) is given
-  back with a PutRevoke that waits for no reply; one the master already reclaimed costs nothing.
+- A slot that cannot be used (too old, another size, another master, the key existed), or that a
+  plain put with a parent or pinned passes by, is given back with a PutRevoke that waits for no
+  reply; one the master already reclaimed costs nothing. The master itself reclaims a slot not
+  used within its `--ahead-timeout-s` (1 s; the reply's put_timeout_s), so an idle writer holds
+  no space for long (master metric `kvpool_master_ahead_expired`).
 - Pure bookkeeping with a lock: no I/O. plain_values.py does the writes and the round trips.
 """
 

@@ -67,6 +67,8 @@ class PlainValues:
             stored = self._put_ahead(key, region.addr, size, unregistered=not registered)
             if stored is not None:
                 return stored
+        else:
+            self._give_back(self._ahead.drop())  # a chained or pinned put: the next is likely one too
         if registered:
             statuses, message = self._put_from([key], [[region.addr]], [[region.size_bytes]], [parent], pinned,
                                                ahead=ahead)

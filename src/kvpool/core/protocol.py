@@ -490,6 +490,7 @@ class StatsReply(Struct, tag="stats_ok", frozen=True):
     lease_releases: int = 0  # leased lookups released by their reader before the TTL
     epoch: int = 0
     refused_put_ends: int = 0  # PutEnd keys whose token was no longer pending
+    ahead_expired: int = 0  # allocations held for a writer's next put (PutEnd.ahead) never used
     quarantined: int = 0  # allocations held because their write may still land
     quarantine_expiries: int = 0  # quarantines ended by their time limit, not by the writer
     recovered_objects: int = 0  # objects taken from nodes' directories after a (re)mount

@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how often nodes are told to heartbeat (must be below --node-ttl-s)")
     parser.add_argument("--put-timeout-s", type=float, default=_D.put_timeout_s,
                         help="a put started but never ended within this is reclaimed (its writer died)")
+    parser.add_argument("--ahead-timeout-s", type=float, default=_D.ahead_timeout_s,
+                        help="an allocation a client holds for its next plain put and does not use within this "
+                        "(or --put-timeout-s, if shorter) is reclaimed")
     parser.add_argument("--quarantine-max-s", type=float, default=_D.quarantine_max_s,
                         help="space of a write that timed out and may still land is held until its writer says it "
                         "ended, or this long at most")
@@ -173,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
             node_ttl_s=args.node_ttl_s,
             heartbeat_interval_s=args.heartbeat_interval_s,
             put_timeout_s=args.put_timeout_s,
+            ahead_timeout_s=args.ahead_timeout_s,
             quarantine_max_s=args.quarantine_max_s,
             recovery_timeout_s=args.recovery_timeout_s,
             alignment_bytes=args.alignment_bytes,

@@ -27,6 +27,9 @@ class MasterConfig:
     node_ttl_s: float = 10.0  # a segment not heartbeated for this long is unmounted (tolerates seconds of stall)
     heartbeat_interval_s: float = 1.0  # told to nodes at mount
     put_timeout_s: float = 30.0  # a pending put never ended within this is reclaimed (writer died)
+    # an allocation held for a writer's next put (PutEnd.ahead, client/ahead.py) and not used within
+    # this (or put_timeout_s, if shorter) is reclaimed: an idle writer holds no space for long
+    ahead_timeout_s: float = 1.0
     alignment_bytes: int = 64  # object offsets and sizes are rounded to this
     max_message_bytes: int = MAX_MESSAGE_BYTES  # larger control frames get ErrorReply(kind="protocol")
     tick_interval_s: float = 0.2  # health checks, pending reclaim and metric snapshots run this often
@@ -53,7 +56,8 @@ class MasterConfig:
                 "watermarks must satisfy 0 < low_watermark < high_watermark <= 1, got "
                 f"low={self.low_watermark} high={self.high_watermark}"
             )
-        for name in ("lease_ttl_s", "node_ttl_s", "heartbeat_interval_s", "put_timeout_s", "tick_interval_s",
+        for name in ("lease_ttl_s", "node_ttl_s", "heartbeat_interval_s", "put_timeout_s", "ahead_timeout_s",
+                     "tick_interval_s",
                      "quarantine_max_s", "recovery_timeout_s", "directory_max_ops", "directory_ops_per_reply",
                      "max_promotions_per_lookup", "rate_limit_keys_per_s"):
             if getattr(self, name) <= 0:

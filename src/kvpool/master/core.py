@@ -235,7 +235,10 @@ class MasterCore:
             req.tenant, req.keys, req.sizes, req.parents, req.num_replicas, req.pinned, now_s, ahead
         )
         return p.PutStartReply(statuses=statuses, replicas=replicas, message=message,  # type: ignore[arg-type]
-                               tokens=tokens, put_timeout_s=self.config.put_timeout_s)
+                               tokens=tokens, put_timeout_s=self._put_timeout_s(ahead))
+
+    def _put_timeout_s(self, ahead: bool) -> float:
+        return self.index.ahead_timeout_s if ahead else self.config.put_timeout_s
 
     def _put_start_beside_inline(self, req: p.PutStart, now_s: float, ahead: bool) -> p.PutStartReply:
         """PutStart in a namespace that holds inline values: those keys exist (one namespace)."""
@@ -251,7 +254,7 @@ class MasterCore:
             for n, i in enumerate(rest):
                 statuses[i], replicas[i], tokens[i] = got[n], placed[n], granted[n]
         return p.PutStartReply(statuses=statuses, replicas=replicas, message=message,  # type: ignore[arg-type]
-                               tokens=tokens, put_timeout_s=self.config.put_timeout_s)
+                               tokens=tokens, put_timeout_s=self._put_timeout_s(ahead))
 
     def _put_value(self, req: p.PutValue, now_s: float) -> p.PutValueReply:
         _check_keys([req.key])
@@ -439,6 +442,7 @@ class MasterCore:
             nodes=nodes,
             epoch=self.epoch,
             refused_put_ends=index.refused_put_ends,
+            ahead_expired=index.ahead_expired,
             quarantined=index.num_quarantined,
             quarantine_expiries=index.quarantine_expiries,
             recovered_objects=index.recovered_objects,

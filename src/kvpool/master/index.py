@@ -93,6 +93,7 @@ class ObjectIndex:
         self.last_num_promoting = 0  # of the last lookup: disk-only keys after its hits, being promoted
         # pending records in put order; a pending record's last_access_s is its put_start time
         self._pending: deque[ObjectRecord] = deque()
+        self._pending_ahead: deque[ObjectRecord] = deque()  # the same, held for a writer's next put
         self._zombies: set[ObjectRecord] = set()  # removed while leased: space freed when the lease ends
         self._leases: dict[int, tuple[str, list[ObjectRecord]]] = {}  # lease id -> (tenant, records)
         self._lease_order: deque[tuple[float, int]] = deque()  # (until_s, lease id), in grant order
@@ -113,6 +114,7 @@ class ObjectIndex:
         self.lease_grants = 0
         self.lease_expiries = 0
         self.reclaimed = 0
+        self.ahead_expired = 0
         self.dropped = 0
 
     # ---- put -----------------------------------------------------------------------------------
@@ -177,7 +179,7 @@ class ObjectIndex:
             space[key] = rec
             account.charge(rec, 1)
             self.num_pending += 1
-            self._pending.append(rec)
+            (self._pending_ahead if ahead else self._pending).append(rec)
             statuses.append(PUT_ALLOCATED)
             replicas.append(placed)
             tokens.append(token)
@@ -306,20 +308,16 @@ class ObjectIndex:
     def num_quarantined(self) -> int:
         return len(self._quarantine)
 
+    @property
+    def ahead_timeout_s(self) -> float:
+        return min(self.config.ahead_timeout_s, self.config.put_timeout_s)
+
     def reclaim_pending(self, now_s: float) -> int:
-        """Free pending objects whose put never ended within put_timeout_s (their writer died)."""
-        pending = self._pending
-        started_before_s = now_s - self.config.put_timeout_s
-        reclaimed = 0
-        while pending:
-            rec = pending[0]
-            if not rec.flags & (COMPLETE | DEAD):
-                if rec.last_access_s > started_before_s:
-                    break  # put order: every later entry started later
-                self.drop(rec)
-                reclaimed += 1
-            pending.popleft()
+        """Free pending objects whose put never ended within put_timeout_s (their writer died), and
+        allocations held ahead not used within ahead_timeout_s (counted apart: nobody died)."""
+        reclaimed = _reclaim(self, self._pending, now_s - self.config.put_timeout_s)
         self.reclaimed += reclaimed
+        self.ahead_expired += _reclaim(self, self._pending_ahead, now_s - self.ahead_timeout_s)
         return reclaimed
 
     # ---- get -----------------------------------------------------------------------------------
@@ -622,3 +620,17 @@ class ObjectIndex:
 
     def tenant_stats(self) -> list[TenantStats]:
         return [account.stats() for account in self.accounts.values()]
+
+
+def _reclaim(index: ObjectIndex, pending: deque, started_before_s: float) -> int:
+    """Drop the pending records at the head of `pending` (put order) started before the limit."""
+    reclaimed = 0
+    while pending:
+        rec = pending[0]
+        if not rec.flags & (COMPLETE | DEAD):
+            if rec.last_access_s > started_before_s:
+                break  # put order: every later entry started later
+            index.drop(rec)
+            reclaimed += 1
+        pending.popleft()
+    return reclaimed

@@ -60,6 +60,8 @@ class MasterCollector(Collector):
             ("lease_releases", "Leased lookups released by their reader before the TTL", s.lease_releases),
             ("refused_put_ends", "PutEnd keys refused: their write token no longer named a pending put",
              s.refused_put_ends),
+            ("ahead_expired", "Allocations held for a writer's next plain put that it never used (reclaimed)",
+             s.ahead_expired),
             ("quarantine_expiries", "Quarantined writes freed by the time limit, not by their writer",
              s.quarantine_expiries),
             ("recovered_objects", "Objects taken back from node directories after a (re)mount", s.recovered_objects),
