@@ -94,3 +94,30 @@ def test_an_idle_writers_allocation_is_reclaimed_and_a_chained_put_gives_one_bac
         assert client.stats().ahead_expired == 1
         assert [client.get(k) for k in ("a", "b", "b/c")] == [pattern(k, SIZE).tobytes() for k in ("a", "b", "b/c")]
 
+
+
+def test_threads_sharing_a_client_each_write_their_own_values(pool):
+    """One slot at most, taken and granted under a lock: threads putting at once never share one."""
+    import threading
+
+    keys = [[f"t{t}/{i}" for i in range(15)] for t in range(4)]
+    failures = []
+    with Client(pool.address, "threads") as client:
+        def writer(mine):
+            try:
+                for key in mine:
+                    assert client.put(key, pattern(key, SIZE)) is True
+            except BaseException as e:  # noqa: BLE001 - reported below
+                failures.append(e)
+
+        threads = [threading.Thread(target=writer, args=(mine,)) for mine in keys]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert failures == []
+        assert _ahead_puts(client) >= 1
+        flat = [k for mine in keys for k in mine]
+        assert [client.get(k) for k in flat] == [pattern(k, SIZE).tobytes() for k in flat]
+        stats = client.stats()
+        assert stats.num_objects == 60 and stats.num_pending <= 1
