@@ -98,9 +98,7 @@ class PlainValues:
         self._give_back(stale)
         if slot is None:
             return None
-        self._check_keys([key], unique=False)
-        if self.config.read_only:
-            raise UsageError("this client is read-only (read_only=True): it cannot put")
+        self._check_keys([key], unique=False)  # (a read-only client never holds a slot: it never put)
         started = time.perf_counter()
         choices = [(0, replica) for replica in slot.replicas]
         if unregistered and not self._carried_unregistered("WRITE", choices, [size]):
@@ -119,11 +117,8 @@ class PlainValues:
             if in_flight:
                 self._end_quarantine_later(in_flight, [slot.token])
             return None
-        next_key, sent_s, epoch = self._ahead.new_key(), time.monotonic(), self._channel.epoch
-        reply = self._call(protocol.PutEnd(tenant, [slot.key], [slot.token], [checksum], as_keys=[key],
-                                           ahead=[next_key], ahead_sizes=[size],
-                                           ahead_replicas=self.config.num_replicas), protocol.PutEndReply)
-        self._give_back(self._ahead.grant(next_key, size, reply.ahead, sent_s, epoch, self._channel.epoch))
+        reply = self._end_asking_ahead(protocol.PutEnd(tenant, [slot.key], [slot.token], [checksum], as_keys=[key]),
+                                       size)
         if reply.refused:
             log.info("kvpool: the master no longer held the allocation put ahead for %r (reclaimed, or a new "
                      "master); putting it again", key)
@@ -147,8 +142,8 @@ class PlainValues:
         return reply
 
     def _give_back(self, slot: "AheadSlot | None", lazy: bool = True) -> None:
-        """Free an allocation held ahead that will not be used, waiting for no reply (the master's
-        put timeout reclaims it if this is lost)."""
+        """Free an allocation held ahead that will not be used, waiting for no reply (the master
+        reclaims it after its ahead timeout if this is lost)."""
         if slot is not None:
             try:
                 self._channel.send(protocol.PutRevoke(self.config.tenant, [slot.key], [slot.token]), lazy=lazy)

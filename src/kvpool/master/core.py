@@ -295,15 +295,14 @@ class MasterCore:
             _check_same_length("put_end's ahead", req.ahead, req.ahead_sizes)
             if min(req.ahead_sizes) <= 0 or not 1 <= req.ahead_replicas <= p.MAX_REPLICAS:
                 raise UsageError(f"ahead sizes must be > 0 bytes and ahead_replicas in 1..{p.MAX_REPLICAS}")
-        existed: list[int] = []
+        taken = None
         if req.as_keys:
             _check_same_length("put_end", req.keys, req.as_keys)
             _check_keys(req.as_keys)
-            taken = partial(self.inline.contains, req.tenant) if self.inline.holds_any(req.tenant) else None
-            ended, refused, existed = self.index.put_end(req.tenant, req.keys, req.tokens, req.checksums, now_s,
-                                                         req.as_keys, taken)
-        else:
-            ended, refused, _ = self.index.put_end(req.tenant, req.keys, req.tokens, req.checksums, now_s)
+            if self.inline.holds_any(req.tenant):
+                taken = partial(self.inline.contains, req.tenant)
+        ended, refused, existed = self.index.put_end(req.tenant, req.keys, req.tokens, req.checksums, now_s,
+                                                     req.as_keys, taken)
         ahead = None
         if req.ahead:  # after the ends: the space they leave pending stays the writer's either way
             ahead = self._put_start(p.PutStart(req.tenant, req.ahead, req.ahead_sizes, [], req.ahead_replicas, False),

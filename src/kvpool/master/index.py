@@ -159,7 +159,8 @@ class ObjectIndex:
                 own_only = True
                 if ahead or not account.fits_when_empty(size, num_replicas) or not self.evictor.evict_for_quota(
                         account, size, num_replicas, now_s):
-                    account.quota_refusals += not ahead
+                    if not ahead:
+                        account.quota_refusals += 1
                     placed, why = _NO_REPLICAS, account.refusal_message(size, num_replicas)
                 else:
                     placed, why = self._place(account, size, num_replicas, now_s, own_only)
