@@ -54,6 +54,7 @@ class AheadSlot:
     sent_s: float  # monotonic, before the request that granted it was sent
     epoch: int | None  # the master incarnation that granted it
     put_timeout_s: float
+    lands: bool = False  # that master takes PutEnd.landing (landing.py)
 
     @property
     def deadline_s(self) -> float:
@@ -90,7 +91,8 @@ class AheadSlots:
         if reply is None or len(reply.statuses) != 1 or reply.statuses[0] != PUT_ALLOCATED \
                 or len(reply.tokens) != 1 or len(reply.replicas) != 1 or not reply.replicas[0]:
             return None
-        slot = AheadSlot(key, reply.tokens[0], size, tuple(reply.replicas[0]), sent_s, epoch, reply.put_timeout_s)
+        slot = AheadSlot(key, reply.tokens[0], size, tuple(reply.replicas[0]), sent_s, epoch, reply.put_timeout_s,
+                         reply.lands)
         if epoch is None or epoch != epoch_after:
             return slot
         with self._lock:

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from kvpool.client import plan
 from kvpool.client.ahead import AheadSlots, end_margin_s
 from kvpool.client.checksum import NO_CHECKSUM, checksum_after, checksum_objects
+from kvpool.client.landing import Landings
 from kvpool.client.memory import RegisteredRanges, StagingBuffer, copy_bytes, region_of
 from kvpool.client.metrics import TenantMetrics, client_metrics
 from kvpool.client.plain_values import PlainValues
@@ -158,7 +159,7 @@ class ClientConfig:
             raise ValueError(f"staging_bytes must be >= 4096, got {self.staging_bytes}")
 
 
-class Client(PlainValues):
+class Client(PlainValues, Landings):
     def __init__(
         self,
         master_address: str,
@@ -298,6 +299,8 @@ class Client(PlainValues):
             raise ProtocolError(f"the master answered PutStart with {len(reply.tokens)} tokens for {len(keys)} keys")
         write_deadline = t0 + reply.put_timeout_s - end_margin_s(reply.put_timeout_s)
         choices = [(i, r) for i in allocated for r in reply.replicas[i]]
+        alloc_keys, alloc_tokens = [keys[i] for i in allocated], [tokens[i] for i in allocated] if allocated else []
+        ending = None  # the PutEnd sent before the write (landing.py), if it was
         try:
             beside = None  # a large batch's checksums, computed on another thread while it is written
             if early is not None:
@@ -316,6 +319,9 @@ class Client(PlainValues):
                     copy_bytes(self._staging.addr, addrs[0][0], totals[0])
                     addrs, unregistered = [[self._staging.addr]], False
                     ahead = False  # the next plain put would be staged too: it gains nothing ahead
+                if allocated and beside is None:
+                    ending = self._begin_ending(protocol.PutEnd(tenant, alloc_keys, alloc_tokens, checksums),
+                                                reply.lands, totals[0] if ahead else None)
                 failed, in_flight = self._run_round(
                     "WRITE", choices, addrs, sizes, max(1e-3, write_deadline - time.monotonic()),
                     unregistered=unregistered,
@@ -323,13 +329,20 @@ class Client(PlainValues):
             if beside is not None:
                 checksums = beside.result()
         except BaseException:
-            self._revoke_quietly([keys[i] for i in allocated], [tokens[i] for i in allocated])
+            if ending is not None:
+                self._abandon_ending(ending, alloc_keys, alloc_tokens)
+            else:
+                self._revoke_quietly(alloc_keys, alloc_tokens)
             raise
         # The source is free now. A write still in flight may read it later, but only into its
         # quarantined range, which is never served: reusing the source cannot corrupt an object.
         written()
+        ended = self._finish_ending(ending, alloc_keys, alloc_tokens) if ending is not None else None
         if allocated and time.monotonic() > write_deadline:
             failed = set(allocated)  # too late to end safely: the master may reclaim any moment now
+        if ended is not None:  # ended already: what was refused is not ours, what failed is revoked
+            refused = {allocated[n] for n in ended.refused}
+            failed -= refused
         if failed:
             gone = sorted(failed)
             flight = [n for n, i in enumerate(gone) if i in in_flight]
@@ -339,21 +352,20 @@ class Client(PlainValues):
                 self._end_quarantine_later(in_flight, [tokens[i] for i in gone if i in in_flight])
             for i in failed:
                 statuses[i] = PUT_FAILED
-        written = [i for i in allocated if i not in failed]
-        if written:
-            by_index = dict(zip(allocated, checksums))
-            end = protocol.PutEnd(tenant, [keys[i] for i in written], [tokens[i] for i in written],
-                                  [by_index[i] for i in written])
-            if ahead:
-                ended = self._end_asking_ahead(end, totals[0])
-            else:
-                ended = self._call(end, protocol.PutEndReply)
-            for n in ended.refused:
-                statuses[written[n]] = PUT_FAILED
-            if ended.refused:
-                self._metrics.put_keys["refused"].inc(len(ended.refused))
-                log.warning("kvpool: the master refused %d of %d put ends (their allocation was reclaimed or "
-                            "is no longer ours); those keys were not stored", len(ended.refused), len(written))
+        if ended is not None:
+            landed = [i for i in allocated if i not in failed and i not in refused]
+            if not self._land([keys[i] for i in landed], [tokens[i] for i in landed]):
+                for i in landed:
+                    statuses[i] = PUT_FAILED
+            self._count_refused(refused, statuses, len(allocated))
+        else:
+            written = [i for i in allocated if i not in failed]
+            if written:
+                by_index = dict(zip(allocated, checksums))
+                end = protocol.PutEnd(tenant, [keys[i] for i in written], [tokens[i] for i in written],
+                                      [by_index[i] for i in written])
+                ended = self._end_asking_ahead(end, totals[0]) if ahead else self._call(end, protocol.PutEndReply)
+                self._count_refused({written[n] for n in ended.refused}, statuses, len(written))
         # counted per batch, not per key: two labels().inc() per key were a quarter of a small put
         for st in set(statuses):
             self._metrics.put_keys[PUT_STATUS_NAMES.get(st, str(st))].inc(statuses.count(st))
@@ -362,6 +374,15 @@ class Client(PlainValues):
             self._metrics.put_bytes.inc(stored_bytes)
         self._metrics.latency_s["put"].observe(time.perf_counter() - started)
         return statuses, reply.message
+
+    def _count_refused(self, refused: set[int], statuses: list[int], num_ended: int) -> None:
+        """Objects whose end the master refused (or that could not be landed) are PUT_FAILED."""
+        for i in refused:
+            statuses[i] = PUT_FAILED
+        if refused:
+            self._metrics.put_keys["refused"].inc(len(refused))
+            log.warning("kvpool: the master refused %d of %d put ends (their allocation was reclaimed or "
+                        "is no longer ours); those keys were not stored", len(refused), num_ended)
 
     def _on_host(self, addrs: list[list[int]]) -> list[int]:
         """Indices of the objects whose regions are host memory (one transfer's regions lie in one

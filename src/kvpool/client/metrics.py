@@ -57,6 +57,18 @@ class ClientMetrics:
             t,
             registry=registry,
         )
+        self.put_ends_landing = Counter(
+            "kvpool_client_put_ends_landing",
+            "Put batches whose PutEnd travelled while their bytes were written (client/landing.py)",
+            t,
+            registry=registry,
+        )
+        self.landings_unsent = Counter(
+            "kvpool_client_landings_unsent",
+            "Put batches written and ended whose PutLanded could not be sent: reported PUT_FAILED",
+            t,
+            registry=registry,
+        )
         self.latency_s = Histogram(
             "kvpool_client_op_seconds",
             "Latency of client calls, master round trip and transfers included",
@@ -94,6 +106,8 @@ class TenantMetrics:
         self.checksum_mismatches = metrics.checksum_mismatches.labels(tenant)
         self.replica_fallbacks = metrics.replica_fallbacks.labels(tenant)
         self.puts_ahead = metrics.puts_ahead.labels(tenant)
+        self.put_ends_landing = metrics.put_ends_landing.labels(tenant)
+        self.landings_unsent = metrics.landings_unsent.labels(tenant)
 
 
 _BY_REGISTRY: dict[int, ClientMetrics] = {}

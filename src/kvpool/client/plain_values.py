@@ -105,20 +105,30 @@ class PlainValues:
             self._give_back(slot)
             return None
         tenant = self.config.tenant
+        names, tokens = [slot.key, key], [slot.token, slot.token]  # pending under either once its end is sent
+        ending = None
         try:
             checksum = checksum_regions([addr], [size])
+            end = protocol.PutEnd(tenant, [slot.key], [slot.token], [checksum], as_keys=[key])
+            ending = self._begin_ending(end, slot.lands, size)
             failed, in_flight = self._run_round("WRITE", choices, [[addr]], [[size]],
                                                 max(1e-3, slot.deadline_s - time.monotonic()), unregistered=unregistered)
         except BaseException:
-            self._revoke_quietly([slot.key], [slot.token])
+            if ending is not None:
+                self._abandon_ending(ending, names, tokens)
+            else:
+                self._revoke_quietly([slot.key], [slot.token])
             raise
+        reply = self._finish_ending(ending, names, tokens) if ending is not None else None
         if failed or time.monotonic() > slot.deadline_s:
-            self._call(protocol.PutRevoke(tenant, [slot.key], [slot.token], [0] if in_flight else []), protocol.OkReply)
+            gone = names if ending is not None else [slot.key]
+            self._call(protocol.PutRevoke(tenant, gone, tokens[: len(gone)], list(range(len(gone))) if in_flight else []),
+                       protocol.OkReply)
             if in_flight:
                 self._end_quarantine_later(in_flight, [slot.token])
             return None
-        reply = self._end_asking_ahead(protocol.PutEnd(tenant, [slot.key], [slot.token], [checksum], as_keys=[key]),
-                                       size)
+        if reply is None:
+            reply = self._end_asking_ahead(end, size)
         if reply.refused:
             log.info("kvpool: the master no longer held the allocation put ahead for %r (reclaimed, or a new "
                      "master); putting it again", key)
@@ -126,6 +136,8 @@ class PlainValues:
         stored = not reply.existed
         if reply.existed:
             self._give_back(slot)  # written for nothing: the key was there
+        elif ending is not None and not self._land([key], [slot.token]):
+            raise TransferError(f"{key!r} was written but could not be made readable (PutLanded not sent); retry it")
         else:
             self._metrics.put_bytes.inc(size * len(slot.replicas))
         self._metrics.puts_ahead.inc()
@@ -135,11 +147,21 @@ class PlainValues:
 
     def _end_asking_ahead(self, end: protocol.PutEnd, size: int) -> protocol.PutEndReply:
         """Send a plain put's PutEnd asking for an allocation of `size` bytes for the next one."""
-        next_key, sent_s, epoch = self._ahead.new_key(), time.monotonic(), self._channel.epoch
-        reply = self._call(msgspec.structs.replace(end, ahead=[next_key], ahead_sizes=[size],
-                                                   ahead_replicas=self.config.num_replicas), protocol.PutEndReply)
-        self._give_back(self._ahead.grant(next_key, size, reply.ahead, sent_s, epoch, self._channel.epoch))
+        end, grant = self._asking_ahead(end, size)
+        reply = self._call(end, protocol.PutEndReply)
+        grant(reply)
         return reply
+
+    def _asking_ahead(self, end: protocol.PutEnd, size: int):
+        """(`end` asking for an allocation of `size` bytes for the next plain put, a function that
+        keeps what its reply grants)."""
+        next_key, sent_s, epoch = self._ahead.new_key(), time.monotonic(), self._channel.epoch
+
+        def grant(reply: protocol.PutEndReply) -> None:
+            self._give_back(self._ahead.grant(next_key, size, reply.ahead, sent_s, epoch, self._channel.epoch))
+
+        return msgspec.structs.replace(end, ahead=[next_key], ahead_sizes=[size],
+                                       ahead_replicas=self.config.num_replicas), grant
 
     def _give_back(self, slot: "AheadSlot | None", lazy: bool = True) -> None:
         """Free an allocation held ahead that will not be used, waiting for no reply (the master

@@ -14,6 +14,9 @@ Rules:
 - Puts are fenced by write tokens: PutStart returns one per allocation, PutEnd / PutRevoke name it,
   and an end for an allocation that is no longer the writer's (reclaimed, revoked, removed and
   re-put) is refused and reported in PutEndReply.refused, never applied to another writer's object.
+- A put may end while its bytes travel (PutEnd.landing): the master checks and renames as for any
+  end but keeps the objects unreadable until the writer's one-way PutLanded says the bytes are in.
+  Only masters that say so in their PutStartReply (`lands`) are asked.
 - Objects carry an end-to-end checksum (client/checksum.py; 0 means none): the writer sends it
   with PutEnd, the master keeps it and returns it with every leased hit, readers verify it.
 - Nodes keep a directory of their committed objects (DirEntry), fed by heartbeat replies
@@ -196,7 +199,11 @@ class PutEnd(Struct, tag="put_end", frozen=True):
     unchanged, and i is in the reply's `existed`). `ahead`: keys to allocate afresh once these
     ended, as a PutStart of `ahead_sizes` without parents (`ahead_replicas` each) would; the
     reply's `ahead` answers it. Together they let a writer hold an allocation ahead of its next
-    put (client/ahead.py): that put is then its write and one PutEnd."""
+    put (client/ahead.py): that put is then its write and one PutEnd.
+
+    `landing`: sent while the bytes are still being written (client/landing.py). The master does
+    all of the above but leaves the ended objects pending, unreadable, until a PutLanded names
+    them; one never landed is reclaimed as any pending put is, and PutRevoke still frees it."""
 
     tenant: str
     keys: list[str]
@@ -206,6 +213,16 @@ class PutEnd(Struct, tag="put_end", frozen=True):
     ahead: list[str] = []
     ahead_sizes: list[int] = []
     ahead_replicas: int = 1
+    landing: bool = False
+
+
+class PutLanded(Struct, tag="put_landed", frozen=True):
+    """The bytes of these objects, ended by a PutEnd with `landing`, are written: make them readable.
+    Sent one way (no reply); keys are the ones they were ended under (as_keys where given)."""
+
+    tenant: str
+    keys: list[str]
+    tokens: list[int]
 
 
 class PutRevoke(Struct, tag="put_revoke", frozen=True):
@@ -293,6 +310,7 @@ Request = (
     | PutStart
     | PutEnd
     | PutRevoke
+    | PutLanded
     | EndQuarantine
     | LookupPrefix
     | ReleaseLeases
@@ -351,6 +369,7 @@ class PutStartReply(Struct, tag="put_started", frozen=True):
     message: str = ""  # why a key got PUT_NO_SPACE
     tokens: list[int] = []
     put_timeout_s: float = 30.0
+    lands: bool = False  # this master takes PutEnd.landing and PutLanded (older ones: False)
 
 
 class PutEndReply(Struct, tag="put_ended", frozen=True):
@@ -491,6 +510,8 @@ class StatsReply(Struct, tag="stats_ok", frozen=True):
     epoch: int = 0
     refused_put_ends: int = 0  # PutEnd keys whose token was no longer pending
     ahead_expired: int = 0  # allocations held for a writer's next put (PutEnd.ahead) never used
+    landed: int = 0  # objects made readable by PutLanded (ended while their bytes travelled)
+    refused_landings: int = 0  # PutLanded keys not pending a landing under that token (reclaimed, revoked)
     quarantined: int = 0  # allocations held because their write may still land
     quarantine_expiries: int = 0  # quarantines ended by their time limit, not by the writer
     recovered_objects: int = 0  # objects taken from nodes' directories after a (re)mount

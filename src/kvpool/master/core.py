@@ -82,6 +82,7 @@ class MasterCore:
             p.PutStart: self._put_start,
             p.PutEnd: self._put_end,
             p.PutRevoke: self._put_revoke,
+            p.PutLanded: self._put_landed,
             p.LookupPrefix: self._lookup_prefix,
             p.ReleaseLeases: self._release_leases,
             p.Exists: self._exists,
@@ -235,7 +236,7 @@ class MasterCore:
             req.tenant, req.keys, req.sizes, req.parents, req.num_replicas, req.pinned, now_s, ahead
         )
         return p.PutStartReply(statuses=statuses, replicas=replicas, message=message,  # type: ignore[arg-type]
-                               tokens=tokens, put_timeout_s=self._put_timeout_s(ahead))
+                               tokens=tokens, put_timeout_s=self._put_timeout_s(ahead), lands=True)
 
     def _put_timeout_s(self, ahead: bool) -> float:
         return self.index.ahead_timeout_s if ahead else self.config.put_timeout_s
@@ -254,7 +255,7 @@ class MasterCore:
             for n, i in enumerate(rest):
                 statuses[i], replicas[i], tokens[i] = got[n], placed[n], granted[n]
         return p.PutStartReply(statuses=statuses, replicas=replicas, message=message,  # type: ignore[arg-type]
-                               tokens=tokens, put_timeout_s=self._put_timeout_s(ahead))
+                               tokens=tokens, put_timeout_s=self._put_timeout_s(ahead), lands=True)
 
     def _put_value(self, req: p.PutValue, now_s: float) -> p.PutValueReply:
         _check_keys([req.key])
@@ -302,12 +303,16 @@ class MasterCore:
             if self.inline.holds_any(req.tenant):
                 taken = partial(self.inline.contains, req.tenant)
         ended, refused, existed = self.index.put_end(req.tenant, req.keys, req.tokens, req.checksums, now_s,
-                                                     req.as_keys, taken)
+                                                     req.as_keys, taken, req.landing)
         ahead = None
         if req.ahead:  # after the ends: the space they leave pending stays the writer's either way
             ahead = self._put_start(p.PutStart(req.tenant, req.ahead, req.ahead_sizes, [], req.ahead_replicas, False),
                                     now_s, ahead=True)
         return p.PutEndReply(ended=ended, refused=refused, existed=existed, ahead=ahead)
+
+    def _put_landed(self, req: p.PutLanded, now_s: float) -> p.OkReply:
+        _check_same_length("put_landed", req.keys, req.tokens)
+        return p.OkReply(count=self.index.put_landed(req.tenant, req.keys, req.tokens, now_s))
 
     def _put_revoke(self, req: p.PutRevoke, now_s: float) -> p.OkReply:
         _check_same_length("put_revoke", req.keys, req.tokens)
@@ -442,6 +447,8 @@ class MasterCore:
             epoch=self.epoch,
             refused_put_ends=index.refused_put_ends,
             ahead_expired=index.ahead_expired,
+            landed=index.landed,
+            refused_landings=index.refused_landings,
             quarantined=index.num_quarantined,
             quarantine_expiries=index.quarantine_expiries,
             recovered_objects=index.recovered_objects,

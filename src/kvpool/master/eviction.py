@@ -57,6 +57,7 @@ PINNED = 2  # never evicted (removed only explicitly)
 IN_HEAP = 4  # has an entry in the eviction heap
 DEAD = 8  # gone from the index; an old heap entry or a child may still point at it
 DRAINING = 16  # eviction waits for its lease to end: no new lease
+LANDING = 32  # pending, ended while its bytes travel (PutEnd.landing): readable once PutLanded names it
 
 NO_CHECKSUM = bytes(8)
 PUT_EVICTION_FACTOR = 2  # a put above the high watermark evicts at most this many times its bytes beyond it

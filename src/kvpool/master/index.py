@@ -36,6 +36,10 @@ Rules:
   put_end's `as_keys` moves a pending record to the key it is ended under (client/ahead.py: an
   allocation a writer held for its next put), unless that key is held here or inline; its token
   and space go with it, so every rule above holds for it as for any pending put.
+- put_end with `landing` (a writer ending while its bytes travel) checks, renames and keeps the
+  checksum as any end, but the record stays pending (flag LANDING) until put_landed names it with
+  its token; until then it is a miss for readers and an existing key for writers, and reclaim,
+  revoke and quarantine treat it as the pending put it is.
 - Every change to what a segment holds committed is appended to its directory log (directory.py):
   an add on put_end, a removal (size 0) when a committed object goes. Nodes keep that directory
   and announce it to a new master (`announce`), which rebuilds records, chains, tails and an LRU
@@ -63,8 +67,8 @@ from kvpool.core.protocol import (
     pack_replicas,
 )
 from kvpool.master.config import MasterConfig
-from kvpool.master.eviction import (COMPLETE, DEAD, DRAINING, IN_HEAP, NO_CHECKSUM, PINNED, PUT_EVICTION_FACTOR, Evictor,
-                                     ObjectRecord)
+from kvpool.master.eviction import (COMPLETE, DEAD, DRAINING, IN_HEAP, LANDING, NO_CHECKSUM, PINNED,
+                                     PUT_EVICTION_FACTOR, Evictor, ObjectRecord)
 from kvpool.master.ids import IdSource
 from kvpool.master.placement import why_nowhere
 from kvpool.master.access import namespace_owner
@@ -115,6 +119,8 @@ class ObjectIndex:
         self.lease_expiries = 0
         self.reclaimed = 0
         self.ahead_expired = 0
+        self.landed = 0
+        self.refused_landings = 0
         self.dropped = 0
 
     # ---- put -----------------------------------------------------------------------------------
@@ -224,21 +230,20 @@ class ObjectIndex:
 
     def put_end(
         self, tenant: str, keys: list[str], tokens: list[int], checksums: list[int], now_s: float,
-        as_keys: list[str] | None = None, taken=None,
+        as_keys: list[str] | None = None, taken=None, landing: bool = False,
     ) -> tuple[int, list[int], list[int]]:
         """Make pending objects readable; returns (how many ended, indices refused: no pending
         allocation under that key has that token any more, indices existed). With `as_keys`, the
         allocation pending under keys[i] is ended under as_keys[i], unless that key is held here
-        or `taken(key)` says it is held elsewhere (inline): then it stays pending under keys[i]."""
+        or `taken(key)` says it is held elsewhere (inline): then it stays pending under keys[i].
+        With `landing`, the ended objects stay pending until put_landed names them."""
         space = self.tenants.get(tenant)
         ended = 0
         refused: list[int] = []
         existed: list[int] = []
-        push = self.evictor.push
-        by_id = self.segments.by_id
         for i, key in enumerate(keys):
             rec = self._pending_with_token(space, key, tokens[i])
-            if rec is None:
+            if rec is None or rec.flags & LANDING:
                 refused.append(i)
                 continue
             if as_keys and as_keys[i] != key:
@@ -247,26 +252,51 @@ class ObjectIndex:
                     existed.append(i)
                     continue
                 del space[key]
-                rec.key = key = new_key
-                space[key] = rec
-            rec.flags |= COMPLETE
-            rec.last_access_s = now_s
+                rec.key = new_key
+                space[new_key] = rec
             checksum = checksums[i]
             if checksum:
                 rec.checksum = checksum.to_bytes(8, "little")
             ended += 1
-            if not rec.num_children and not rec.flags & PINNED:
-                push(rec)
-            parent_key = rec.parent.key if rec.parent is not None else None
-            for replica in rec.replicas:
-                segment = by_id.get(replica.segment_id)
-                if segment is not None:
-                    segment.log.append(DirEntry(replica.offset, replica.size, tenant, key, parent_key, checksum))
-        self.num_pending -= ended
-        self.num_complete += ended
-        self.puts += ended
+            if landing:
+                rec.flags |= LANDING
+            else:
+                self._complete(rec, tenant, now_s)
         self.refused_put_ends += len(refused)
         return ended, refused, existed
+
+    def put_landed(self, tenant: str, keys: list[str], tokens: list[int], now_s: float) -> int:
+        """Make readable the objects ended with `landing` whose bytes are now written; returns how many."""
+        space = self.tenants.get(tenant)
+        landed = 0
+        for key, token in zip(keys, tokens):
+            rec = self._pending_with_token(space, key, token)
+            if rec is None or not rec.flags & LANDING:
+                self.refused_landings += 1
+                continue
+            rec.flags &= ~LANDING
+            self._complete(rec, tenant, now_s)
+            landed += 1
+        self.landed += landed
+        return landed
+
+    def _complete(self, rec: ObjectRecord, tenant: str, now_s: float) -> None:
+        """A pending record becomes readable: evictable, logged in its segments' directories."""
+        rec.flags |= COMPLETE
+        rec.last_access_s = now_s
+        if not rec.num_children and not rec.flags & PINNED:
+            self.evictor.push(rec)
+        key = rec.key
+        parent_key = rec.parent.key if rec.parent is not None else None
+        checksum = int.from_bytes(rec.checksum, "little")
+        by_id = self.segments.by_id
+        for replica in rec.replicas:
+            segment = by_id.get(replica.segment_id)
+            if segment is not None:
+                segment.log.append(DirEntry(replica.offset, replica.size, tenant, key, parent_key, checksum))
+        self.num_pending -= 1
+        self.num_complete += 1
+        self.puts += 1
 
     def put_revoke(self, tenant: str, keys: list[str], tokens: list[int], in_flight: list[int], now_s: float) -> int:
         """Free pending allocations named by their tokens; those in `in_flight` are quarantined."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from kvpool.core import protocol as p
 
-_KEYED = (p.LookupPrefix, p.PutStart, p.Exists, p.Remove, p.PutEnd, p.PutRevoke)
+_KEYED = (p.LookupPrefix, p.PutStart, p.Exists, p.Remove, p.PutEnd, p.PutRevoke, p.PutLanded)
 
 
 def cost_of(request: p.Request) -> int:

@@ -16,6 +16,10 @@ Rules:
   without it the master serves anyone (`--insecure`) and says so at start.
 - Rate limits (limits.py) per identity (its key; its connection when insecure), checked after
   decoding and before any work: a flooding client is refused `rate_limited`, the others served.
+- Within one wake-up, lane frames sent one way (releases, revokes, PutLanded) are handled before
+  the calls read with them: a writer sends PutLanded before its put returns, so a reader whose
+  lookup was read in the same wake-up sees the object (only frames that name what an earlier
+  reply gave their sender are sent one way, so none depends on a call read beside it).
 - `MasterService` runs in-process too: `start()` serves from a background thread, `stop()` ends it.
 """
 
@@ -215,12 +219,18 @@ class MasterService:
         False: nothing came within `timeout_ms`."""
         lane, sock = self._lane, self._socket
         ready = self._poller.poll(timeout_ms)
+        calls = []
         for what, events in ready:
             if what is sock:
                 self._drain(sock)
             elif lane.owns(what):
-                for key, request_id, payload in lane.handle(what, events):
-                    self._answer(key, request_id, payload, self._lane_send)
+                for frame in lane.handle(what, events):
+                    if frame[1] == ONE_WAY_BYTES:
+                        self._answer(*frame, self._lane_send)
+                    else:
+                        calls.append(frame)
+        for key, request_id, payload in calls:
+            self._answer(key, request_id, payload, self._lane_send)
         return bool(ready)
 
     def _lane_send(self, key: bytes, request_id: bytes, reply: p.Reply) -> None:

@@ -32,6 +32,11 @@ Rules:
   like a ZMQ one. After a failure the lane is looked for again at most every `_REDISCOVER_S`.
   (A live master closes a lane only for an oversized frame or a peer that does not read its
   replies; a request it had taken before that is then made twice, as a ZMQ retry would.)
+- `begin` sends a call and returns at once, `finish` takes its reply (client/landing.py: a PutEnd
+  that travels while the put's bytes are written). Replies on one connection come in order, so a
+  call of another thread that reads a begun call's reply first keeps it for `finish` (`_parked`);
+  a lane that closes in between fails the `finish` (UnavailableError: its outcome is unknown).
+  Without a lane `begin` returns None and the caller makes its call the usual way.
 - A call waits for its reply spinning first: non-blocking receives for up to `spin_s`
   ($KVPOOL_LANE_SPIN_US, default 100 us; 0: never), the CPU yielded between them
   (sched_yield: a thread or process beside it on that CPU runs), then a blocking receive. A
@@ -53,6 +58,7 @@ import socket
 import struct
 import threading
 import time
+from dataclasses import dataclass
 
 import msgspec
 import zmq
@@ -286,6 +292,16 @@ class LaneServer:
 # ---- client side ----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class BegunCall:
+    """A call LaneChannel.begin sent; its reply is LaneChannel.finish's."""
+
+    request: protocol.Request
+    request_id: int
+    deadline_s: float  # monotonic
+    generation: int  # the lane connection it went on
+
+
 class _LaneBroken(Exception):
     """The lane's connection is gone (reset, EOF): the call can go over ZMQ instead."""
 
@@ -304,6 +320,9 @@ class LaneChannel:
         self._inbox = bytearray()
         self._timeouts: KernelTimeouts | None = None  # the lane socket's (timeouts.py)
         self._corked = False  # lazy frames wait in the socket (TCP_CORK) for the next frame
+        self._generation = 0  # counts lane connections: a begun call's reply comes on its own
+        self._awaited: set[int] = set()  # ids of begun calls not yet finished
+        self._parked: dict[int, tuple[int, bytes]] = {}  # their replies read by other calls: (epoch, body)
 
     @property
     def spin_s(self) -> float:
@@ -347,6 +366,52 @@ class LaneChannel:
                     log.info("lane to master %s broke (%s): going over ZMQ", self.address, e)
                     self._close_lane()
         return self.channel.call(request, max(1e-3, started + timeout - time.monotonic()), meanwhile)
+
+    def begin(self, request: protocol.Request, timeout_s: float | None = None) -> "BegunCall | None":
+        """Send a call over the lane and return without its reply (take it with `finish`, or
+        `abandon` it); None, having sent nothing, when there is no lane."""
+        timeout = self.channel.timeout_s if timeout_s is None else timeout_s
+        deadline_s = time.monotonic() + timeout
+        with self._lock:
+            sock = self._lane(timeout)
+            if sock is None:
+                return None
+            request_id = self.channel.next_request_id()
+            try:
+                self._send_call(request, request_id, deadline_s)
+            except _LaneBroken as e:
+                log.info("lane to master %s broke (%s): going over ZMQ", self.address, e)
+                self._close_lane()
+                return None
+            self._awaited.add(request_id)
+            return BegunCall(request, request_id, deadline_s, self._generation)
+
+    def finish(self, call: "BegunCall") -> protocol.Reply:
+        """The reply to a call `begin` sent, or UnavailableError (the lane closed meanwhile, or the
+        master did not answer in time: whether it took the call is unknown) / the error it answered."""
+        with self._lock:
+            try:
+                if call.generation != self._generation or self._sock is None:
+                    raise UnavailableError(f"the lane to master {self.address} closed before it answered "
+                                           f"{type(call.request).__name__}")
+                got = self._parked.pop(call.request_id, None)
+                if got is None:
+                    got = self._reply_to(self._sock, call.request_id, call.deadline_s, call.request, sample=False)
+            except _LaneBroken as e:
+                self._close_lane()
+                raise UnavailableError(f"the lane to master {self.address} broke before it answered "
+                                       f"{type(call.request).__name__} ({e})") from None
+            finally:
+                self._awaited.discard(call.request_id)
+            epoch, body = got
+            self.channel.see_epoch(epoch)
+        return self._decoded(body)
+
+    def abandon(self, call: "BegunCall") -> None:
+        """Give up on a begun call's reply (dropped whenever it comes)."""
+        with self._lock:
+            self._awaited.discard(call.request_id)
+            self._parked.pop(call.request_id, None)
 
     def send(self, request: protocol.Request, *, lazy: bool = False) -> None:
         """One way: the master answers nothing. `lazy`: the frame may wait in our socket until the
@@ -405,8 +470,11 @@ class LaneChannel:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+            self._generation += 1
         self._inbox = bytearray()
         self._corked = False
+        self._awaited.clear()
+        self._parked.clear()
 
     def _uncork(self) -> None:
         """Send what lazy frames left corked, with whatever was written behind them."""
@@ -416,9 +484,17 @@ class LaneChannel:
 
     def _lane_call(self, sock: socket.socket, request: protocol.Request, deadline_s: float,
                    meanwhile=None) -> protocol.Reply:
+        request_id = self.channel.next_request_id()
+        self._send_call(request, request_id, deadline_s)
+        if meanwhile is not None:
+            meanwhile()
+        epoch, body = self._reply_to(sock, request_id, deadline_s, request)
+        self.channel.see_epoch(epoch)
+        return self._decoded(body)
+
+    def _send_call(self, request: protocol.Request, request_id: int, deadline_s: float) -> None:
         frame = bytearray(_REQUEST_HEAD.size)  # the payload is encoded behind the head: no copy to join them
         protocol.request_encoder.encode_into(request, frame, _REQUEST_HEAD.size)
-        request_id = self.channel.next_request_id()
         _REQUEST_HEAD.pack_into(frame, 0, len(frame) - _REQUEST_HEAD.size, request_id)
         try:
             self._timeouts.send_all(frame, deadline_s)
@@ -428,14 +504,19 @@ class LaneChannel:
             raise UnavailableError(f"master {self.address} does not take requests (lane send timed out)") from None
         except OSError as e:
             raise _LaneBroken(e) from None
-        if meanwhile is not None:
-            meanwhile()
+
+    def _reply_to(self, sock: socket.socket, request_id: int, deadline_s: float, request,
+                  sample: bool = True) -> tuple[int, bytes]:
+        """(epoch, body) of the reply to `request_id`; a begun call's reply read on the way is
+        parked for its `finish`, any other (a `send`'s, a call that gave up) dropped."""
         while True:
-            reply_id, epoch, body = self._read_frame(sock, deadline_s, request)
+            reply_id, epoch, body = self._read_frame(sock, deadline_s, request, sample)
             if reply_id == request_id:
-                break
-            # a reply to a `send` or to a call that gave up: dropped
-        self.channel.see_epoch(epoch)
+                return epoch, body
+            if reply_id in self._awaited:
+                self._parked[reply_id] = (epoch, body)
+
+    def _decoded(self, body) -> protocol.Reply:
         try:
             reply = protocol.reply_decoder.decode(body)
         except msgspec.DecodeError as e:
@@ -444,8 +525,10 @@ class LaneChannel:
             raise error_from_reply(reply.kind, reply.message)
         return reply
 
-    def _read_frame(self, sock: socket.socket, deadline_s: float, request) -> tuple[int, int, bytes]:
-        """The next reply frame: (request id, master epoch, body)."""
+    def _read_frame(self, sock: socket.socket, deadline_s: float, request,
+                    sample: bool = True) -> tuple[int, int, bytes]:
+        """The next reply frame: (request id, master epoch, body). `sample`: the wait counts for
+        the spin policy (not for a begun call's reply, usually there before it is asked for)."""
         inbox = self._inbox
         first = True
         waiting_since = None  # perf_counter() when the first receive began (the spin policy's sample)
@@ -476,7 +559,7 @@ class LaneChannel:
                 raise _LaneBroken(e) from None
             if not data:
                 raise _LaneBroken("connection closed by the master")
-            if waiting_since is not None:
+            if waiting_since is not None and sample:
                 self.spin.record(time.perf_counter() - waiting_since)
                 waiting_since = None
             if not inbox and len(data) >= _REPLY_HEAD.size:  # the usual case: one whole reply, no copies

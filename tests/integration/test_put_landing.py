@@ -1,0 +1,83 @@
+"""A put's PutEnd sent while its bytes are written (client/landing.py, issue 14), with real master
+and node processes: every put over the lane ends while landing, and another client reading right
+after each put returns finds it, byte for byte; a PutLanded that never arrives leaves the object
+unreadable until the master reclaims it; a write that fails after its end was sent is never
+readable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from kvpool.bench import procs
+from kvpool.client import PUT_ALLOCATED, PUT_FAILED, Client
+from pool_worker import pattern, wait_until
+from test_integrity import _put, _stats
+
+KiB = 1024
+
+
+def _landing_ends(client: Client) -> float:
+    return client._metrics.put_ends_landing._value.get()
+
+
+def test_a_reader_finds_each_put_as_soon_as_it_returns(pool):
+    with Client(pool.address, "land") as writer, Client(pool.address, "land") as reader:
+        for n in range(40):
+            keys = [f"batch{n}/{i}" for i in range(2)]
+            assert _put(writer, keys, 256 * KiB) == [PUT_ALLOCATED] * 2
+            assert reader.exists(keys) == [True, True]  # no retry: found the moment the put returned
+            key = f"plain{n}"
+            assert writer.put(key, pattern(key, 96 * KiB)) is True
+            assert reader.get(key) == pattern(key, 96 * KiB).tobytes()
+            for k in keys:
+                assert reader.get(k) == pattern(k, 256 * KiB).tobytes()
+        assert _landing_ends(writer) == 80
+        stats = writer.stats()
+        assert stats.landed == 120 and stats.refused_landings == 0
+        assert (stats.num_objects, stats.num_pending) == (120, 1)  # the allocation held for the next plain put
+
+
+def test_an_object_whose_landing_never_arrives_is_never_read_and_is_reclaimed(make_pool, monkeypatch):
+    pool = make_pool(num_nodes=1, master_args=("--put-timeout-s", "1"))
+    with Client(pool.address, "lost") as writer, Client(pool.address, "lost") as reader:
+        assert _put(writer, ["landed"], 64 * KiB) == [PUT_ALLOCATED]
+        monkeypatch.setattr(writer, "_land", lambda keys, tokens: True)  # the PutLanded lost on its way
+        assert _put(writer, ["lost"], 64 * KiB) == [PUT_ALLOCATED]
+        assert reader.get("lost") is None and reader.exists(["lost"]) == [False]
+        assert _put(reader, ["lost"], 64 * KiB) == [1]  # PUT_EXISTS: pending, not anyone else's to write
+        assert _stats(pool.address).num_pending == 1
+        wait_until(lambda: _stats(pool.address).num_pending == 0, 5, "the never-landed object reclaimed")
+        assert reader.get("lost") is None
+        monkeypatch.undo()
+        assert _put(reader, ["lost"], 64 * KiB) == [PUT_ALLOCATED]  # the key is free again
+        assert writer.get("lost") == pattern("lost", 64 * KiB).tobytes()
+        assert writer.get("landed") == pattern("landed", 64 * KiB).tobytes()
+
+
+def test_a_write_that_fails_after_its_end_was_sent_is_revoked_and_never_read(tmp_path):
+    master = procs.start_master(tmp_path)
+    address = master.info["address"]
+    node = procs.start_node(tmp_path, address, "4MiB", name="node")
+    try:
+        with Client(address, path="lane", timeout_s=0.5) as writer:
+            assert _put(writer, ["ok"], 256 * KiB) == [PUT_ALLOCATED]
+            ends = _landing_ends(writer)
+            os.kill(node.pid, signal.SIGSTOP)
+            try:
+                assert _put(writer, ["stuck"], 256 * KiB) == [PUT_FAILED]
+                assert _landing_ends(writer) == ends + 1  # its end went out before the write failed
+                stats = _stats(address)
+                assert (stats.landed, stats.num_pending, stats.quarantined) == (1, 0, 1)
+            finally:
+                os.kill(node.pid, signal.SIGCONT)
+            time.sleep(0.3)
+        with Client(address) as reader:
+            assert reader.get("stuck") is None
+            assert reader.get("ok") == pattern("ok", 256 * KiB).tobytes()
+            assert _put(reader, ["stuck"], 256 * KiB) == [PUT_ALLOCATED]  # never ended: the key is free
+            assert reader.get("stuck") == pattern("stuck", 256 * KiB).tobytes()
+    finally:
+        for proc in (node, master):
+            proc.stop(grace_s=5.0)
