@@ -6,7 +6,9 @@
 Starts the peers benchmark's `kvpool-nixl` peer (master, node and client on three hosts of the
 multi-host harness), then one client process that puts and gets `--count` values of `--size-kib`
 one call at a time (as `case_plain` does, results kept until the pass ends) with the client's
-internal steps wrapped in timers: the master round trips (`_call`, by request type), the staging
+internal steps wrapped in timers: the master round trips (`_call`, by request type; a PutEnd
+sent while the bytes travel as its send, the wait for its reply after the write and the
+PutLanded, client/landing.py), the staging
 copy, the checksums, the lane round (`_run_round`), the lease release and the result bytes;
 then 300 pings, the bare master round trip, and 300 more each after 0.7 ms asleep (as long as
 a 1 MiB write: what waking an idle master and client adds to a round trip).
@@ -55,6 +57,9 @@ timed(plain_values, "checksum_regions")
 timed(plain_values, "_bytes_of")
 timed(Client, "_carried_unregistered")
 timed(Client, "_find_value")
+timed(Client, "_begin_ending", lambda a: "PutEnd sent (landing)")
+timed(Client, "_finish_ending", lambda a: "PutEnd reply taken after the write (landing)")
+timed(Client, "_land", lambda a: "PutLanded sent (one way)")
 timed(fresh_memory, "new_bytes")
 timed(fresh_memory, "prefault")
 c = Client(spec["master"], spec["tenant"], timeout_s=30.0)
