@@ -10,7 +10,9 @@ Rules:
   master's put_timeout_s, counted from before PutStart was sent: the writer gives up (and revokes)
   a margin before the master would reclaim. A write that missed its deadline and may still land
   (data_plane's in_flight) is revoked into quarantine and the quarantine ended once the transfer
-  is known to be over.
+  is known to be over. Over the lane the PutEnd goes out before the write, with `landing`, and a
+  one-way PutLanded after it makes the objects readable (landing.py): the end's round trip is
+  hidden behind the write; failed writes are revoked the same way.
 - Checksums (client/checksum.py): the writer sends one per object with PutEnd (a put of one
   object computes it while its PutStart travels: the channel's `meanwhile`); a reader verifies
   every hit against the one its lookup returned before counting it, and a mismatch ends the hits

@@ -18,7 +18,8 @@ Rules:
   written into the allocation held ahead (ahead.py), when there is one for its size, and ended
   under its key with one PutEnd that asks for the next: its write and one round trip instead of
   three. Otherwise it goes the usual way (PutStart, write, PutEnd), its PutEnd asking for an
-  allocation ahead unless its route needs the staging buffer (nothing gained then).
+  allocation ahead unless its route needs the staging buffer (nothing gained then). Either way its
+  PutEnd travels while its bytes are written, where the lane allows (landing.py).
 - The mixin uses the Client's channel, staging buffer, metrics and leased reads (client.py); it
   holds `_max_inline`, the master's limit as its last reply said (-1: a master without them), and
   `_ahead` (ahead.AheadSlots).
