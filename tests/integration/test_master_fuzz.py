@@ -158,9 +158,12 @@ def coherent(draw):
     learned_tokens = [Learned("token", draw(st.integers(0, 1000))) for _ in range(n)]
     some_keys = [draw(coherent_key) for _ in range(n)]
     tenant = draw(st.sampled_from(["evil", "other", GOOD_TENANT]))
-    choice = draw(st.integers(0, 3))
+    choice = draw(st.integers(0, 4))
     if choice == 0:
-        return p.PutEnd(tenant, some_keys, learned_tokens, [draw(hostile_int) for _ in range(n)])
+        return p.PutEnd(tenant, some_keys, learned_tokens, [draw(hostile_int) for _ in range(n)],
+                        landing=draw(st.booleans()))
+    if choice == 4:
+        return p.PutLanded(tenant, some_keys, learned_tokens)
     if choice == 1:
         return p.PutRevoke(tenant, some_keys, learned_tokens, draw(st.lists(st.integers(-1, 6), max_size=6)))
     if choice == 2:
@@ -193,6 +196,7 @@ requests = st.one_of(
               st.integers(1, 16), st.integers(1, 4096), st.sampled_from(["evil", "other"])),
     st.builds(p.PutEnd, tenant=read_tenant, keys=keys, tokens=tokens, checksums=small_int_list),
     st.builds(p.PutRevoke, tenant=read_tenant, keys=keys, tokens=tokens, in_flight=small_int_list),
+    st.builds(p.PutLanded, tenant=read_tenant, keys=keys, tokens=tokens),
     st.builds(p.EndQuarantine, tenant=read_tenant, tokens=tokens),
     st.builds(p.LookupPrefix, tenant=read_tenant, keys=keys, lease=st.booleans()),
     st.builds(p.ReleaseLeases, tenant=read_tenant, lease_ids=lease_ids),
@@ -205,8 +209,8 @@ requests = st.one_of(
     st.just(p.LaneQuery()),
 )
 FUZZED_TYPES = {p.MountSegment, p.AnnounceObjects, p.UnmountSegment, p.Heartbeat, p.GetSegments, p.PutStart, p.PutEnd,
-                p.PutRevoke, p.EndQuarantine, p.LookupPrefix, p.ReleaseLeases, p.Exists, p.Remove, p.PutValue, p.GetValue,
-                p.Stats, p.LaneQuery}
+                p.PutRevoke, p.PutLanded, p.EndQuarantine, p.LookupPrefix, p.ReleaseLeases, p.Exists, p.Remove,
+                p.PutValue, p.GetValue, p.Stats, p.LaneQuery}
 
 # what only the authenticated master is given (see the module comment); node calls are forbidden
 real_segment = st.integers(0, 9).map(lambda i: Learned("real_segment", i))

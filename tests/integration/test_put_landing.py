@@ -81,3 +81,22 @@ def test_a_write_that_fails_after_its_end_was_sent_is_revoked_and_never_read(tmp
     finally:
         for proc in (node, master):
             proc.stop(grace_s=5.0)
+
+
+def test_an_end_whose_lane_breaks_before_its_reply_is_revoked_and_a_plain_put_made_again(pool, monkeypatch):
+    with Client(pool.address, "broken") as writer, Client(pool.address, "broken") as reader:
+        channel = writer._channel
+        finish = channel.finish
+
+        def lane_breaks_first(call):
+            channel._close_lane()  # as when the master restarts: whether it took the end is unknown
+            return finish(call)
+
+        monkeypatch.setattr(channel, "finish", lane_breaks_first)
+        assert _put(writer, ["batch"], 256 * KiB) == [PUT_FAILED]
+        assert writer.put("plain", pattern("plain", 96 * KiB)) is True  # made again the usual way
+        monkeypatch.undo()
+        assert reader.exists(["batch"]) == [False]
+        assert reader.get("plain") == pattern("plain", 96 * KiB).tobytes()
+        wait_until(lambda: _stats(pool.address).num_pending <= 1, 5, "the ended but unlanded puts revoked")
+        assert _put(reader, ["batch"], 256 * KiB) == [PUT_ALLOCATED]  # the key is free

@@ -378,7 +378,7 @@ class Client(PlainValues, Landings):
         return statuses, reply.message
 
     def _count_refused(self, refused: set[int], statuses: list[int], num_ended: int) -> None:
-        """Objects whose end the master refused (or that could not be landed) are PUT_FAILED."""
+        """Objects whose end the master refused are PUT_FAILED (counted, and said in the log)."""
         for i in refused:
             statuses[i] = PUT_FAILED
         if refused:

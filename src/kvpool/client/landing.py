@@ -20,8 +20,10 @@ Rules:
   the batch PUT_FAILED (metric `kvpool_client_landings_unsent`).
 - A write that fails, or ends past its deadline, is revoked, under both names where the end
   renamed it (a revoke names tokens: it can only free this writer's allocation), and never
-  landed. An end whose reply cannot be had (the lane broke, the master did not answer) is
-  revoked quietly and its error raised, as a failed PutEnd's is.
+  landed. An end whose reply cannot be had (the lane broke: the master restarted, or did not
+  answer in time) is revoked quietly and its objects reported as refused: PUT_FAILED for
+  put_from, and a plain put is made again the usual way (over ZMQ, which fails over, as a
+  PutEnd whose lane broke used to be).
 - A mixin of the Client (client.py): its channel, `_revoke_quietly`, metrics and, for plain
   puts, `_asking_ahead` (plain_values.py).
 """
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 import msgspec
 
 from kvpool.core import protocol
-from kvpool.core.errors import KVPoolError, ProtocolError
+from kvpool.core.errors import KVPoolError, ProtocolError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,7 @@ class Ending:
     """A PutEnd sent with `landing` before its write; its reply is taken after the write."""
 
     call: object  # transfer.lane.BegunCall
+    num_keys: int
     grant: Callable[[protocol.PutEndReply], None] | None  # keeps the allocation asked ahead, if one was
 
 
@@ -60,15 +63,20 @@ class Landings:
         if ahead_size:
             end, grant = self._asking_ahead(end, ahead_size)
         call = begin(msgspec.structs.replace(end, landing=True))
-        return None if call is None else Ending(call, grant)
+        return None if call is None else Ending(call, len(end.keys), grant)
 
     def _finish_ending(self, ending: Ending, keys: list[str], tokens: list[int]) -> protocol.PutEndReply:
         """The reply to a begun end. If it cannot be had, the allocations (`keys` with their
-        `tokens`: every name they may be pending under) are revoked quietly and the error raised."""
+        `tokens`: every name they may be pending under) are revoked quietly; an unavailable
+        master's reply is then one that refused every end, any other error is raised."""
         try:
             reply = self._channel.finish(ending.call)
             if not isinstance(reply, protocol.PutEndReply):
                 raise ProtocolError(f"master answered PutEnd with {type(reply).__name__}")
+        except UnavailableError as e:
+            self._revoke_quietly(keys, tokens)
+            log.info("kvpool: no answer to a put's end (%s): its %d objects are not stored", e, ending.num_keys)
+            return protocol.PutEndReply(ended=0, refused=list(range(ending.num_keys)))
         except BaseException:
             self._revoke_quietly(keys, tokens)
             raise

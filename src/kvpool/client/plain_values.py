@@ -123,8 +123,8 @@ class PlainValues:
         reply = self._finish_ending(ending, names, tokens) if ending is not None else None
         if failed or time.monotonic() > slot.deadline_s:
             gone = names if ending is not None else [slot.key]
-            self._call(protocol.PutRevoke(tenant, gone, tokens[: len(gone)], list(range(len(gone))) if in_flight else []),
-                       protocol.OkReply)
+            flight = list(range(len(gone))) if in_flight else []
+            self._call(protocol.PutRevoke(tenant, gone, tokens[: len(gone)], flight), protocol.OkReply)
             if in_flight:
                 self._end_quarantine_later(in_flight, [slot.token])
             return None
