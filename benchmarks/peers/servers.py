@@ -237,6 +237,11 @@ PEERS: dict[str, Peer] = {
         # lane calls block for their reply at once, as before c688096 (A/B for the spin)
         Peer("kvpool-nixl-nospin", "kvpool cross-host, lane calls without the spin (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", lane_spin_us=0)),
+        # a put's PutEnd after its write, as before stop 36 (A/B for client/landing.py)
+        Peer("kvpool-same-endafter", "kvpool same-host, PutEnd after the write (before)", "same-host",
+             _kvpool("kvsame", "kvsame", "kvsame", landing=False)),
+        Peer("kvpool-nixl-endafter", "kvpool cross-host, PutEnd after the write (before)", "cross-host",
+             _kvpool("kvmaster", "kvnode", "client", landing=False)),
         # master round trips over ZMQ instead of the lane (A/B for the lane, issue 14)
         Peer("kvpool-nixl-zmq", "kvpool NIXL cross-host, ZMQ control (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", lane=False)),

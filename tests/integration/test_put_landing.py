@@ -1,8 +1,8 @@
 """A put's PutEnd sent while its bytes are written (client/landing.py, issue 14), with real master
-and node processes: every put over the lane ends while landing, and another client reading right
-after each put returns finds it, byte for byte; a PutLanded that never arrives leaves the object
-unreadable until the master reclaims it; a write that fails after its end was sent is never
-readable."""
+and node processes: every put written across to a node (the segment lane here) ends while
+landing, a same-host copy ends after it, and another client reading right after each put returns
+finds it, byte for byte; a PutLanded that never arrives leaves the object unreadable until the
+master reclaims it; a write that fails after its end was sent is never readable."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _landing_ends(client: Client) -> float:
 
 
 def test_a_reader_finds_each_put_as_soon_as_it_returns(pool):
-    with Client(pool.address, "land") as writer, Client(pool.address, "land") as reader:
+    with Client(pool.address, "land", path="lane") as writer, Client(pool.address, "land") as reader:
         for n in range(40):
             keys = [f"batch{n}/{i}" for i in range(2)]
             assert _put(writer, keys, 256 * KiB) == [PUT_ALLOCATED] * 2
@@ -39,9 +39,20 @@ def test_a_reader_finds_each_put_as_soon_as_it_returns(pool):
         assert (stats.num_objects, stats.num_pending) == (120, 1)  # the allocation held for the next plain put
 
 
+def test_a_same_host_copy_ends_after_it_and_an_a_b_client_never_lands(pool):
+    with Client(pool.address, "local") as local, Client(pool.address, "local", path="lane", landing=False) as before:
+        assert _put(local, ["shm"], 256 * KiB) == [PUT_ALLOCATED]
+        assert local.plane.paths() and set(local.plane.paths().values()) == {"shm"}
+        assert _put(before, ["lane"], 256 * KiB) == [PUT_ALLOCATED]
+        assert before.put("plain", pattern("plain", 96 * KiB)) is True
+        assert _landing_ends(local) == _landing_ends(before) == 0
+        assert local.stats().landed == 0
+        assert [local.get(k) is not None for k in ("shm", "lane", "plain")] == [True, True, True]
+
+
 def test_an_object_whose_landing_never_arrives_is_never_read_and_is_reclaimed(make_pool, monkeypatch):
     pool = make_pool(num_nodes=1, master_args=("--put-timeout-s", "1"))
-    with Client(pool.address, "lost") as writer, Client(pool.address, "lost") as reader:
+    with Client(pool.address, "lost", path="lane") as writer, Client(pool.address, "lost") as reader:
         assert _put(writer, ["landed"], 64 * KiB) == [PUT_ALLOCATED]
         monkeypatch.setattr(writer, "_land", lambda keys, tokens: True)  # the PutLanded lost on its way
         assert _put(writer, ["lost"], 64 * KiB) == [PUT_ALLOCATED]
@@ -84,7 +95,7 @@ def test_a_write_that_fails_after_its_end_was_sent_is_revoked_and_never_read(tmp
 
 
 def test_an_end_whose_lane_breaks_before_its_reply_is_revoked_and_a_plain_put_made_again(pool, monkeypatch):
-    with Client(pool.address, "broken") as writer, Client(pool.address, "broken") as reader:
+    with Client(pool.address, "broken", path="lane") as writer, Client(pool.address, "broken") as reader:
         channel = writer._channel
         finish = channel.finish
 

@@ -146,6 +146,7 @@ class ClientConfig:
     credential: str | None = None  # CURVE credential file (kvpool auth add); None: $KVPOOL_CREDENTIAL or none
     lane: bool = True  # without a credential: master round trips over its plain TCP lane when it offers one
     read_only: bool = False  # a reader: puts refused, same-host segments mapped read-only (PROT_READ)
+    landing: bool = True  # over the lane, a put's PutEnd travels while its bytes are written (landing.py)
 
     def __post_init__(self) -> None:
         parse_addresses(self.master_address)  # ValueError naming the malformed one
@@ -176,9 +177,10 @@ class Client(PlainValues, Landings):
         lane: bool = True,
         read_only: bool = False,
         plane=None,
+        landing: bool = True,
     ) -> None:
         self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes, checksums,
-                                   credential, lane, read_only)
+                                   credential, lane, read_only, landing)
         from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
         from kvpool.transfer.credentials import resolve_credential
 
@@ -198,6 +200,7 @@ class Client(PlainValues, Landings):
         self._staging = StagingBuffer(self._register_region, staging_bytes)
         self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # the master's, as its last reply said (-1: none)
         self._ahead = AheadSlots()  # the allocation held for the next plain put (ahead.py)
+        self._get_size_hint = 0  # the last plain get's size: its bytes are prepared while GetValue travels
         self._channel.add_epoch_listener(self._on_new_epoch)
         self._closed = False
 
@@ -323,7 +326,7 @@ class Client(PlainValues, Landings):
                     ahead = False  # the next plain put would be staged too: it gains nothing ahead
                 if allocated and beside is None:
                     ending = self._begin_ending(protocol.PutEnd(tenant, alloc_keys, alloc_tokens, checksums),
-                                                reply.lands, totals[0] if ahead else None)
+                                                reply.lands, choices, totals[0] if ahead else None)
                 failed, in_flight = self._run_round(
                     "WRITE", choices, addrs, sizes, max(1e-3, write_deadline - time.monotonic()),
                     unregistered=unregistered,

@@ -8,9 +8,13 @@ exist, the allocation asked ahead) while the bytes travel and its reply is waiti
 ends. Then one PutLanded, sent one way before the put returns, makes the objects readable.
 
 Rules:
-- Only over the lane (LaneChannel.begin: without it the usual PutEnd follows the write), with a
-  master whose PutStartReply said `lands`, and only when the checksums are known before the write
-  (not for the large batches checksummed beside their write: their end is no longer the cost).
+- Only over the lane (LaneChannel.begin: without it the usual PutEnd follows the write; nor with
+  `Client(landing=False)`, for A/Bs), with a master whose PutStartReply said `lands`, when the
+  checksums are known before the write (not for the large batches checksummed beside their
+  write: their end is no longer the cost), and when a write crosses to another host. A same-host
+  write is the client's own copy: no wait to hide the round trip behind, and one more message
+  per put for the master; with 4 clients on 2 vCPUs the agent loop lost 0.83x of its loops/s and
+  0.82x of its P99 to it (`benchmarks/results/peers/peers_same_host_agent_stop36.md`).
 - A put is reported stored when its bytes are written and the master accepted its end. PutLanded
   follows on the same ordered connection, so this client's next request finds the object, and the
   master handles the one-way frames of a wake-up before its calls (master/service.py), so a
@@ -24,8 +28,8 @@ Rules:
   answer in time) is revoked quietly and its objects reported as refused: PUT_FAILED for
   put_from, and a plain put is made again the usual way (over ZMQ, which fails over, as a
   PutEnd whose lane broke used to be).
-- A mixin of the Client (client.py): its channel, `_revoke_quietly`, metrics and, for plain
-  puts, `_asking_ahead` (plain_values.py).
+- A mixin of the Client (client.py): its channel, plane, segment cache, `_revoke_quietly`,
+  metrics and, for plain puts, `_asking_ahead` (plain_values.py).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import msgspec
 
 from kvpool.core import protocol
 from kvpool.core.errors import KVPoolError, ProtocolError, UnavailableError
+from kvpool.core.protocol import Replica
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +57,27 @@ class Ending:
 
 
 class Landings:
-    def _begin_ending(self, end: protocol.PutEnd, lands: bool, ahead_size: int | None = None) -> Ending | None:
-        """Send `end` with `landing` now, before the write (asking for an allocation of
-        `ahead_size` for the next plain put, if given); None: not possible here (no lane, or a
-        master that does not take it), nothing sent: end after the write as usual."""
+    def _begin_ending(self, end: protocol.PutEnd, lands: bool, choices: list[tuple[int, Replica]],
+                      ahead_size: int | None = None) -> Ending | None:
+        """Send `end` with `landing` now, before the write to the replicas `choices` (asking for an
+        allocation of `ahead_size` for the next plain put, if given); None: not done here (no lane,
+        a master that does not take it, only same-host copies), nothing sent: end after the write."""
         begin = getattr(self._channel, "begin", None)
-        if not lands or begin is None:
+        if not lands or begin is None or not self.config.landing or self._copies_locally(choices):
             return None
         grant = None
         if ahead_size:
             end, grant = self._asking_ahead(end, ahead_size)
         call = begin(msgspec.structs.replace(end, landing=True))
         return None if call is None else Ending(call, len(end.keys), grant)
+
+    def _copies_locally(self, choices: list[tuple[int, Replica]]) -> bool:
+        """Whether every chosen replica is written by a same-host copy (the shared-memory path)."""
+        infos = self._segments.get({r.segment_id for _, r in choices})
+        try:
+            return all(r.segment_id in infos and self.plane.path_for(infos[r.segment_id]) == "shm" for _, r in choices)
+        except KVPoolError:
+            return False
 
     def _finish_ending(self, ending: Ending, keys: list[str], tokens: list[int]) -> protocol.PutEndReply:
         """The reply to a begun end. If it cannot be had, the allocations (`keys` with their
