@@ -200,7 +200,6 @@ class Client(PlainValues, Landings):
         self._staging = StagingBuffer(self._register_region, staging_bytes)
         self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # the master's, as its last reply said (-1: none)
         self._ahead = AheadSlots()  # the allocation held for the next plain put (ahead.py)
-        self._get_size_hint = 0  # the last plain get's size: its bytes are prepared while GetValue travels
         self._channel.add_epoch_listener(self._on_new_epoch)
         self._closed = False
 

@@ -208,16 +208,10 @@ class PlainValues:
 
     def get(self, key: str) -> bytes | None:
         """The value stored under `key`, or None on a miss (or when no replica could be read)."""
-        prepared = _Prepared(self._get_size_hint) if fresh_memory.available() else None
-        found = self._find_value(key, prepared)
+        found = self._find_value(key)
         if found is None or isinstance(found, bytes):
             return found
-        self._get_size_hint = found.size
         if fresh_memory.available() and self._reads_unregistered(found):
-            ready = prepared.take(found.size)
-            if ready is not None:  # allocated and faulted in while GetValue travelled
-                out, addr = ready
-                return out if self._read_found(found, addr, unregistered=True) else None
             out, addr = fresh_memory.new_bytes(found.size)
             return out if self._read_fresh(found, addr) else None
         with self._staging.lock:
@@ -258,18 +252,16 @@ class PlainValues:
         tensor = torch.from_numpy(array).view(dtype)
         return tensor if shape is None else tensor.reshape(shape)
 
-    def _find_value(self, key: str, meanwhile=None) -> "bytes | _Found | None":
+    def _find_value(self, key: str) -> "bytes | _Found | None":
         """GetValue: the value's bytes (held by the master), or where it is on nodes (leased: read
-        it with _read_found, which releases the lease), or None on a miss. `meanwhile()` runs while
-        GetValue travels."""
+        it with _read_found, which releases the lease), or None on a miss."""
         self._check_keys([key], unique=False)
         started = time.perf_counter()
         t0 = time.monotonic()  # before sending: our lease deadline is never later than the master's
         answer = None
         if self._max_inline >= 0:
             try:
-                answer = self._call(protocol.GetValue(self.config.tenant, key), protocol.ValueReply,
-                                    meanwhile=meanwhile)
+                answer = self._call(protocol.GetValue(self.config.tenant, key), protocol.ValueReply)
                 self._max_inline = answer.max_inline_bytes
             except ProtocolError:
                 self._master_without_values()
@@ -322,32 +314,6 @@ class PlainValues:
             self._release(found.reply.lease_id)
         self._metrics.latency_s["get"].observe(time.perf_counter() - found.started)
         return count == 1
-
-
-class _Prepared:
-    """The bytes object a plain get will likely return, made and faulted in while its GetValue
-    travels (the caller's CPU waits then; during the read it copies): `size` is the client's last
-    plain get's size (KV blocks and most values of one application share a few sizes). Used only
-    when the found value has that size; otherwise dropped (fixes.md 31)."""
-
-    __slots__ = ("size", "_made")
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._made: tuple[bytes, int] | None = None
-
-    def __call__(self) -> None:  # a channel's `meanwhile`: must not raise
-        if self.size >= fresh_memory.PREFAULT_FROM_BYTES and self._made is None:
-            try:
-                out, addr = fresh_memory.new_bytes(self.size)
-            except MemoryError:
-                return
-            if fresh_memory.prefault(addr, self.size):
-                self._made = (out, addr)
-
-    def take(self, size: int) -> tuple[bytes, int] | None:
-        made, self._made = self._made, None
-        return made if made is not None and size == self.size else None
 
 
 @dataclass(frozen=True)
