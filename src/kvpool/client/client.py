@@ -340,8 +340,10 @@ class Client(PlainValues, Landings):
             raise
         # The source is free now. A write still in flight may read it later, but only into its
         # quarantined range, which is never served: reusing the source cannot corrupt an object.
-        written()
-        ended = self._finish_ending(ending, alloc_keys, alloc_tokens) if ending is not None else None
+        try:
+            written()
+        finally:  # the end's reply is taken whatever the caller's callback did
+            ended = self._finish_ending(ending, alloc_keys, alloc_tokens) if ending is not None else None
         if allocated and time.monotonic() > write_deadline:
             failed = set(allocated)  # too late to end safely: the master may reclaim any moment now
         if ended is not None:  # ended already: what was refused is not ours, what failed is revoked
