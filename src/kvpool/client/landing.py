@@ -73,8 +73,8 @@ class Landings:
 
     def _copies_locally(self, choices: list[tuple[int, Replica]]) -> bool:
         """Whether every chosen replica is written by a same-host copy (the shared-memory path)."""
-        infos = self._segments.get({r.segment_id for _, r in choices})
         try:
+            infos = self._segments.get({r.segment_id for _, r in choices})
             return all(r.segment_id in infos and self.plane.path_for(infos[r.segment_id]) == "shm" for _, r in choices)
         except KVPoolError:
             return False
