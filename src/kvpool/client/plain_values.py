@@ -124,7 +124,7 @@ class PlainValues:
         if failed or time.monotonic() > slot.deadline_s:
             gone = names if ending is not None else [slot.key]
             flight = list(range(len(gone))) if in_flight else []
-            self._call(protocol.PutRevoke(tenant, gone, tokens[: len(gone)], flight), protocol.OkReply)
+            self._call(protocol.PutRevoke(tenant, gone, [slot.token] * len(gone), flight), protocol.OkReply)
             if in_flight:
                 self._end_quarantine_later(in_flight, [slot.token])
             return None

@@ -262,6 +262,8 @@ class ObjectIndex:
                 rec.flags |= LANDING
             else:
                 self._complete(rec, tenant, now_s)
+        if not landing:
+            self._count_completed(ended)
         self.refused_put_ends += len(refused)
         return ended, refused, existed
 
@@ -277,11 +279,13 @@ class ObjectIndex:
             rec.flags &= ~LANDING
             self._complete(rec, tenant, now_s)
             landed += 1
+        self._count_completed(landed)
         self.landed += landed
         return landed
 
     def _complete(self, rec: ObjectRecord, tenant: str, now_s: float) -> None:
-        """A pending record becomes readable: evictable, logged in its segments' directories."""
+        """A pending record becomes readable: evictable, logged in its segments' directories (the
+        caller counts it: _count_completed)."""
         rec.flags |= COMPLETE
         rec.last_access_s = now_s
         if not rec.num_children and not rec.flags & PINNED:
@@ -294,9 +298,12 @@ class ObjectIndex:
             segment = by_id.get(replica.segment_id)
             if segment is not None:
                 segment.log.append(DirEntry(replica.offset, replica.size, tenant, key, parent_key, checksum))
-        self.num_pending -= 1
-        self.num_complete += 1
-        self.puts += 1
+
+    def _count_completed(self, num: int) -> None:
+        """Counted once per batch of _complete calls (a chain's put ends many at once)."""
+        self.num_pending -= num
+        self.num_complete += num
+        self.puts += num
 
     def put_revoke(self, tenant: str, keys: list[str], tokens: list[int], in_flight: list[int], now_s: float) -> int:
         """Free pending allocations named by their tokens; those in `in_flight` are quarantined."""
