@@ -13,7 +13,7 @@ import time
 from kvpool.bench import procs
 from kvpool.client import PUT_ALLOCATED, PUT_FAILED, Client
 from pool_worker import pattern, wait_until
-from test_integrity import _put, _stats
+from test_integrity import FAST, _mounted, _port, _put, _stats
 
 KiB = 1024
 
@@ -111,3 +111,41 @@ def test_an_end_whose_lane_breaks_before_its_reply_is_revoked_and_a_plain_put_ma
         assert reader.get("plain") == pattern("plain", 96 * KiB).tobytes()
         wait_until(lambda: _stats(pool.address).num_pending <= 1, 5, "the ended but unlanded puts revoked")
         assert _put(reader, ["batch"], 256 * KiB) == [PUT_ALLOCATED]  # the key is free
+
+
+def test_across_a_master_restart_landing_puts_serve_only_their_own_bytes_or_misses(tmp_path):
+    master = procs.start_master(tmp_path, *FAST)
+    address = master.info["address"]
+    node = procs.start_node(tmp_path, address, "16MiB", name="node")
+    size = 96 * KiB
+    try:
+        with Client(address, "restart", path="lane", timeout_s=2.0) as writer:
+            before = [f"before{i}" for i in range(4)]
+            for key in before:
+                assert writer.put(key, pattern(key, size)) is True
+            ends = _landing_ends(writer)
+            master.kill()
+            master = procs.start_master(tmp_path, *FAST, "--port", _port(address), name="master1")
+            wait_until(lambda: _mounted(address, {"node"}), 15, "the node remounted")
+            after = [f"after{i}" for i in range(4)]
+            for key in after:
+                assert writer.put(key, pattern(key, size)) is True
+            later = iter(f"later{i}" for i in range(1000))
+
+            def lands_again() -> bool:  # once the lane is found again (every 5 s at most), over it
+                key = next(later)
+                assert writer.put(key, pattern(key, size)) is True
+                return _landing_ends(writer) > ends
+
+            wait_until(lands_again, 10, "puts ending while landing with the new master")
+            assert _put(writer, ["batch"], size) == [PUT_ALLOCATED]
+        with Client(address, "restart") as reader:
+            for key in after:
+                assert reader.get(key) == pattern(key, size).tobytes()
+            assert reader.get("batch") == pattern("batch", size).tobytes()
+            for key in before:  # recovered from the node's directory, or a miss: never other bytes
+                assert reader.get(key) in (None, pattern(key, size).tobytes())
+            assert _stats(address).refused_landings == 0
+    finally:
+        node.stop(grace_s=5.0)
+        master.stop(grace_s=5.0)
