@@ -62,7 +62,8 @@ class KvpoolAdapter:
             self.plane = DataPlane(path=path, nixl_progress_thread=spec["nixl_progress_thread"])
         # lane=False: master round trips over ZMQ only, as before the lane (transfer/lane.py)
         self.client = Client(spec["master"], spec["tenant"], timeout_s=30.0, path=path, plane=self.plane,
-                             lane=spec.get("lane", True), landing=spec.get("landing", True))
+                             lane=spec.get("lane", True), landing=spec.get("landing", True),
+                             checksums=spec.get("checksums", True))
 
     def register(self, buf: np.ndarray) -> None:
         self.client.register(buf)

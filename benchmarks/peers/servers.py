@@ -242,6 +242,9 @@ PEERS: dict[str, Peer] = {
              _kvpool("kvsame", "kvsame", "kvsame", landing=False)),
         Peer("kvpool-nixl-endafter", "kvpool cross-host, PutEnd after the write (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", landing=False)),
+        # no checksums written or verified (what the reader's xxh3 pass costs)
+        Peer("kvpool-nixl-nocheck", "kvpool cross-host, no checksums", "cross-host",
+             _kvpool("kvmaster", "kvnode", "client", checksums=False)),
         # master round trips over ZMQ instead of the lane (A/B for the lane, issue 14)
         Peer("kvpool-nixl-zmq", "kvpool NIXL cross-host, ZMQ control (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", lane=False)),
