@@ -13,7 +13,7 @@ Rules:
   benchmarks/results/peers/segment_lane_sweep.md, fixes.md 25), unless another thread is using
   that lane right then (it goes to NIXL instead of waiting). GPU jobs never do. `lane` forces the
   lane for every job (tests).
-- A lane WRITE of `lane_split_bytes` (1 MiB) or more, a READ of `lane_read_split_bytes` (2 MiB)
+- A lane WRITE of `lane_split_bytes` (2 MiB) or more, a READ of `lane_read_split_bytes` (2 MiB)
   or more, runs as two halves on two
   connections at once when a second one is free (two TCP streams: the kernel's work for each on
   its own core); the call returns only when both have ended.
@@ -70,10 +70,13 @@ LANE_SPLIT_BYTES_ENV = "KVPOOL_SEGMENT_LANE_SPLIT_BYTES"
 # from 1 MiB since the second half runs on a kept thread: plain 1 / 2 / 4 MiB gets 1.09 / 1.08 /
 # 1.26x faster than from 8 MiB, fixes.md section 18; writes split too since section 25: bulk puts
 # 1.2-1.6x NIXL's on UCX TCP, where one lane stream lost to NIXL from 4 MiB)
-LANE_SPLIT_BYTES = 1 << 20
+# Writes from 2 MiB since stop 37: on the AMD EPYC VM a plain 1 MiB put took 573 us on one
+# connection and 703 us in two halves (8 alternating rounds, every one faster), 2 MiB level, 4 MiB
+# halves 1.04x faster (fixes.md 31; on stop 31's Intel VM halves had won at 1 MiB).
+LANE_SPLIT_BYTES = 2 << 20
 # reads split from 2 MiB since they land straight in a plain get's fresh result: a 1 MiB plain get
 # across hosts took 0.61 ms on one connection and 1.01 ms in two halves (2 MiB: level; 4 MiB:
-# halves 1.15x faster); writes of 1 MiB still gain from two (fixes.md 26). The variable sets both.
+# halves 1.15x faster; fixes.md 26). The variable sets both.
 LANE_READ_SPLIT_BYTES = 2 << 20
 OPS = ("READ", "WRITE")
 _MAX_HALF_RUNNERS = 4  # threads that run second halves, per process (lazily started, kept)

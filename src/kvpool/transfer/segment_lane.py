@@ -29,7 +29,7 @@ Rules:
   1.2x / 1.5x NIXL's (peers/fixes.md 25).
 - Client side (`SegmentLane`): up to 4 connections per segment route, each used by one thread at a
   time (`try_acquire`: with all in use the job goes to NIXL instead of queueing; a job from
-  unregistered memory waits for one instead). A WRITE of 1 MiB or more, a READ of 2 MiB or more
+  unregistered memory waits for one instead). A WRITE or a READ of 2 MiB or more
   ($KVPOOL_SEGMENT_LANE_SPLIT_BYTES sets both; 0: never) runs as two halves on two
   connections at once when a second is free (DataPlane._lane_transfer). A failure closes
   that connection (the next job reconnects) and is a TransferError for that job, never a hang.
