@@ -200,34 +200,6 @@ def test_a_flipped_byte_is_found_by_the_checksum_taken_during_a_large_scattered_
         assert client._metrics.checksum_mismatches._value.get() == mismatches + 1
 
 
-def test_a_flipped_byte_is_found_by_the_checksum_taken_while_a_lane_read_arrives(make_pool, monkeypatch):
-    """Reads over a segment lane checksum each object as soon as its bytes are in, in the thread
-    receiving it (object_progress.py), on both halves of a split read: 24 objects of 16 x 64 KiB
-    regions (the cut falls between two objects), the 13th with one flipped byte, are read as 12
-    hits, and no object is checksummed a second time after the read."""
-    from kvpool.client import client as client_module
-
-    pool = make_pool(num_nodes=1, node_memory="64MiB")
-    keys, regions, region = chain_keys("lane-scatter", 24), 16, 64 * KiB
-    size = regions * region
-    with Client(pool.address) as writer, Client(pool.address, path="lane") as reader:
-        assert _put(writer, keys, size) == [PUT_ALLOCATED] * 24
-        _flip_bits(writer, keys, 12, 9 * region + 3, 0x80)
-        after_read = []
-        monkeypatch.setattr(client_module, "checksum_objects", lambda *a: after_read.append(a) or [])
-        mismatches = reader._metrics.checksum_mismatches._value.get()
-        buf = np.zeros(24 * size, dtype=np.uint8)
-        reader.register(buf)
-        addrs = [[buf.ctypes.data + (k * 24 + i) * region for k in range(regions)] for i in range(24)]
-        assert reader.get_into(keys, addrs, [[region] * regions] * 24) == 12
-        assert not after_read  # every checksum was taken while the read arrived
-        assert reader.plane.jobs_by_path["lane"] >= 1 and not reader.plane.jobs_by_path["shm"]
-        for i in range(12):
-            got = np.concatenate([buf[a - buf.ctypes.data : a - buf.ctypes.data + region] for a in addrs[i]])
-            assert np.array_equal(got, pattern(keys[i], size))
-        assert reader._metrics.checksum_mismatches._value.get() == mismatches + 1
-
-
 def _assert_only_own_bytes_or_misses(address: str, keys: list[str], size: int, never: str) -> None:
     """A fresh reader gets each key's own bytes or a miss, never other bytes; `never` is a miss."""
     with Client(address) as fresh:

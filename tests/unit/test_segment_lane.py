@@ -388,33 +388,6 @@ def test_a_large_read_runs_as_two_halves_on_two_connections(segment, info, buf):
         assert 1 <= len(halves) <= 4
 
 
-def test_a_split_read_reports_each_object_once_its_bytes_are_in_from_the_receiving_threads(info):
-    """after(n) (the reader's checksum) runs for every object not cut between the halves, from the
-    thread that received it, and finds all its bytes already in place."""
-    src = np.random.default_rng(8).integers(0, 256, 3 << 20, dtype=np.uint8)
-    dst = np.zeros_like(src)
-    region = 64 << 10
-    regions = [region] * (src.nbytes // region)  # 48 regions: 7 objects of 7 regions, a last of 6
-    counts = [7] * 6 + [6]
-    local = [dst.ctypes.data + i * region for i in range(len(regions))]
-    remote = [i * region for i in range(len(regions))]
-    seen: dict[int, str] = {}
-
-    def after(n: int) -> None:
-        first, end = sum(counts[:n]) * region, sum(counts[: n + 1]) * region
-        assert np.array_equal(dst[first:end], src[first:end]), n
-        seen[n] = threading.current_thread().name
-
-    with _plane(src, dst, path="lane") as plane:
-        plane.lane_split_bytes = 0
-        plane.transfer("WRITE", info, [src.ctypes.data], [0], [src.nbytes], 5)
-        plane.lane_read_split_bytes = 1 << 20
-        assert plane.transfer_many("READ", [(info, local, remote, regions)], 5, [(counts, after)]) == [None]
-    assert np.array_equal(src, dst)
-    assert sorted(seen) == [0, 1, 2, 4, 5, 6]  # object 3 (regions 21-27) holds the cut at 1.5 MiB
-    assert {name.startswith("kvpool-lane-half") for name in seen.values()} == {True, False}
-
-
 def test_a_large_write_runs_as_two_halves_and_every_byte_lands_in_place(info):
     """A WRITE of lane_split_bytes or more is split like a READ (the cut inside a region): the
     segment then holds exactly the source's bytes, written over two connections at once."""

@@ -595,9 +595,8 @@ class Client(PlainValues, Landings):
     ) -> tuple[set[int], dict]:
         """One round of transfers, one job per segment; returns (the object indices that failed,
         object index -> the data plane's StuckTransfer for failed ones whose transfer may still land).
-        `checksum_into` (digests, expected): a shared-memory or segment-lane READ of
-        CHECKSUM_DURING_COPY_BYTES or more checksums each object with a non-zero expected checksum
-        right after its copy or receive, into
+        `checksum_into` (digests, expected): a shared-memory READ of CHECKSUM_DURING_COPY_BYTES or
+        more checksums each object with a non-zero expected checksum right after its copy, into
         digests[object index] (a smaller job is still in the CPU's last-level cache after its copy:
         checksummed after it in one call, without a call per object)."""
         in_flight: dict = {}

@@ -55,7 +55,6 @@ from kvpool.core.errors import TransferError, UsageError
 from kvpool.core.protocol import SegmentInfo
 from kvpool.transfer.fence import all_of
 from kvpool.transfer.hostinfo import host_id
-from kvpool.transfer.object_progress import object_spans, progress_watcher
 from kvpool.transfer.segment_lane import SegmentLane, rdma_available
 from kvpool.transfer.shm import PeerMapping
 
@@ -329,8 +328,8 @@ class DataPlane:
         """Run jobs (usually one per segment) concurrently: NIXL requests are all posted first,
         shared-memory copies run while they progress. Returns one error or None per job.
         `after_objects[i]`, None or (counts, after): job i's regions are objects of counts[n]
-        regions each, and a host READ over shared memory or a segment lane calls after(n) as soon as
-        object n is in place (a reader checksums it while it is in the CPU's caches); NIXL never does."""
+        regions each, and a host READ over shared memory calls after(n) as soon as object n is in
+        place (a reader checksums it while it is in the CPU's caches); other paths never call it."""
         if op not in OPS:
             raise UsageError(f"op must be READ or WRITE, got {op!r}")
         if op == "WRITE" and self.read_only:
@@ -395,8 +394,7 @@ class DataPlane:
         for i, job in enumerate(checked):
             if on_lane[i] is not None:
                 try:
-                    self._lane_transfer(op, job, on_lane[i], deadline, before_landing,
-                                        after_objects[i] if after_objects is not None and op == "READ" else None)
+                    self._lane_transfer(op, job, on_lane[i], deadline, before_landing)
                     self.jobs_by_path["lane"] += 1
                 except TransferError as e:
                     errors[i] = e
@@ -405,34 +403,24 @@ class DataPlane:
                 errors[i] = error
         return errors
 
-    def _lane_transfer(self, op: str, job: _Checked, conn, deadline: float, before_landing=None,
-                       after_objects=None) -> None:
+    def _lane_transfer(self, op: str, job: _Checked, conn, deadline: float, before_landing=None) -> None:
         """A job on its lane connection; one of lane_split_bytes or more (READ or WRITE) as two
-        halves at once, the second on another connection of the same lane when one is free (else
-        whole). A READ with `after_objects` (counts, after) calls after(n) as soon as object n is
-        in, from the thread receiving it (object_progress.py; an object cut between the halves: never)."""
+        halves at once, the second on another connection of the same lane when one is free (else whole)."""
         split = self.lane_read_split_bytes if op == "READ" else self.lane_split_bytes
-        total = sum(job.sizes)
-        spans = object_spans(after_objects[0], job.sizes) if after_objects is not None else None
-
-        def watcher(start: int, end: int):
-            return None if spans is None else progress_watcher(spans, after_objects[1], start, end)
-
+        total = sum(job.sizes) if split else 0
         second = job.route.lane.try_acquire() if split and total >= split else None
         if second is None:
-            conn.transfer(op, job.local_addrs, job.remote_offsets, job.sizes, deadline, before_landing,
-                          watcher(0, total))
+            conn.transfer(op, job.local_addrs, job.remote_offsets, job.sizes, deadline, before_landing)
             return
         first_half, second_half = _halves(job.local_addrs, job.remote_offsets, job.sizes, total // 2)
         try:
-            other = _half_runner().submit(second.transfer, op, *second_half, deadline, before_landing,
-                                          watcher(total // 2, total))
+            other = _half_runner().submit(second.transfer, op, *second_half, deadline, before_landing)
         except BaseException:
             job.route.lane.release(second)
             raise
         first_error = None
         try:
-            conn.transfer(op, *first_half, deadline, before_landing, watcher(0, total // 2))
+            conn.transfer(op, *first_half, deadline, before_landing)
         except TransferError as e:
             first_error = e
         finally:

@@ -279,18 +279,13 @@ class LaneConnection:
         self._timeouts: KernelTimeouts | None = None  # the socket's (timeouts.py: no poll() per receive)
 
     def transfer(self, op: str, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
-                 deadline_s: float, before_landing=None, landed=None) -> None:
+                 deadline_s: float, before_landing=None) -> None:
         """One job, in as many requests as the limits need; TransferError if it did not complete
         (the connection is then closed, and made again by the next job). `before_landing(addr,
-        size)`: called for each local region of a READ request once it is sent (plane.py).
-        `landed(n)`: a READ calls it as the job's bytes arrive, n being how many of its first
-        bytes are in place (object_progress.py), only while the node's answer is not a refusal."""
+        size)`: called for each local region of a READ request once it is sent (plane.py)."""
         try:
-            done = 0
             for addrs, offsets, lengths in _requests(local_addrs, remote_offsets, sizes):
-                self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s, before_landing,
-                               None if landed is None else _offset(landed, done))
-                done += sum(lengths)
+                self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s, before_landing)
         except TransferError:  # refused, or a wrong answer: the node has stopped reading this request
             self._close()
             raise
@@ -318,8 +313,7 @@ class LaneConnection:
                          daemon=True).start()
         return stuck
 
-    def _transfer(self, op: int, local_addrs, remote_offsets, sizes, deadline_s: float, before_landing=None,
-                  landed=None) -> None:
+    def _transfer(self, op: int, local_addrs, remote_offsets, sizes, deadline_s: float, before_landing=None) -> None:
         remaining = deadline_s - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
@@ -348,13 +342,8 @@ class LaneConnection:
                     before_landing(addr, size)
             # the reply's head and bytes in as few receives as the kernel allows (one, when small); on
             # a refusal the reason lands in the caller's memory, which a failed read leaves undefined
-            progress = None
-            if landed is not None:
-                def progress(received: int) -> None:
-                    if received > _REPLY.size and reply[0] == 0:  # the head is in and says the bytes follow
-                        landed(received - _REPLY.size)
             received = _recv_all(sock, [memoryview(reply), *views], _REPLY.size, timeouts=timeouts,
-                                 deadline_s=deadline_s, progress=progress)
+                                 deadline_s=deadline_s)
         status, length = _REPLY.unpack(reply)
         if status != 0:
             if op == WRITE:
@@ -421,18 +410,12 @@ def _requests(local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: 
         yield addrs, offsets, lengths
 
 
-def _offset(landed, done: int):
-    """landed() for one request of a job whose first `done` bytes came in earlier requests."""
-    return landed if not done else (lambda n: landed(done + n))
-
-
 def _recv_all(sock: socket.socket, buffers: list[memoryview], at_least: int, total: int | None = None,
-              timeouts: KernelTimeouts | None = None, deadline_s: float = 0.0, progress=None) -> int:
+              timeouts: KernelTimeouts | None = None, deadline_s: float = 0.0) -> int:
     """Scatter received bytes over `buffers` (recvmsg_into, at most 512 at a time) until `total`
     bytes (default: all the buffers hold) or, once the first `at_least` bytes are in and their first
     byte is not 0 (a refusal: only its reason follows), at once. Returns the bytes received.
-    With `timeouts`: TimeoutError at `deadline_s`, however the bytes trickle in. `progress(got)`:
-    called after each receive with the bytes received so far."""
+    With `timeouts`: TimeoutError at `deadline_s`, however the bytes trickle in."""
     total = sum(len(b) for b in buffers) if total is None else total
     got, i, offset = 0, 0, 0  # bytes so far; the buffer being filled and how far
     while got < total:
@@ -444,8 +427,6 @@ def _recv_all(sock: socket.socket, buffers: list[memoryview], at_least: int, tot
         if at_least and got < at_least <= got + n and buffers[0][0] != 0:
             return got + n
         got += n
-        if progress is not None:
-            progress(got)
         while n:
             left = len(buffers[i]) - offset
             if n < left:
