@@ -304,7 +304,7 @@ class Client(PlainValues, Landings):
         write_deadline = t0 + reply.put_timeout_s - end_margin_s(reply.put_timeout_s)
         choices = [(i, r) for i in allocated for r in reply.replicas[i]]
         alloc_keys, alloc_tokens = [keys[i] for i in allocated], [tokens[i] for i in allocated] if allocated else []
-        begun: list = []  # the PutEnd sent while the bytes travel (landing.py), if it was
+        ending = None  # the PutEnd sent before the write (landing.py), if it was
         try:
             beside = None  # a large batch's checksums, computed on another thread while it is written
             if early is not None:
@@ -323,24 +323,21 @@ class Client(PlainValues, Landings):
                     copy_bytes(self._staging.addr, addrs[0][0], totals[0])
                     addrs, unregistered = [[self._staging.addr]], False
                     ahead = False  # the next plain put would be staged too: it gains nothing ahead
-                sent = None
                 if allocated and beside is None:
-                    def sent() -> None:  # the data plane calls it once the bytes are on their way
-                        self._begin_ending_into(begun, protocol.PutEnd(tenant, alloc_keys, alloc_tokens, checksums),
+                    ending = self._begin_ending(protocol.PutEnd(tenant, alloc_keys, alloc_tokens, checksums),
                                                 reply.lands, choices, totals[0] if ahead else None)
                 failed, in_flight = self._run_round(
                     "WRITE", choices, addrs, sizes, max(1e-3, write_deadline - time.monotonic()),
-                    unregistered=unregistered, sent=sent,
+                    unregistered=unregistered,
                 )
             if beside is not None:
                 checksums = beside.result()
         except BaseException:
-            if begun:
-                self._abandon_ending(begun[0], alloc_keys, alloc_tokens)
+            if ending is not None:
+                self._abandon_ending(ending, alloc_keys, alloc_tokens)
             else:
                 self._revoke_quietly(alloc_keys, alloc_tokens)
             raise
-        ending = begun[0] if begun else None
         # The source is free now. A write still in flight may read it later, but only into its
         # quarantined range, which is never served: reusing the source cannot corrupt an object.
         try:
@@ -595,7 +592,6 @@ class Client(PlainValues, Landings):
     def _run_round(
         self, op: str, choices: list[tuple[int, Replica]], addrs, sizes, timeout_s: float | None = None,
         checksum_into: tuple[dict, list[int]] | None = None, *, unregistered: bool = False, before_landing=None,
-        sent=None,
     ) -> tuple[set[int], dict]:
         """One round of transfers, one job per segment; returns (the object indices that failed,
         object index -> the data plane's StuckTransfer for failed ones whose transfer may still land).
@@ -617,7 +613,7 @@ class Client(PlainValues, Landings):
             self.config.timeout_s if timeout_s is None else min(timeout_s, self.config.timeout_s),
             [checksum_after(j.object_indices, addrs, sizes, *checksum_into)
              if sum(j.sizes) >= CHECKSUM_DURING_COPY_BYTES else None for j in jobs] if checksum_into else None,
-            unregistered=unregistered, before_landing=before_landing, sent=sent,
+            unregistered=unregistered, before_landing=before_landing,
         )
         broken_segments = []
         for job, error in zip(jobs, errors):

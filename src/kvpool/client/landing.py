@@ -3,13 +3,9 @@
 Why (issue 14): a put was its write, then a PutEnd round trip to a master that had slept through
 the write; across hosts on the 2-core VM a 1 MiB plain put was a 496 us write and a 172 us PutEnd
 while a ping back to back took 47 us (`benchmarks/results/peers/plain_phases_stop36.md`). Now the
-PutEnd, with `landing`, goes out while the bytes travel: the data plane calls back as soon as the
-write's bytes are handed to the kernel (a lane request) or posted (NIXL), before it waits for the
-node's answer (stop 37: before, it went out just before the write, and its send, 40-60 us across
-the harness's veth links, delayed the write). The master checks it (tokens, keys that exist, the
-allocation asked ahead) while the node takes the bytes in, and its reply is waiting when the write
-ends. Then one PutLanded, sent one way before the put returns, makes the objects readable. A write
-that never got its bytes out (it failed first) sends no end: it is revoked, as before.
+PutEnd, with `landing`, goes out just before the write; the master checks it (tokens, keys that
+exist, the allocation asked ahead) while the bytes travel and its reply is waiting when the write
+ends. Then one PutLanded, sent one way before the put returns, makes the objects readable.
 
 Rules:
 - Only over the lane (LaneChannel.begin: without it the usual PutEnd follows the write; nor with
@@ -63,7 +59,7 @@ class Ending:
 class Landings:
     def _begin_ending(self, end: protocol.PutEnd, lands: bool, choices: list[tuple[int, Replica]],
                       ahead_size: int | None = None) -> Ending | None:
-        """Send `end` with `landing` now, while the write to the replicas `choices` is under way (asking for an
+        """Send `end` with `landing` now, before the write to the replicas `choices` (asking for an
         allocation of `ahead_size` for the next plain put, if given); None: not done here (no lane,
         a master that does not take it, only same-host copies), nothing sent: end after the write."""
         begin = getattr(self._channel, "begin", None)
@@ -74,20 +70,6 @@ class Landings:
             end, grant = self._asking_ahead(end, ahead_size)
         call = begin(msgspec.structs.replace(end, landing=True))
         return None if call is None else Ending(call, len(end.keys), grant)
-
-    def _begin_ending_into(self, begun: list, end: protocol.PutEnd, lands: bool, choices: list[tuple[int, Replica]],
-                           ahead_size: int | None = None) -> None:
-        """`_begin_ending` from inside the data plane, once the write's bytes are on their way:
-        the Ending, if one was sent, is appended to `begun`. It never raises (the write's own
-        request is still unanswered there): an unexpected error leaves `begun` empty, and the
-        put then ends after its write, as one that never lands."""
-        try:
-            ending = self._begin_ending(end, lands, choices, ahead_size)
-        except Exception as e:  # noqa: BLE001 - the write must go on; its end is sent after it instead
-            log.warning("kvpool: a put's end could not be sent while its bytes travel (%s): sent after the write", e)
-            return
-        if ending is not None:
-            begun.append(ending)
 
     def _copies_locally(self, choices: list[tuple[int, Replica]]) -> bool:
         """Whether every chosen replica is written by a same-host copy (the shared-memory path)."""
