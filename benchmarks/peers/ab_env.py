@@ -18,10 +18,8 @@ and node's settings are the same for both.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from kvpool.bench import hosts, procs  # noqa: E402
-from servers import HOSTS, PEERS  # noqa: E402
+from servers import HOSTS, PEERS, run_script  # noqa: E402
 
 CLIENT = r'''
 import json, statistics, sys, time
@@ -97,12 +95,7 @@ def main() -> None:
             for r in range(args.rounds):
                 for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
                     spec = {**running.spec, "size": args.size_kib << 10, "count": args.count, "tag": f"{name}{r}"}
-                    argv = running.client_host.wrap([sys.executable, str(script), json.dumps(spec)])
-                    done = subprocess.run(argv, capture_output=True, text=True, timeout=600,
-                                          env={**os.environ, **settings[name]})
-                    if done.returncode != 0:
-                        raise SystemExit(f"client {name} failed:\n{done.stderr[-3000:]}")
-                    out = json.loads(done.stdout.strip().splitlines()[-1])
+                    out = run_script(running, script, spec, env=settings[name])
                     results[name].append(out)
                     line = f"round {r} {name}: " + ", ".join(
                         f"{op} mean {v['mean_us']:.0f} us, P50 {v['p50_us']:.0f}" for op, v in out.items())

@@ -19,7 +19,6 @@ change that should cut one phase can be seen to cut it. Bytes are compared with 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from kvpool.bench import hosts, procs  # noqa: E402
-from servers import HOSTS, PEERS, run_client  # noqa: E402
+from servers import HOSTS, PEERS, run_script  # noqa: E402
 
 CLIENT = r'''
 import collections, json, sys, time
@@ -112,14 +111,7 @@ def main() -> None:
     with hosts.HostNetwork(HOSTS) as net:
         running = PEERS["kvpool-nixl"].start(net, workdir, 1024 << 20, sys.executable)
         try:
-            spec = {**running.spec, "size": args.size_kib << 10, "count": args.count}
-            argv = running.client_host.wrap([sys.executable, str(script), json.dumps(spec)])
-            import subprocess
-
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-            if done.returncode != 0:
-                raise SystemExit(f"client failed:\n{done.stderr[-3000:]}")
-            out = json.loads(done.stdout.strip().splitlines()[-1])
+            out = run_script(running, script, {**running.spec, "size": args.size_kib << 10, "count": args.count})
         finally:
             running.stop()
     lines = [f"plain values of {args.size_kib} KiB across hosts, {args.count} puts and gets one at a time; "

@@ -257,6 +257,18 @@ PEERS: dict[str, Peer] = {
 }
 
 
+def run_script(running: Running, script: Path, spec: dict, env: dict | None = None, timeout_s: float = 600.0) -> dict:
+    """A benchmark's own client script (argv[1]: the spec as JSON; its last stdout line: JSON) in its
+    own process on the peer's client host, unpinned; that JSON, or SystemExit with its stderr."""
+    import os
+
+    argv = running.client_host.wrap([running.python, str(script), json.dumps(spec)])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **(env or {})})
+    if done.returncode != 0:
+        raise SystemExit(f"client {script.name} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def run_client(running: Running, spec: dict, env: dict | None = None, timeout_s: float = 600.0) -> dict:
     """clients.py in its own process on the peer's client host; its JSON, or RuntimeError."""
     argv = running.client_host.wrap(pinned([running.python, str(Path(__file__).with_name("clients.py")), json.dumps(spec)],
