@@ -163,7 +163,8 @@ def coherent(draw):
         return p.PutEnd(tenant, some_keys, learned_tokens, [draw(hostile_int) for _ in range(n)],
                         landing=draw(st.booleans()))
     if choice == 4:
-        return p.PutLanded(tenant, some_keys, learned_tokens)
+        return p.PutLanded(tenant, some_keys, learned_tokens,
+                           draw(st.one_of(st.just([]), st.lists(hostile_int, min_size=n, max_size=n))))
     if choice == 1:
         return p.PutRevoke(tenant, some_keys, learned_tokens, draw(st.lists(st.integers(-1, 6), max_size=6)))
     if choice == 2:
@@ -196,7 +197,7 @@ requests = st.one_of(
               st.integers(1, 16), st.integers(1, 4096), st.sampled_from(["evil", "other"])),
     st.builds(p.PutEnd, tenant=read_tenant, keys=keys, tokens=tokens, checksums=small_int_list),
     st.builds(p.PutRevoke, tenant=read_tenant, keys=keys, tokens=tokens, in_flight=small_int_list),
-    st.builds(p.PutLanded, tenant=read_tenant, keys=keys, tokens=tokens),
+    st.builds(p.PutLanded, tenant=read_tenant, keys=keys, tokens=tokens, checksums=small_int_list),
     st.builds(p.EndQuarantine, tenant=read_tenant, tokens=tokens),
     st.builds(p.LookupPrefix, tenant=read_tenant, keys=keys, lease=st.booleans()),
     st.builds(p.ReleaseLeases, tenant=read_tenant, lease_ids=lease_ids),

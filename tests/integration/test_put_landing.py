@@ -54,7 +54,7 @@ def test_an_object_whose_landing_never_arrives_is_never_read_and_is_reclaimed(ma
     pool = make_pool(num_nodes=1, master_args=("--put-timeout-s", "1"))
     with Client(pool.address, "lost", path="lane") as writer, Client(pool.address, "lost") as reader:
         assert _put(writer, ["landed"], 64 * KiB) == [PUT_ALLOCATED]
-        monkeypatch.setattr(writer, "_land", lambda keys, tokens: True)  # the PutLanded lost on its way
+        monkeypatch.setattr(writer, "_land", lambda keys, tokens, checksums=None: True)  # the PutLanded lost on its way
         assert _put(writer, ["lost"], 64 * KiB) == [PUT_ALLOCATED]
         assert reader.get("lost") is None and reader.exists(["lost"]) == [False]
         assert _put(reader, ["lost"], 64 * KiB) == [1]  # PUT_EXISTS: pending, not anyone else's to write
@@ -149,3 +149,33 @@ def test_across_a_master_restart_landing_puts_serve_only_their_own_bytes_or_miss
     finally:
         node.stop(grace_s=5.0)
         master.stop(grace_s=5.0)
+
+
+def test_a_plain_puts_checksum_taken_while_its_bytes_travel_comes_with_its_landing(pool, monkeypatch):
+    """A landing plain put sends its PutEnd without the value's checksum, hashes the value while the
+    node takes the bytes in, and sends the checksum with PutLanded: a reader gets the value, the
+    master holds its checksum, and a byte flipped in the segment afterwards is a miss."""
+    from kvpool.client.checksum import checksum_bytes
+    from kvpool.core import protocol
+    from test_integrity import _flip_bits
+
+    with Client(pool.address, "sum", path="lane") as writer, Client(pool.address, "sum") as reader:
+        sent = []
+        send = writer._channel.send
+        monkeypatch.setattr(writer._channel, "send", lambda request, **kw: (sent.append(request), send(request, **kw))[1])
+        values = {f"v{n}": pattern(f"v{n}", 300 * KiB).tobytes() for n in range(6)}
+        for key, value in values.items():
+            assert writer.put(key, value) is True
+        landings = [r for r in sent if isinstance(r, protocol.PutLanded)]
+        # the first put asks for space (its PutEnd carried the checksum); the others write into the
+        # allocation held ahead, and their checksums come with the landing
+        carried = [r for r in landings if r.checksums]
+        assert len(landings) == 6 and len(carried) == 5
+        for landing in carried:
+            assert landing.checksums == [checksum_bytes(values[landing.keys[0]])]
+        _, reply, _ = reader._lookup_leased(list(values))
+        reader._release(reply.lease_id)
+        assert protocol.unpack_checksums(reply.checksums) == [checksum_bytes(v) for v in values.values()]
+        assert all(reader.get(k) == v for k, v in values.items())
+        _flip_bits(reader, list(values), 3, 1000, 0x04)
+        assert reader.get("v3") is None and reader.get("v4") == values["v4"]

@@ -92,3 +92,22 @@ def test_an_allocation_ended_ahead_while_landing_is_renamed_at_once_and_readable
     assert (reply.ended, reply.existed) == (0, [0])
     assert landed(core, ["ahead:2"], other.tokens) == 0
     assert core.handle(p.PutRevoke("t", ["ahead:2"], other.tokens), 1.0).count == 1
+
+
+def test_a_landing_may_bring_the_checksums_its_end_went_without():
+    """A plain put hashes its value while the bytes travel (plain_values.py): its PutEnd carries no
+    checksum and its PutLanded does. The object is readable with that checksum, in the node's
+    directory too; 0 keeps the end's; a landing with the wrong number of checksums, or one out of
+    range, is refused whole and lands nothing."""
+    core = make_core()
+    put = start(core, ["a", "b", "c"])
+    reply = core.handle(p.PutEnd("t", ["a", "b", "c"], put.tokens, [0, 0, 0xC2], landing=True), 0.5)
+    assert reply.ended == 3
+    for bad in ([7], [7, 8, 1 << 64], [7, -1, 9]):
+        refused = core.handle(p.PutLanded("t", ["a", "b", "c"], put.tokens, bad), 0.6)
+        assert isinstance(refused, p.ErrorReply) and ("checksum" in refused.message or "must match" in refused.message)
+    assert hits(core, ["a"])[0] == 0  # nothing landed by a refused PutLanded
+    assert core.handle(p.PutLanded("t", ["a", "b", "c"], put.tokens, [0xA0, 0xB0, 0]), 0.6).count == 3
+    assert hits(core, ["a", "b", "c"])[2] == [0xA0, 0xB0, 0xC2]
+    segment = next(iter(core.segments.by_id.values()))
+    assert {op.key: op.checksum for op in segment.log.ops if op.size} == {"a": 0xA0, "b": 0xB0, "c": 0xC2}

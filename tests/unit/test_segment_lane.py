@@ -266,6 +266,48 @@ def test_a_peer_that_never_answers_is_a_timeout_within_the_deadline(buf):
         silent.close()
 
 
+def test_sent_is_called_once_per_write_when_its_bytes_are_out_before_the_node_answers(info, buf):
+    """transfer_many(sent=): a lane WRITE calls it once its bytes are handed to the kernel, while
+    its answer is still awaited (a node that reads the whole request and never answers: sent ran,
+    then the job timed out); once for a split write; never for a READ."""
+    import time
+
+    calls = []
+    with _plane(buf, path="lane") as plane:
+        plane.lane_split_bytes = 0
+        assert plane.transfer_many("WRITE", [(info, [buf.ctypes.data], [0], [buf.nbytes])], 5,
+                                   sent=lambda: calls.append("whole")) == [None]
+        plane.lane_split_bytes = 256 << 10
+        assert plane.transfer_many("WRITE", [(info, [buf.ctypes.data], [0], [buf.nbytes])], 5,
+                                   sent=lambda: calls.append("split")) == [None]
+        assert plane.transfer_many("READ", [(info, [buf.ctypes.data], [0], [buf.nbytes])], 5,
+                                   sent=lambda: calls.append("read")) == [None]
+    assert calls == ["whole", "split"]
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    taken = threading.Event()
+
+    def take_and_say_nothing():
+        peer, _ = silent.accept()
+        with peer:
+            need = sl._HEAD.size + sl._REGION.size + 4096
+            while need > 0:
+                need -= len(peer.recv(need))
+            taken.set()
+            time.sleep(1.0)
+
+    threading.Thread(target=take_and_say_nothing, daemon=True).start()
+    try:
+        conn = sl.LaneConnection(f"127.0.0.1:{silent.getsockname()[1]}")
+        seen = []
+        with pytest.raises(TransferError, match="timed out"):
+            conn.transfer("WRITE", [buf.ctypes.data], [0], [4096], time.monotonic() + 0.5, sent=lambda: seen.append(1))
+        assert seen == [1] and taken.wait(1)
+        conn.close()
+    finally:
+        silent.close()
+
+
 def test_a_peer_that_reads_a_trickle_cannot_hold_a_write_past_its_deadline():
     """The kernel's send timeout bounds each send, not the job: a node taking a few KiB at a time
     would keep a blocking sendmsg going; the job still ends at its deadline."""

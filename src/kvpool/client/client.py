@@ -592,13 +592,15 @@ class Client(PlainValues, Landings):
     def _run_round(
         self, op: str, choices: list[tuple[int, Replica]], addrs, sizes, timeout_s: float | None = None,
         checksum_into: tuple[dict, list[int]] | None = None, *, unregistered: bool = False, before_landing=None,
+        sent=None,
     ) -> tuple[set[int], dict]:
         """One round of transfers, one job per segment; returns (the object indices that failed,
         object index -> the data plane's StuckTransfer for failed ones whose transfer may still land).
         `checksum_into` (digests, expected): a shared-memory READ of CHECKSUM_DURING_COPY_BYTES or
         more checksums each object with a non-zero expected checksum right after its copy, into
         digests[object index] (a smaller job is still in the CPU's last-level cache after its copy:
-        checksummed after it in one call, without a call per object)."""
+        checksummed after it in one call, without a call per object). `sent`: the data plane's
+        hook, called once a WRITE's bytes are on their way (it must not raise)."""
         in_flight: dict = {}
         if not choices:
             return set(), in_flight
@@ -613,7 +615,7 @@ class Client(PlainValues, Landings):
             self.config.timeout_s if timeout_s is None else min(timeout_s, self.config.timeout_s),
             [checksum_after(j.object_indices, addrs, sizes, *checksum_into)
              if sum(j.sizes) >= CHECKSUM_DURING_COPY_BYTES else None for j in jobs] if checksum_into else None,
-            unregistered=unregistered, before_landing=before_landing,
+            unregistered=unregistered, before_landing=before_landing, sent=sent,
         )
         broken_segments = []
         for job, error in zip(jobs, errors):

@@ -36,7 +36,7 @@ import msgspec
 
 from kvpool.client import fresh_memory
 from kvpool.client.ahead import AheadSlot
-from kvpool.client.checksum import checksum_regions
+from kvpool.client.checksum import NO_CHECKSUM, checksum_regions
 from kvpool.client.memory import copy_bytes, region_of
 from kvpool.client.statuses import PUT_FAILED, PUT_STATUS_NAMES
 from kvpool.core import protocol
@@ -108,12 +108,23 @@ class PlainValues:
         tenant = self.config.tenant
         names, tokens = [slot.key, key], [slot.token, slot.token]  # pending under either once its end is sent
         ending = None
+        hashed: list[int] = []  # landing: the checksum, taken while the bytes travel, goes with PutLanded
+
+        def sent() -> None:  # the data plane's hook must not raise: the write's answer is still unread
+            try:
+                hashed.append(checksum_regions([addr], [size]))
+            except Exception:  # noqa: BLE001 - hashed again after the write
+                pass
+
         try:
-            checksum = checksum_regions([addr], [size])
+            # landing: the end goes before the write, without the checksum (landing.py)
+            later = self._may_land(slot.lands, choices)
+            checksum = NO_CHECKSUM if later else checksum_regions([addr], [size])
             end = protocol.PutEnd(tenant, [slot.key], [slot.token], [checksum], as_keys=[key])
-            ending = self._begin_ending(end, slot.lands, choices, size)
+            ending = self._begin_ending(end, slot.lands, choices, size) if later else None
             failed, in_flight = self._run_round("WRITE", choices, [[addr]], [[size]],
-                                                max(1e-3, slot.deadline_s - time.monotonic()), unregistered=unregistered)
+                                                max(1e-3, slot.deadline_s - time.monotonic()), unregistered=unregistered,
+                                                sent=sent if ending is not None else None)
         except BaseException:
             if ending is not None:
                 self._abandon_ending(ending, names, tokens)
@@ -129,6 +140,8 @@ class PlainValues:
                 self._end_quarantine_later(in_flight, [slot.token])
             return None
         if reply is None:
+            if checksum == NO_CHECKSUM:  # landing was meant, but there was no lane to send the end on
+                end = msgspec.structs.replace(end, checksums=[checksum_regions([addr], [size])])
             reply = self._end_asking_ahead(end, size)
         if reply.refused:
             log.info("kvpool: the master no longer held the allocation put ahead for %r (reclaimed, or a new "
@@ -137,7 +150,8 @@ class PlainValues:
         stored = not reply.existed
         if reply.existed:
             self._give_back(slot)  # written for nothing: the key was there
-        elif ending is not None and not self._land([key], [slot.token]):
+        elif ending is not None and not self._land([key], [slot.token],
+                                                   hashed[:1] or [checksum_regions([addr], [size])]):
             raise TransferError(f"{key!r} was written but could not be made readable (PutLanded not sent); retry it")
         else:
             self._metrics.put_bytes.inc(size * len(slot.replicas))

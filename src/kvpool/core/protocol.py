@@ -218,11 +218,14 @@ class PutEnd(Struct, tag="put_end", frozen=True):
 
 class PutLanded(Struct, tag="put_landed", frozen=True):
     """The bytes of these objects, ended by a PutEnd with `landing`, are written: make them readable.
-    Sent one way (no reply); keys are the ones they were ended under (as_keys where given)."""
+    Sent one way (no reply); keys are the ones they were ended under (as_keys where given).
+    `checksums` (empty, or one per key; 0: keep the PutEnd's): the objects' checksums, for a writer
+    that hashed its bytes while they travelled and sent the PutEnd without them."""
 
     tenant: str
     keys: list[str]
     tokens: list[int]
+    checksums: list[int] = []
 
 
 class PutRevoke(Struct, tag="put_revoke", frozen=True):

@@ -58,6 +58,11 @@ def _check_same_length(what: str, keys: list, *others: list) -> None:
         raise UsageError(f"{what} got {len(keys)} keys and lists of {[len(o) for o in others]} entries: they must match")
 
 
+def _check_checksums(checksums: list[int]) -> None:
+    if checksums and (min(checksums) < 0 or max(checksums) >= 1 << 64):
+        raise UsageError("checksums must be unsigned 64-bit integers (0: none)")
+
+
 class MasterCore:
     def __init__(self, config: MasterConfig, epoch: int | None = None) -> None:
         self.config = config
@@ -289,8 +294,7 @@ class MasterCore:
 
     def _put_end(self, req: p.PutEnd, now_s: float) -> p.PutEndReply:
         _check_same_length("put_end", req.keys, req.tokens, req.checksums)
-        if req.checksums and (min(req.checksums) < 0 or max(req.checksums) >= 1 << 64):
-            raise UsageError("checksums must be unsigned 64-bit integers (0: none)")
+        _check_checksums(req.checksums)
         if req.ahead:  # checked before anything ends: a refused PutEnd changes nothing
             _check_keys(req.ahead)
             _check_same_length("put_end's ahead", req.ahead, req.ahead_sizes)
@@ -312,7 +316,10 @@ class MasterCore:
 
     def _put_landed(self, req: p.PutLanded, now_s: float) -> p.OkReply:
         _check_same_length("put_landed", req.keys, req.tokens)
-        return p.OkReply(count=self.index.put_landed(req.tenant, req.keys, req.tokens, now_s))
+        if req.checksums:
+            _check_same_length("put_landed", req.keys, req.checksums)
+            _check_checksums(req.checksums)
+        return p.OkReply(count=self.index.put_landed(req.tenant, req.keys, req.tokens, now_s, req.checksums))
 
     def _put_revoke(self, req: p.PutRevoke, now_s: float) -> p.OkReply:
         _check_same_length("put_revoke", req.keys, req.tokens)

@@ -267,15 +267,19 @@ class ObjectIndex:
         self.refused_put_ends += len(refused)
         return ended, refused, existed
 
-    def put_landed(self, tenant: str, keys: list[str], tokens: list[int], now_s: float) -> int:
-        """Make readable the objects ended with `landing` whose bytes are now written; returns how many."""
+    def put_landed(self, tenant: str, keys: list[str], tokens: list[int], now_s: float,
+                   checksums: list[int] | None = None) -> int:
+        """Make readable the objects ended with `landing` whose bytes are now written, with their
+        checksums where given (non-zero); returns how many."""
         space = self.tenants.get(tenant)
         landed = 0
-        for key, token in zip(keys, tokens):
+        for i, (key, token) in enumerate(zip(keys, tokens)):
             rec = self._pending_with_token(space, key, token)
             if rec is None or not rec.flags & LANDING:
                 self.refused_landings += 1
                 continue
+            if checksums and checksums[i]:
+                rec.checksum = checksums[i].to_bytes(8, "little")
             rec.flags &= ~LANDING
             self._complete(rec, tenant, now_s)
             landed += 1

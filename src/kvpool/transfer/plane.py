@@ -324,12 +324,15 @@ class DataPlane:
 
     def transfer_many(self, op: str, jobs: Sequence[Job], timeout_s: float,
                       after_objects: Sequence | None = None, *, unregistered: bool = False,
-                      before_landing=None) -> list[TransferError | None]:
+                      before_landing=None, sent=None) -> list[TransferError | None]:
         """Run jobs (usually one per segment) concurrently: NIXL requests are all posted first,
         shared-memory copies run while they progress. Returns one error or None per job.
         `after_objects[i]`, None or (counts, after): job i's regions are objects of counts[n]
         regions each, and a host READ over shared memory calls after(n) as soon as object n is in
-        place (a reader checksums it while it is in the CPU's caches); other paths never call it."""
+        place (a reader checksums it while it is in the CPU's caches); other paths never call it.
+        `sent()`: called at most once, from this thread, as soon as a WRITE's bytes are on their
+        way (NIXL requests posted, or a lane request's bytes handed to the kernel), before waiting
+        for them to land; never for shared-memory copies, nor if nothing was sent."""
         if op not in OPS:
             raise UsageError(f"op must be READ or WRITE, got {op!r}")
         if op == "WRITE" and self.read_only:
@@ -364,13 +367,14 @@ class DataPlane:
                 if unregistered and on_lane[i] is None and job.route.mapping is None and errors[i] is None:
                     errors[i] = TransferError(f"segment {job.segment.segment_id}: a job from unregistered memory "
                                               "goes by shared memory or the segment lane only, not NIXL")
-            return self._run_jobs(op, checked, errors, on_lane, deadline, after_objects, before_landing)
+            return self._run_jobs(op, checked, errors, on_lane, deadline, after_objects, before_landing,
+                                  _once(sent) if sent is not None and op == "WRITE" else None)
         finally:
             for lane, conn in held.values():
                 lane.release(conn)
 
     def _run_jobs(self, op: str, checked: list[_Checked], errors: list, on_lane: list, deadline: float,
-                  after_objects: Sequence | None = None, before_landing=None) -> list:
+                  after_objects: Sequence | None = None, before_landing=None, sent=None) -> list:
         posted, posted_idx = [], []
         for i, job in enumerate(checked):
             if errors[i] is None and on_lane[i] is None and job.route.peer is not None and len(job.sizes):
@@ -380,6 +384,8 @@ class DataPlane:
                     self.jobs_by_path["nixl"] += 1
                 except TransferError as e:
                     errors[i] = e
+        if posted and sent is not None:
+            sent()
         for i, job in enumerate(checked):
             if errors[i] is None and job.route.mapping is not None:
                 try:
@@ -394,7 +400,7 @@ class DataPlane:
         for i, job in enumerate(checked):
             if on_lane[i] is not None:
                 try:
-                    self._lane_transfer(op, job, on_lane[i], deadline, before_landing)
+                    self._lane_transfer(op, job, on_lane[i], deadline, before_landing, sent)
                     self.jobs_by_path["lane"] += 1
                 except TransferError as e:
                     errors[i] = e
@@ -403,14 +409,16 @@ class DataPlane:
                 errors[i] = error
         return errors
 
-    def _lane_transfer(self, op: str, job: _Checked, conn, deadline: float, before_landing=None) -> None:
+    def _lane_transfer(self, op: str, job: _Checked, conn, deadline: float, before_landing=None,
+                       sent=None) -> None:
         """A job on its lane connection; one of lane_split_bytes or more (READ or WRITE) as two
-        halves at once, the second on another connection of the same lane when one is free (else whole)."""
+        halves at once, the second on another connection of the same lane when one is free (else
+        whole). `sent`: called by this thread's half once its bytes are out."""
         split = self.lane_read_split_bytes if op == "READ" else self.lane_split_bytes
         total = sum(job.sizes) if split else 0
         second = job.route.lane.try_acquire() if split and total >= split else None
         if second is None:
-            conn.transfer(op, job.local_addrs, job.remote_offsets, job.sizes, deadline, before_landing)
+            conn.transfer(op, job.local_addrs, job.remote_offsets, job.sizes, deadline, before_landing, sent)
             return
         first_half, second_half = _halves(job.local_addrs, job.remote_offsets, job.sizes, total // 2)
         try:
@@ -420,7 +428,7 @@ class DataPlane:
             raise
         first_error = None
         try:
-            conn.transfer(op, *first_half, deadline, before_landing)
+            conn.transfer(op, *first_half, deadline, before_landing, sent)
         except TransferError as e:
             first_error = e
         finally:
@@ -575,6 +583,19 @@ class DataPlane:
 
 def _path_of(route: _Route) -> str:
     return "shm" if route.mapping is not None else "nixl" if route.peer is not None else "lane"
+
+
+def _once(callback):
+    """`callback` made a no-op after its first call."""
+    done = False
+
+    def once() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            callback()
+
+    return once
 
 
 def _halves(addrs, offsets, sizes, at: int):

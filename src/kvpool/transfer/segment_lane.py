@@ -279,13 +279,15 @@ class LaneConnection:
         self._timeouts: KernelTimeouts | None = None  # the socket's (timeouts.py: no poll() per receive)
 
     def transfer(self, op: str, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
-                 deadline_s: float, before_landing=None) -> None:
+                 deadline_s: float, before_landing=None, sent=None) -> None:
         """One job, in as many requests as the limits need; TransferError if it did not complete
         (the connection is then closed, and made again by the next job). `before_landing(addr,
-        size)`: called for each local region of a READ request once it is sent (plane.py)."""
+        size)`: called for each local region of a READ request once it is sent (plane.py).
+        `sent()`: called once a WRITE request's bytes are all handed to the kernel, before its
+        reply is awaited (it must not raise: the request is then still unanswered)."""
         try:
             for addrs, offsets, lengths in _requests(local_addrs, remote_offsets, sizes):
-                self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s, before_landing)
+                self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s, before_landing, sent)
         except TransferError:  # refused, or a wrong answer: the node has stopped reading this request
             self._close()
             raise
@@ -313,7 +315,8 @@ class LaneConnection:
                          daemon=True).start()
         return stuck
 
-    def _transfer(self, op: int, local_addrs, remote_offsets, sizes, deadline_s: float, before_landing=None) -> None:
+    def _transfer(self, op: int, local_addrs, remote_offsets, sizes, deadline_s: float, before_landing=None,
+                  sent=None) -> None:
         remaining = deadline_s - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
@@ -334,6 +337,8 @@ class LaneConnection:
         reply = bytearray(_REPLY.size)
         if op == WRITE:
             _send_all(sock, [memoryview(request)] + views, timeouts, deadline_s)
+            if sent is not None:  # while the node receives
+                sent()
             _recv_all(sock, [memoryview(reply)], 0, timeouts=timeouts, deadline_s=deadline_s)
         else:
             _send_all(sock, [memoryview(request)], timeouts, deadline_s)
