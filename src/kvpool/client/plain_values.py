@@ -19,7 +19,9 @@ Rules:
   under its key with one PutEnd that asks for the next: its write and one round trip instead of
   three. Otherwise it goes the usual way (PutStart, write, PutEnd), its PutEnd asking for an
   allocation ahead unless its route needs the staging buffer (nothing gained then). Either way its
-  PutEnd travels while its bytes are written, where the lane allows (landing.py).
+  PutEnd travels while its bytes are written, where the lane allows (landing.py); a put into the
+  slot held ahead then hashes its value only once the write's bytes are on their way (the data
+  plane's `sent`) and sends the checksum with PutLanded (fixes.md 32).
 - The mixin uses the Client's channel, staging buffer, metrics and leased reads (client.py); it
   holds `_max_inline`, the master's limit as its last reply said (-1: a master without them), and
   `_ahead` (ahead.AheadSlots).
