@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -62,6 +63,8 @@ def main() -> None:
             out["outcome"] = outcome
         out["paths"] = sorted(set(client.plane.paths().values()))
         out["jobs"] = client.plane.jobs_by_path
+        lane = getattr(client._channel, "_sock", None)  # the master's lane: TCP across hosts, Unix on its host
+        out["master_lane"] = None if lane is None else ("unix" if lane.family == socket.AF_UNIX else "tcp")
         out["nodes"] = {n.node_id: {"host_id": n.host_id, "num_objects": n.num_objects, "state": n.state}
                         for n in client.stats().nodes}  # fmt: skip
     print(json.dumps(out))

@@ -74,6 +74,7 @@ def test_put_get_across_hosts_then_a_node_dies(cluster, path):
 
     got, log = run_client(net, master, "get", path)  # another process, no state shared with the writer
     assert got["paths"] == ["nixl"]
+    assert put["master_lane"] == got["master_lane"] == "tcp"  # the master's Unix socket is its host's only
     # auto (no RDMA here): every job over the segment lanes, the one-key gets (256 KiB) and the batch
     # (~6 MiB per node, but in 64 KiB regions); path nixl: everything by NIXL, over UCX's TCP only
     want = {"nixl": {"lane": 0, "nixl": 2 + NUM_KEYS}, "auto": {"lane": 2 + NUM_KEYS, "nixl": 0}}[path]

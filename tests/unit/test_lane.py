@@ -80,8 +80,28 @@ def test_the_master_offers_its_lane_over_zmq(master):
     plain = MasterChannel(master.address, timeout_s=5.0)
     assert isinstance(lookup(plain), p.LookupReply)  # a client that never asks for the lane
     offer = plain.call(p.LaneQuery())
-    assert isinstance(offer, p.LaneOffer) and offer.port > 0
+    assert isinstance(offer, p.LaneOffer) and offer.port > 0 and offer.unix.startswith("kvpool-lane-")
     plain.close()
+
+
+@pytest.mark.parametrize("unix", ["1", "0"])
+def test_a_client_on_the_masters_host_takes_its_unix_socket_else_tcp(master, monkeypatch, unix):
+    """The lane over the master's abstract Unix socket where it can be reached (its network
+    namespace: the same host), TCP with $KVPOOL_LANE_UNIX=0 or where the name is not there; calls,
+    one-way frames and lazy ones (no TCP_CORK on a Unix socket: sent at once) work on either."""
+    monkeypatch.setenv("KVPOOL_LANE_UNIX", unix)
+    channel = LaneChannel(MasterChannel(master.address, timeout_s=5.0))
+    try:
+        assert isinstance(lookup(channel), p.LookupReply) and channel.on_lane
+        assert channel._sock.family == (socket.AF_UNIX if unix == "1" else socket.AF_INET)
+        channel.send(p.MountSegment("n3", "host", 1 << 20, 0, "agent-n3", b""), lazy=True)
+        assert channel.call(p.Stats()).capacity_bytes == 1 << 20  # the lazy frame came first
+    finally:
+        channel.close()
+    # a Unix name nobody listens on (a master on another host): TCP
+    from kvpool.transfer import lane as lane_module
+
+    assert lane_module._connect_unix("kvpool-lane-nobody-" + "0" * 16, 1.0) is None
 
 
 def test_a_restart_is_seen_and_the_call_goes_over_zmq_meanwhile(tmp_path):

@@ -533,6 +533,7 @@ class StatsReply(Struct, tag="stats_ok", frozen=True):
 
 class LaneOffer(Struct, tag="lane_offer", frozen=True):
     port: int  # the lane's TCP port on the master's host; 0: no lane (authentication is on)
+    unix: str = ""  # the same lane's abstract Unix socket name (no leading NUL); "": none
 
 
 Reply = (

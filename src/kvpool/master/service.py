@@ -301,7 +301,7 @@ class MasterService:
             return
         try:
             if type(request) is p.LaneQuery:  # the shell's own business: the core knows no sockets
-                reply = p.LaneOffer(self._lane.port if self._lane is not None else 0)
+                reply = p.LaneOffer(self._lane.port, self._lane.unix_name) if self._lane is not None else p.LaneOffer(0)
             else:
                 reply = self.core.handle(request, now_s, principal)
             if type(reply) is p.StatsReply:

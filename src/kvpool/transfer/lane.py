@@ -1,4 +1,5 @@
-"""The lane: a plain TCP request/reply channel to the master, beside its ZMQ socket (issue 14).
+"""The lane: a plain TCP (or, on the master's host, Unix) request/reply channel to the master,
+beside its ZMQ socket (issue 14).
 
 Why: a ZMQ message crosses two threads on each side (the caller's and libzmq's I/O thread), so
 one round trip is six thread wake-ups instead of two. On the 2-core VM this was measured on, a
@@ -19,7 +20,11 @@ Rules:
 - Served only without authentication: the lane has no CURVE, so a master with an auth dir offers
   port 0 and every client stays on ZMQ. Found through the ZMQ channel (LaneQuery -> LaneOffer), so
   a master without a lane (older, or authenticated) costs one round trip once, then nothing.
-- Master side: `LaneServer` (lane_server.py), with this module's wire format.
+- Master side: `LaneServer` (lane_server.py), with this module's wire format. It listens on TCP
+  and on an abstract Unix socket with a random name, both offered in LaneOffer; a client tries
+  the Unix socket first (it exists only in the master's network namespace, so only a client on
+  its host reaches it) and TCP otherwise ($KVPOOL_LANE_UNIX=0: TCP always). Same frames; on one host a Unix socket round trip
+  costs less than loopback TCP (no TCP stack: 4 clients' echo P50 45-79 vs 92-102 us here).
 - Lazy one-way frames (`send(request, lazy=True)`: lease releases) are written with the socket
   corked (TCP_CORK) and go out with the next frame, or after the kernel's 200 ms cork limit: a
   release no longer costs its caller a transmit of its own. The master sees it no later than the
@@ -73,6 +78,23 @@ ONE_WAY_ID = 0  # a request with this id gets no reply (ids of calls start at 1)
 ONE_WAY_BYTES = ONE_WAY_ID.to_bytes(8, "little")  # the same id as it travels in a frame
 _RECV_CHUNK = 1 << 16
 _TCP_CORK = getattr(socket, "TCP_CORK", None)  # Linux; elsewhere lazy frames go out at once
+_AF_UNIX = getattr(socket, "AF_UNIX", None)
+LANE_UNIX_ENV = "KVPOOL_LANE_UNIX"  # 0: the lane over TCP even on the master's host (A/Bs)
+
+
+def _connect_unix(name: str, timeout_s: float) -> socket.socket | None:
+    """The master's lane on its abstract Unix socket, reachable from its own network namespace
+    only (the same host); None where it is not (another host: the caller uses TCP)."""
+    if _AF_UNIX is None:
+        return None
+    sock = socket.socket(_AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect("\0" + name)
+    except OSError:
+        sock.close()
+        return None
+    return sock
 _DIRECT_BODY_BYTES = 16 << 10  # a reply this large is received into its own buffer (LaneChannel._read_body)
 @dataclass(frozen=True)
 class BegunCall:
@@ -204,7 +226,7 @@ class LaneChannel:
             if self._sock is not None:
                 payload = protocol.request_encoder.encode(request)
                 try:
-                    if lazy and _TCP_CORK is not None and not self._corked:
+                    if lazy and _TCP_CORK is not None and not self._corked and self._sock.family != _AF_UNIX:
                         self._sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, 1)
                         self._corked = True
                     self._timeouts.send_all(_REQUEST_HEAD.pack(len(payload), ONE_WAY_ID) + payload,
@@ -235,14 +257,17 @@ class LaneChannel:
             return None  # the ZMQ call that follows will say so too
         if not isinstance(offer, protocol.LaneOffer) or not offer.port:
             return None
-        host = host_of(self.channel.address)
-        try:
-            sock = socket.create_connection((host, offer.port), timeout=min(timeout_s, 2.0))
-        except OSError as e:
-            log.info("master %s offers a lane on port %d but it cannot be reached (%s): using ZMQ", self.address,
-                     offer.port, e)
-            return None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        use_unix = offer.unix and os.environ.get(LANE_UNIX_ENV, "1") != "0"
+        sock = _connect_unix(offer.unix, min(timeout_s, 2.0)) if use_unix else None
+        if sock is None:
+            host = host_of(self.channel.address)
+            try:
+                sock = socket.create_connection((host, offer.port), timeout=min(timeout_s, 2.0))
+            except OSError as e:
+                log.info("master %s offers a lane on port %d but it cannot be reached (%s): using ZMQ", self.address,
+                         offer.port, e)
+                return None
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._timeouts = KernelTimeouts(sock)
         self._sock = sock
         self._inbox = bytearray()

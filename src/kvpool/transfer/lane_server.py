@@ -14,7 +14,10 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import os
+import secrets
 import socket
+import sys
 
 import zmq
 
@@ -58,21 +61,40 @@ class LaneServer:
         self._listener.listen(512)
         self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
+        # the same lane on a Unix socket, for clients in this host's network namespace (an abstract
+        # name: nothing on disk, gone with the process; random, so only those told it find it)
+        self.unix_name = ""
+        self._unix_listener: socket.socket | None = None
+        if hasattr(socket, "AF_UNIX") and sys.platform.startswith("linux"):
+            name = f"kvpool-lane-{os.getpid()}-{secrets.token_hex(8)}"
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                unix.bind("\0" + name)
+                unix.listen(512)
+                unix.setblocking(False)
+            except OSError as e:
+                log.info("no Unix-socket lane (%s): same-host clients use TCP", e)
+                unix.close()
+            else:
+                self._unix_listener, self.unix_name = unix, name
+        self._listeners = {lst.fileno(): lst for lst in (self._listener, self._unix_listener) if lst is not None}
         self._poller = poller
         self._max_frame = max_frame_bytes
         self._max_pending = max_pending_bytes
         self._connections: dict[int, _Connection] = {}  # by fd
         self._by_key: dict[bytes, _Connection] = {}
         self._serial = itertools.count(1)
-        poller.register(self._listener.fileno(), _POLLIN)
+        for fd in self._listeners:
+            poller.register(fd, _POLLIN)
 
     def owns(self, fd) -> bool:
-        return fd == self._listener.fileno() or fd in self._connections
+        return fd in self._listeners or fd in self._connections
 
     def handle(self, fd: int, events: int) -> list[tuple[bytes, bytes, bytes | bytearray | memoryview]]:
         """Accept, read or flush for `fd`; the complete requests read: (connection key, id, payload)."""
-        if fd == self._listener.fileno():
-            self._accept()
+        listener = self._listeners.get(fd)
+        if listener is not None:
+            self._accept(listener)
             return []
         conn = self._connections.get(fd)
         if conn is None:
@@ -187,10 +209,10 @@ class LaneServer:
             log.warning("lane peer does not read its replies (%d bytes pending): connection closed", len(conn.outbox))
             self._drop(conn)
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
-                sock, _ = self._listener.accept()
+                sock, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:  # e.g. out of file descriptors: keep serving the others
@@ -198,7 +220,8 @@ class LaneServer:
                     log.warning("lane accept failed: %s", e)
                 return
             sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if sock.family != getattr(socket, "AF_UNIX", None):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Connection(sock, b"lane-%d" % next(self._serial))
             self._connections[conn.fd] = conn
             self._by_key[conn.key] = conn
@@ -225,5 +248,6 @@ class LaneServer:
     def close(self) -> None:
         for conn in list(self._connections.values()):
             self._drop(conn)
-        self._poller.unregister(self._listener.fileno())
-        self._listener.close()
+        for fd, listener in self._listeners.items():
+            self._poller.unregister(fd)
+            listener.close()
