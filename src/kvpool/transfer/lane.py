@@ -23,10 +23,12 @@ Rules:
 - Master side: `LaneServer` (lane_server.py), with this module's wire format. It listens on TCP
   and on an abstract Unix socket with a random name, both offered in LaneOffer; a client tries
   the Unix socket first (it exists only in the master's network namespace, so only a client on
-  its host reaches it) and TCP otherwise ($KVPOOL_LANE_UNIX=0: TCP always). Same frames; on one host a Unix socket round trip
-  costs less than loopback TCP (no TCP stack: 4 clients' echo P50 45-79 vs 92-102 us here).
+  its host reaches it) and TCP otherwise ($KVPOOL_LANE_UNIX=0: TCP always). Same frames; on one
+  host a Unix socket round trip costs less than loopback TCP (no TCP stack: 4 clients' echo P50
+  45-79 vs 92-102 us here; peers/fixes.md 33).
 - Lazy one-way frames (`send(request, lazy=True)`: lease releases) are written with the socket
-  corked (TCP_CORK) and go out with the next frame, or after the kernel's 200 ms cork limit: a
+  corked (TCP_CORK; a Unix socket has no cork: sent at once, a few us there) and go out with
+  the next frame, or after the kernel's 200 ms cork limit: a
   release no longer costs its caller a transmit of its own. The master sees it no later than the
   caller's next request on this channel, in order, so "release, then ask" still holds.
 - Client side (`LaneChannel`): wraps a MasterChannel and has its interface. A lane that breaks
