@@ -390,7 +390,7 @@ def test_a_write_given_up_on_stays_in_flight_until_the_node_closes_its_end():
 @settings(deadline=None)  # up to 60K byte pairs per example: slow on a loaded 2-core machine, not wrong
 @given(st.lists(st.integers(1, 5000), min_size=1, max_size=12), st.floats(0, 1))
 def test_a_job_cut_in_halves_covers_the_same_bytes_in_order(sizes, where):
-    from kvpool.transfer.plane import _halves
+    from kvpool.transfer.lane_halves import halves as _halves
 
     addrs = list(itertools.accumulate([1 << 20] + sizes[:-1]))  # contiguous local regions
     offsets = list(itertools.accumulate([7 << 20] + [s * 2 for s in sizes[:-1]]))  # spread remote ones

@@ -66,13 +66,14 @@ class Landings:
         """Send `end` with `landing` now, before the write to the replicas `choices` (asking for an
         allocation of `ahead_size` for the next plain put, if given); None: not done here (no lane,
         a master that does not take it, only same-host copies), nothing sent: end after the write."""
-        if not self._may_land(lands, choices):
-            return None
-        begin = self._channel.begin
+        return self._send_ending(end, ahead_size) if self._may_land(lands, choices) else None
+
+    def _send_ending(self, end: protocol.PutEnd, ahead_size: int | None = None) -> Ending | None:
+        """`_begin_ending` once `_may_land` said yes: None if there was no lane to send it on."""
         grant = None
         if ahead_size:
             end, grant = self._asking_ahead(end, ahead_size)
-        call = begin(msgspec.structs.replace(end, landing=True))
+        call = self._channel.begin(msgspec.structs.replace(end, landing=True))
         return None if call is None else Ending(call, len(end.keys), grant)
 
     def _may_land(self, lands: bool, choices: list[tuple[int, Replica]]) -> bool:

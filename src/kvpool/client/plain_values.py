@@ -118,12 +118,15 @@ class PlainValues:
             except Exception:  # noqa: BLE001 - hashed again after the write
                 pass
 
+        def value_checksum() -> int:
+            return hashed[0] if hashed else checksum_regions([addr], [size])
+
         try:
             # landing: the end goes before the write, without the checksum (landing.py)
             later = self._may_land(slot.lands, choices)
             checksum = NO_CHECKSUM if later else checksum_regions([addr], [size])
             end = protocol.PutEnd(tenant, [slot.key], [slot.token], [checksum], as_keys=[key])
-            ending = self._begin_ending(end, slot.lands, choices, size) if later else None
+            ending = self._send_ending(end, size) if later else None
             failed, in_flight = self._run_round("WRITE", choices, [[addr]], [[size]],
                                                 max(1e-3, slot.deadline_s - time.monotonic()), unregistered=unregistered,
                                                 sent=sent if ending is not None else None)
@@ -143,7 +146,7 @@ class PlainValues:
             return None
         if reply is None:
             if checksum == NO_CHECKSUM:  # landing was meant, but there was no lane to send the end on
-                end = msgspec.structs.replace(end, checksums=[checksum_regions([addr], [size])])
+                end = msgspec.structs.replace(end, checksums=[value_checksum()])
             reply = self._end_asking_ahead(end, size)
         if reply.refused:
             log.info("kvpool: the master no longer held the allocation put ahead for %r (reclaimed, or a new "
@@ -152,8 +155,7 @@ class PlainValues:
         stored = not reply.existed
         if reply.existed:
             self._give_back(slot)  # written for nothing: the key was there
-        elif ending is not None and not self._land([key], [slot.token],
-                                                   hashed[:1] or [checksum_regions([addr], [size])]):
+        elif ending is not None and not self._land([key], [slot.token], [value_checksum()]):
             raise TransferError(f"{key!r} was written but could not be made readable (PutLanded not sent); retry it")
         else:
             self._metrics.put_bytes.inc(size * len(slot.replicas))

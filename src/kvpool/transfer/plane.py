@@ -14,9 +14,8 @@ Rules:
   that lane right then (it goes to NIXL instead of waiting). GPU jobs never do. `lane` forces the
   lane for every job (tests).
 - A lane WRITE of `lane_split_bytes` (2 MiB) or more, a READ of `lane_read_split_bytes` (2 MiB)
-  or more, runs as two halves on two
-  connections at once when a second one is free (two TCP streams: the kernel's work for each on
-  its own core); the call returns only when both have ended.
+  or more, runs as two halves on two connections at once when a second one is free
+  (lane_halves.py); the call returns only when both have ended.
 - The NIXL agent starts lazily on the first segment that needs it (0.4 s), so a client that only
   talks to same-host segments never pays for it; memory registered before is registered then.
 - Every region is checked before any byte moves: local regions must lie inside registered memory,
@@ -46,15 +45,14 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from concurrent import futures
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvpool.core.errors import TransferError, UsageError
 from kvpool.core.protocol import SegmentInfo
-from kvpool.transfer.fence import all_of
 from kvpool.transfer.hostinfo import host_id
+from kvpool.transfer.lane_halves import run_on_lane
 from kvpool.transfer.segment_lane import SegmentLane, rdma_available
 from kvpool.transfer.shm import PeerMapping
 
@@ -78,26 +76,6 @@ LANE_SPLIT_BYTES = 2 << 20
 # halves 1.15x faster; fixes.md 26). The variable sets both.
 LANE_READ_SPLIT_BYTES = 2 << 20
 OPS = ("READ", "WRITE")
-_MAX_HALF_RUNNERS = 4  # threads that run second halves, per process (lazily started, kept)
-_half_pool: futures.ThreadPoolExecutor | None = None
-_half_pool_lock = threading.Lock()
-
-
-def _half_runner() -> futures.ThreadPoolExecutor:
-    """The threads that run split reads' second halves: kept, so a split costs no thread start."""
-    global _half_pool
-    with _half_pool_lock:
-        if _half_pool is None:
-            _half_pool = futures.ThreadPoolExecutor(_MAX_HALF_RUNNERS, thread_name_prefix="kvpool-lane-half")
-        return _half_pool
-
-
-def _forget_half_runner_after_fork() -> None:
-    global _half_pool
-    _half_pool = None  # the parent's threads do not exist in a forked child
-
-
-os.register_at_fork(after_in_child=_forget_half_runner_after_fork)
 
 _VECTORIZE_FROM = 64  # regions per job from which numpy checks them faster than a Python loop
 
@@ -412,38 +390,10 @@ class DataPlane:
     def _lane_transfer(self, op: str, job: _Checked, conn, deadline: float, before_landing=None,
                        sent=None) -> None:
         """A job on its lane connection; one of lane_split_bytes or more (READ or WRITE) as two
-        halves at once, the second on another connection of the same lane when one is free (else
-        whole). `sent`: called by this thread's half once its bytes are out."""
+        halves at once (lane_halves.py). `sent`: called by this thread's half once its bytes are out."""
         split = self.lane_read_split_bytes if op == "READ" else self.lane_split_bytes
-        total = sum(job.sizes) if split else 0
-        second = job.route.lane.try_acquire() if split and total >= split else None
-        if second is None:
-            conn.transfer(op, job.local_addrs, job.remote_offsets, job.sizes, deadline, before_landing, sent)
-            return
-        first_half, second_half = _halves(job.local_addrs, job.remote_offsets, job.sizes, total // 2)
-        try:
-            other = _half_runner().submit(second.transfer, op, *second_half, deadline, before_landing)
-        except BaseException:
-            job.route.lane.release(second)
-            raise
-        first_error = None
-        try:
-            conn.transfer(op, *first_half, deadline, before_landing, sent)
-        except TransferError as e:
-            first_error = e
-        finally:
-            # the other half lands in the caller's memory: never return before it ends
-            futures.wait([other])
-            job.route.lane.release(second)
-        errors = [e for e in (first_error, other.exception()) if e is not None]
-        for error in errors:
-            if not isinstance(error, TransferError):
-                raise error
-        if len(errors) == 2:  # both failed: whichever WRITE half may still land keeps the range fenced
-            stuck = [e.in_flight for e in errors if e.in_flight is not None]
-            raise TransferError(f"{errors[0]}; {errors[1]}", in_flight=all_of(stuck) if stuck else None)
-        if errors:
-            raise errors[0]
+        run_on_lane(op, job.route.lane, conn, job.local_addrs, job.remote_offsets, job.sizes, split, deadline,
+                    before_landing, sent)
 
     def _takes_lane(self, op: str, job: _Checked) -> bool:
         """Whether the job should go over its segment's lane (path "lane": every job; auto: a host-
@@ -596,19 +546,3 @@ def _once(callback):
             callback()
 
     return once
-
-
-def _halves(addrs, offsets, sizes, at: int):
-    """The regions cut at byte `at` (a region across it is cut in two): two (addrs, offsets, sizes)."""
-    halves: tuple[tuple[list, list, list], ...] = (([], [], []), ([], [], []))
-    done = 0
-    for addr, offset, size in zip(addrs, offsets, sizes):
-        addr, offset, size = int(addr), int(offset), int(size)
-        cut = min(max(at - done, 0), size)  # bytes of this region in the first half
-        for half, start, length in ((halves[0], 0, cut), (halves[1], cut, size - cut)):
-            if length:
-                half[0].append(addr + start)
-                half[1].append(offset + start)
-                half[2].append(length)
-        done += size
-    return halves
