@@ -87,12 +87,15 @@ def test_tenant_at_its_quota_evicts_its_own_then_gets_capacity_error_and_others_
         # alice's 8 and the allocation her client holds for its next plain put (client/ahead.py)
         assert (stats["alice"].num_objects, stats["alice"].quota_evictions, stats["alice"].max_bytes) == (9, 0, 0)
         assert (stats["bob"].num_objects, stats["bob"].quota_evictions, stats["bob"].quota_refusals) == (4, 1, 1)
-    def refusal_published():
+    def published():
+        # her client's close gives its held allocation back in a message with no reply: the master
+        # may take it in after the scrape, so wait for it as for the refusal
         metrics = tenant_metrics(master)
-        return metrics if metrics.get(("kvpool_master_tenant_quota_refusals_total", "bob")) == 1 else None
+        refused = metrics.get(("kvpool_master_tenant_quota_refusals_total", "bob")) == 1
+        given_back = metrics.get(("kvpool_master_tenant_used_bytes", "alice")) == 8 * SIZE
+        return metrics if refused and given_back else None
 
-    metrics = wait_until(refusal_published, 10.0, "bob's quota refusal in the master's metrics")
-    assert metrics[("kvpool_master_tenant_used_bytes", "alice")] == 8 * SIZE  # her client closed: given back
+    metrics = wait_until(published, 10.0, "bob's quota refusal and alice's given-back allocation in the metrics")
     assert metrics[("kvpool_master_tenant_quota_bytes", "bob")] == 4 * SIZE
     assert metrics[("kvpool_master_tenant_quota_evictions_total", "bob")] == 1
 
