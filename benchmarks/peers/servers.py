@@ -216,10 +216,13 @@ def _redis(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: st
                        {"adapter": "redis", "host": address, "port": 6379})
 
 
-def _raw_tcp(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: str) -> Running:
-    argv = [python, str(Path(__file__).with_name("raw_tcp.py")), "--port", "7000", "--memory", str(storage_bytes)]
-    return _one_server(net, "rawtcp", "raw-tcp", argv, 7000, workdir, python,
-                       {"adapter": "raw-tcp", "host": net["rawtcp"].address, "port": 7000})
+def _raw_tcp(connections: int, port: int):
+    def start(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: str) -> Running:
+        argv = [python, str(Path(__file__).with_name("raw_tcp.py")), "--port", str(port), "--memory", str(storage_bytes)]
+        return _one_server(net, "rawtcp", f"raw-tcp-{port}", argv, port, workdir, python,
+                           {"adapter": "raw-tcp", "host": net["rawtcp"].address, "port": port,
+                            "connections": connections})
+    return start
 
 
 PEERS: dict[str, Peer] = {
@@ -252,7 +255,10 @@ PEERS: dict[str, Peer] = {
         Peer("mooncake-ipc", "Mooncake IPC same-host", "same-host", _mooncake_ipc, needs=("mooncake",)),
         Peer("redis", "Redis cross-host", "cross-host", _redis, needs=("redis",)),
         # the ceiling, not a competitor: one TCP round trip per batch, no metadata server, no checks
-        Peer("raw-tcp", "TCP ceiling (raw_tcp.py) cross-host", "cross-host", _raw_tcp),
+        Peer("raw-tcp", "TCP ceiling (raw_tcp.py) cross-host", "cross-host", _raw_tcp(1, 7000)),
+        # ... with each batch of two or more objects in two halves on two connections at once, as
+        # kvpool's lane splits a large job (plane.py): the most two TCP streams carry from Python
+        Peer("raw-tcp2", "TCP ceiling, two connections (raw_tcp.py) cross-host", "cross-host", _raw_tcp(2, 7001)),
     ]
 }
 
