@@ -46,7 +46,8 @@ from concurrent import futures
 from dataclasses import dataclass
 
 from kvpool.client import plan
-from kvpool.client.ahead import AheadSlots, end_margin_s
+from kvpool.client.ahead import AheadBatches, AheadSlots, end_margin_s
+from kvpool.client.batch_ahead import BatchAhead
 from kvpool.client.checksum import NO_CHECKSUM, checksum_after, checksum_objects
 from kvpool.client.landing import Landings
 from kvpool.client.memory import RegisteredRanges, StagingBuffer, copy_bytes, region_of
@@ -162,7 +163,7 @@ class ClientConfig:
             raise ValueError(f"staging_bytes must be >= 4096, got {self.staging_bytes}")
 
 
-class Client(PlainValues, Landings):
+class Client(PlainValues, Landings, BatchAhead):
     def __init__(
         self,
         master_address: str,
@@ -200,6 +201,7 @@ class Client(PlainValues, Landings):
         self._staging = StagingBuffer(self._register_region, staging_bytes)
         self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # the master's, as its last reply said (-1: none)
         self._ahead = AheadSlots()  # the allocation held for the next plain put (ahead.py)
+        self._batch_ahead = AheadBatches()  # the allocations held for the next put_from batch (batch_ahead.py)
         self._channel.add_epoch_listener(self._on_new_epoch)
         self._closed = False
 
@@ -288,6 +290,16 @@ class Client(PlainValues, Landings):
             self._check_registered(addrs, sizes)
         totals = [sum(s) for s in sizes]
         tenant = self.config.tenant
+        # a batch of the sizes held ahead: its write and one PutEnd (batch_ahead.py)
+        batch = (not ahead and not unregistered and not pinned and self.config.checksums
+                 and len(self._on_host(addrs)) == len(keys))
+        if batch:
+            statuses = self._put_batch_ahead(list(keys), addrs, sizes, list(parents), totals)
+            if statuses is not None:
+                self._batch_ahead.saw(tuple(totals), all(st == PUT_ALLOCATED for st in statuses))
+                return statuses, ""
+        ask = self._plain_asker(totals[0]) if ahead else \
+            self._batch_asker(totals) if batch and self._batch_ahead.wants(tuple(totals)) else None
         # one object: checksummed while PutStart travels (a batch checksums only what is
         # allocated, after: most of a prefix chain usually exists already)
         early = _Early(self._checksums, addrs, sizes) if len(keys) == 1 else None
@@ -322,10 +334,10 @@ class Client(PlainValues, Landings):
                     self._staging.ensure(totals[0])
                     copy_bytes(self._staging.addr, addrs[0][0], totals[0])
                     addrs, unregistered = [[self._staging.addr]], False
-                    ahead = False  # the next plain put would be staged too: it gains nothing ahead
+                    ask = None  # the next plain put would be staged too: it gains nothing ahead
                 if allocated and beside is None:
                     ending = self._begin_ending(protocol.PutEnd(tenant, alloc_keys, alloc_tokens, checksums),
-                                                reply.lands, choices, totals[0] if ahead else None)
+                                                reply.lands, choices, ask)
                 failed, in_flight = self._run_round(
                     "WRITE", choices, addrs, sizes, max(1e-3, write_deadline - time.monotonic()),
                     unregistered=unregistered,
@@ -370,8 +382,10 @@ class Client(PlainValues, Landings):
                 by_index = dict(zip(allocated, checksums))
                 end = protocol.PutEnd(tenant, [keys[i] for i in written], [tokens[i] for i in written],
                                       [by_index[i] for i in written])
-                ended = self._end_asking_ahead(end, totals[0]) if ahead else self._call(end, protocol.PutEndReply)
+                ended = self._end_asking(end, ask) if ask is not None else self._call(end, protocol.PutEndReply)
                 self._count_refused({written[n] for n in ended.refused}, statuses, len(written))
+        if batch:
+            self._batch_ahead.saw(tuple(totals), all(st == PUT_ALLOCATED for st in statuses))
         # counted per batch, not per key: two labels().inc() per key were a quarter of a small put
         for st in set(statuses):
             self._metrics.put_keys[PUT_STATUS_NAMES.get(st, str(st))].inc(statuses.count(st))
@@ -707,6 +721,9 @@ class Client(PlainValues, Landings):
         if self._closed:
             return
         self._give_back(self._ahead.drop(), lazy=False)
+        held = self._batch_ahead.drop()
+        if held is not None:
+            self._give_back_pairs(list(zip(held.keys, held.tokens)), lazy=False)
         self._closed = True
         self._channel.close()
         if self._owns_plane:

@@ -136,8 +136,9 @@ class ObjectIndex:
         now_s: float,
         ahead: bool = False,
     ) -> tuple[list[int], list[tuple[Replica, ...]], str, list[int]]:
-        """`ahead`: allocations a writer holds for its next put (PutEnd.ahead): a tenant at its quota
-        gets PUT_NO_SPACE for them rather than evicting its own objects early (not a refusal)."""
+        """`ahead`: allocations a writer holds for its next put (PutEnd.ahead): they take free space
+        only, never evicting for it (an object is not dropped for a put that may never come), so a
+        full pool, or a tenant at its quota, answers PUT_NO_SPACE for them (not a refusal)."""
         space = self.space_of(tenant)
         account = space.account
         statuses: list[int] = []
@@ -171,7 +172,7 @@ class ObjectIndex:
                 else:
                     placed, why = self._place(account, size, num_replicas, now_s, own_only)
             else:
-                placed, why = self._place(account, size, num_replicas, now_s, own_only)
+                placed, why = self._place(account, size, num_replicas, now_s, own_only, evict=not ahead)
             if not placed:
                 if parent is not None:
                     self._release_child(parent)
@@ -195,16 +196,17 @@ class ObjectIndex:
         return statuses, replicas, message, tokens
 
     def _place(self, account: TenantAccount, size: int, num_replicas: int, now_s: float,
-               own_only: bool) -> tuple[tuple[Replica, ...], str]:
+               own_only: bool, evict: bool = True) -> tuple[tuple[Replica, ...], str]:
         """Allocate replicas on the segments the tenant may use; `own_only`: eviction for room
-        takes only its own objects (it is at its quota, or places on its dedicated segments)."""
+        takes only its own objects (it is at its quota, or places on its dedicated segments);
+        without `evict`, free space only."""
         placeable = self.segments.placeable(account.name)
         chosen = placeable.choose(size, num_replicas)
         if not chosen:
             why = why_nowhere(self.segments, placeable, account.name, account.dedicated, size)
             if why:
                 return _NO_REPLICAS, why
-            if self.evictor.evict_for(size, now_s, placeable.segments.values(), account if own_only else None):
+            if evict and self.evictor.evict_for(size, now_s, placeable.segments.values(), account if own_only else None):
                 chosen = placeable.choose(size, num_replicas)
             if not chosen:
                 where = f"tenant {account.name!r}'s dedicated segments" if account.dedicated else "pool"
@@ -231,11 +233,14 @@ class ObjectIndex:
     def put_end(
         self, tenant: str, keys: list[str], tokens: list[int], checksums: list[int], now_s: float,
         as_keys: list[str] | None = None, taken=None, landing: bool = False,
+        as_parents: list[str | None] | None = None,
     ) -> tuple[int, list[int], list[int]]:
         """Make pending objects readable; returns (how many ended, indices refused: no pending
         allocation under that key has that token any more, indices existed). With `as_keys`, the
         allocation pending under keys[i] is ended under as_keys[i], unless that key is held here
-        or `taken(key)` says it is held elsewhere (inline): then it stays pending under keys[i].
+        or `taken(key)` says it is held elsewhere (inline): then it stays pending under keys[i];
+        `as_parents[i]` (with as_keys) is then its parent, linked as put_start links one (an
+        earlier key of the same call included; a missing parent, or the key itself, links none).
         With `landing`, the ended objects stay pending until put_landed names them."""
         space = self.tenants.get(tenant)
         ended = 0
@@ -251,6 +256,11 @@ class ObjectIndex:
                 if new_key in space or (taken is not None and taken(new_key)):
                     existed.append(i)
                     continue
+                parent_key = as_parents[i] if as_parents else None
+                parent = space.get(parent_key) if parent_key is not None and rec.parent is None else None
+                if parent is not None and parent is not rec:  # looked up before the rename: never its own parent
+                    parent.num_children += 1
+                    rec.parent = parent
                 del space[key]
                 rec.key = new_key
                 space[new_key] = rec
