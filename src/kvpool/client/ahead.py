@@ -23,7 +23,12 @@ Rules:
   reply; one the master already reclaimed costs nothing. The master itself reclaims a slot not
   used within its `--ahead-timeout-s` (1 s; the reply's put_timeout_s), so an idle writer holds
   no space for long (master metric `kvpool_master_ahead_expired`).
-- Pure bookkeeping with a lock: no I/O. plain_values.py does the writes and the round trips.
+- The master gives an allocation ahead free space only: nothing is evicted for a put that may
+  never come (master/index.py), so a full pool just grants none.
+- `AheadBatches` does the same for put_from batches (batch_ahead.py): one batch held, of the
+  sizes of the batch that asked for it, under the same freshness and master-incarnation rules.
+- Pure bookkeeping with a lock: no I/O. plain_values.py and batch_ahead.py do the writes and the
+  round trips.
 """
 
 from __future__ import annotations

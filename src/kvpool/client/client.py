@@ -4,7 +4,8 @@ Rules:
 - One master round trip per batch call: PutStart for a put batch, one leased LookupPrefix for a
   get batch. Then one-sided transfers, one job per segment, all segments at once (transfer_many).
 - Put: allocated replicas are written, then PutEnd makes written keys readable and PutRevoke frees
-  keys whose write failed (their status becomes PUT_FAILED). PUT_EXISTS keys are never written.
+  keys whose write failed (their status becomes PUT_FAILED). PUT_EXISTS keys are never written
+  (except into an allocation held ahead, below: that write lands in its own range, given back).
   Both name each allocation's write token; keys whose token the master refused (the put outlived
   put_timeout_s and was reclaimed) are PUT_FAILED too. The write's deadline is derived from the
   master's put_timeout_s, counted from before PutStart was sent: the writer gives up (and revokes)
@@ -31,6 +32,10 @@ Rules:
 - Plain values (`put`, `get`, plain_values.py): small ones in one round trip to the master; a
   larger one into the allocation the previous plain put of its size asked for with its PutEnd
   (ahead.py): its write and one round trip.
+- A put_from batch repeating the sizes of the one before (all of whose keys were new) asks, in
+  its PutEnd, for allocations of those sizes for the next; a batch of exactly those sizes is then
+  its write and one PutEnd (batch_ahead.py; `batch_ahead=False` never). Registered host memory,
+  unpinned, with checksums only.
 - Thread-safe: the channel and caches have locks, the staging buffer has its own; no lock is held
   across a transfer except the staging buffer's.
 """
@@ -148,6 +153,7 @@ class ClientConfig:
     lane: bool = True  # without a credential: master round trips over its plain TCP lane when it offers one
     read_only: bool = False  # a reader: puts refused, same-host segments mapped read-only (PROT_READ)
     landing: bool = True  # over the lane, a put's PutEnd travels while its bytes are written (landing.py)
+    batch_ahead: bool = True  # a put_from batch repeating the last one's sizes holds the next's allocations (batch_ahead.py)
 
     def __post_init__(self) -> None:
         parse_addresses(self.master_address)  # ValueError naming the malformed one
@@ -179,9 +185,10 @@ class Client(PlainValues, Landings, BatchAhead):
         read_only: bool = False,
         plane=None,
         landing: bool = True,
+        batch_ahead: bool = True,
     ) -> None:
         self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes, checksums,
-                                   credential, lane, read_only, landing)
+                                   credential, lane, read_only, landing, batch_ahead)
         from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
         from kvpool.transfer.credentials import resolve_credential
 
@@ -291,7 +298,7 @@ class Client(PlainValues, Landings, BatchAhead):
         totals = [sum(s) for s in sizes]
         tenant = self.config.tenant
         # a batch of the sizes held ahead: its write and one PutEnd (batch_ahead.py)
-        batch = (not ahead and not unregistered and not pinned and self.config.checksums
+        batch = (self.config.batch_ahead and not ahead and not unregistered and not pinned and self.config.checksums
                  and len(self._on_host(addrs)) == len(keys))
         if batch:
             statuses = self._put_batch_ahead(list(keys), addrs, sizes, list(parents), totals)

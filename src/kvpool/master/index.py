@@ -35,7 +35,9 @@ Rules:
   `_quarantine` until end_quarantine names the token, the segment goes, or quarantine_max_s.
   put_end's `as_keys` moves a pending record to the key it is ended under (client/ahead.py: an
   allocation a writer held for its next put), unless that key is held here or inline; its token
-  and space go with it, so every rule above holds for it as for any pending put.
+  and space go with it, so every rule above holds for it as for any pending put. `as_parents`
+  links it to its parent as put_start would have (a record that has children gets none: renames
+  can never close a cycle). Allocations ahead take free space only: they never evict.
 - put_end with `landing` (a writer ending while its bytes travel) checks, renames and keeps the
   checksum as any end, but the record stays pending (flag LANDING) until put_landed names it with
   its token; until then it is a miss for readers and an existing key for writers, and reclaim,
@@ -192,7 +194,8 @@ class ObjectIndex:
             replicas.append(placed)
             tokens.append(token)
             allocated += size * len(placed)
-        self.evictor.evict_over_high(now_s, PUT_EVICTION_FACTOR * allocated)  # the rest: in slices (eviction.py)
+        if not ahead:  # held ahead: nothing is evicted for a put that may never come
+            self.evictor.evict_over_high(now_s, PUT_EVICTION_FACTOR * allocated)  # the rest: in slices (eviction.py)
         return statuses, replicas, message, tokens
 
     def _place(self, account: TenantAccount, size: int, num_replicas: int, now_s: float,
@@ -240,7 +243,8 @@ class ObjectIndex:
         allocation pending under keys[i] is ended under as_keys[i], unless that key is held here
         or `taken(key)` says it is held elsewhere (inline): then it stays pending under keys[i];
         `as_parents[i]` (with as_keys) is then its parent, linked as put_start links one (an
-        earlier key of the same call included; a missing parent, or the key itself, links none).
+        earlier key of the same call included; a missing parent, the key itself, or a record that
+        has children already, which a cycle would need, links none).
         With `landing`, the ended objects stay pending until put_landed names them."""
         space = self.tenants.get(tenant)
         ended = 0
@@ -257,7 +261,9 @@ class ObjectIndex:
                     existed.append(i)
                     continue
                 parent_key = as_parents[i] if as_parents else None
-                parent = space.get(parent_key) if parent_key is not None and rec.parent is None else None
+                # a record that already has children (or a parent) gets none: no chain can become a cycle
+                linkable = parent_key is not None and rec.parent is None and not rec.num_children
+                parent = space.get(parent_key) if linkable else None
                 if parent is not None and parent is not rec:  # looked up before the rename: never its own parent
                     parent.num_children += 1
                     rec.parent = parent
