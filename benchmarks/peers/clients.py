@@ -64,7 +64,7 @@ class KvpoolAdapter:
         # lane=False: master round trips over ZMQ only, as before the lane (transfer/lane.py)
         self.client = Client(spec["master"], spec["tenant"], timeout_s=30.0, path=path, plane=self.plane,
                              lane=spec.get("lane", True), landing=spec.get("landing", True),
-                             checksums=spec.get("checksums", True), batch_ahead=spec.get("batch_ahead", True))
+                             checksums=spec.get("checksums", True))
 
     def register(self, buf: np.ndarray) -> None:
         self.client.register(buf)

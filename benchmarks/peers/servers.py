@@ -245,11 +245,6 @@ PEERS: dict[str, Peer] = {
              _kvpool("kvsame", "kvsame", "kvsame", landing=False)),
         Peer("kvpool-nixl-endafter", "kvpool cross-host, PutEnd after the write (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", landing=False)),
-        # put_from batches never written into allocations held ahead, as before stop 38 (A/B for batch_ahead.py)
-        Peer("kvpool-same-nobatch", "kvpool same-host, batches without allocations ahead (before)", "same-host",
-             _kvpool("kvsame", "kvsame", "kvsame", batch_ahead=False)),
-        Peer("kvpool-nixl-nobatch", "kvpool cross-host, batches without allocations ahead (before)", "cross-host",
-             _kvpool("kvmaster", "kvnode", "client", batch_ahead=False)),
         # no checksums written or verified (what the reader's xxh3 pass costs)
         Peer("kvpool-nixl-nocheck", "kvpool cross-host, no checksums", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", checksums=False)),

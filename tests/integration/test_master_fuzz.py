@@ -159,12 +159,9 @@ def coherent(draw):
     some_keys = [draw(coherent_key) for _ in range(n)]
     tenant = draw(st.sampled_from(["evil", "other", GOOD_TENANT]))
     choice = draw(st.integers(0, 4))
-    if choice == 0:  # renamed (an allocation held ahead) with hostile parents: itself, its old name, cycles
-        as_keys = [draw(coherent_key) for _ in range(n)] if draw(st.booleans()) else []
-        names = st.sampled_from(some_keys + as_keys) if some_keys else st.none()
-        as_parents = [draw(st.one_of(st.none(), coherent_key, names)) for _ in range(n)] if as_keys else []
-        return p.PutEnd(tenant, some_keys, learned_tokens, [draw(hostile_int) for _ in range(n)], as_keys=as_keys,
-                        as_parents=as_parents, landing=draw(st.booleans()))
+    if choice == 0:
+        return p.PutEnd(tenant, some_keys, learned_tokens, [draw(hostile_int) for _ in range(n)],
+                        landing=draw(st.booleans()))
     if choice == 4:
         return p.PutLanded(tenant, some_keys, learned_tokens,
                            draw(st.one_of(st.just([]), st.lists(hostile_int, min_size=n, max_size=n))))

@@ -36,8 +36,7 @@ def test_a_reader_finds_each_put_as_soon_as_it_returns(pool):
         assert _landing_ends(writer) == 80
         stats = writer.stats()
         assert stats.landed == 120 and stats.refused_landings == 0
-        # held ahead: one allocation for the next plain put, two for the next batch (batch_ahead.py)
-        assert (stats.num_objects, stats.num_pending) == (120, 3)
+        assert (stats.num_objects, stats.num_pending) == (120, 1)  # the allocation held for the next plain put
 
 
 def test_a_same_host_copy_ends_after_it_and_an_a_b_client_never_lands(pool):
@@ -59,8 +58,7 @@ def test_an_object_whose_landing_never_arrives_is_never_read_and_is_reclaimed(ma
         assert _put(writer, ["lost"], 64 * KiB) == [PUT_ALLOCATED]
         assert reader.get("lost") is None and reader.exists(["lost"]) == [False]
         assert _put(reader, ["lost"], 64 * KiB) == [1]  # PUT_EXISTS: pending, not anyone else's to write
-        # "lost", and the allocation the writer holds for its next batch of this size (batch_ahead.py)
-        assert _stats(pool.address).num_pending == 2
+        assert _stats(pool.address).num_pending == 1
         wait_until(lambda: _stats(pool.address).num_pending == 0, 5, "the never-landed object reclaimed")
         assert reader.get("lost") is None
         monkeypatch.undo()
@@ -82,8 +80,7 @@ def test_a_write_that_fails_after_its_end_was_sent_is_revoked_and_never_read(tmp
                 assert _put(writer, ["stuck"], 256 * KiB) == [PUT_FAILED]
                 assert _landing_ends(writer) == ends + 1  # its end went out before the write failed
                 stats = _stats(address)
-                # pending: only the allocation its end asked for the writer's next batch of this size
-                assert (stats.landed, stats.num_pending, stats.quarantined) == (1, 1, 1)
+                assert (stats.landed, stats.num_pending, stats.quarantined) == (1, 0, 1)
             finally:
                 os.kill(node.pid, signal.SIGCONT)
             time.sleep(0.3)

@@ -116,47 +116,6 @@ def test_a_tenant_at_its_quota_gets_no_allocation_ahead_and_evicts_nothing_for_o
     assert {t.tenant: t for t in core.stats(0.4).tenants}["t"].quota_evictions == 1
 
 
-def _record(core, key):
-    return core.index.tenants["t"].get(key)
-
-
-def test_as_parents_link_each_ended_key_to_its_parent_as_put_start_would():
-    core = make_core(slots=8)
-    root = start(core, ["p"])
-    assert core.handle(p.PutEnd("t", ["p"], list(root.tokens), [0x1]), 0.1).ended == 1
-    held = start(core, ["ahead:0", "ahead:1"])  # a batch held ahead (client/batch_ahead.py)
-    reply = core.handle(p.PutEnd("t", ["ahead:0", "ahead:1"], list(held.tokens), [0x2, 0x3], as_keys=["c1", "c2"],
-                                 as_parents=["p", "c1"]), 0.2)  # c2's parent: c1, ended just before it
-    assert (reply.ended, reply.refused, reply.existed) == (2, [], [])
-    parent, c1, c2 = _record(core, "p"), _record(core, "c1"), _record(core, "c2")
-    assert (c1.parent, c2.parent) == (parent, c1)
-    assert (parent.num_children, c1.num_children, c2.num_children) == (1, 1, 0)
-    logged = {e.key: e.parent for seg in core.index.segments.by_id.values() for e in seg.log.ops}
-    assert (logged["c1"], logged["c2"]) == ("p", "c1")  # the nodes' directories keep the chain (recovery)
-    assert hits(core, ["p", "c1", "c2"])[0] == 3
-    # removing the tail makes its parent the tail again, as for a chain put with PutStart
-    assert core.handle(p.Remove("t", ["c2"]), 0.3).count == 1
-    assert c1.num_children == 0
-
-
-def test_a_missing_parent_or_the_object_itself_links_no_parent():
-    core = make_core()
-    held = start(core, ["ahead:0", "ahead:1"])
-    reply = core.handle(p.PutEnd("t", ["ahead:0", "ahead:1"], list(held.tokens), [0x2, 0x3], as_keys=["a", "b"],
-                                 as_parents=["gone", "ahead:1"]), 0.2)
-    assert reply.ended == 2
-    assert _record(core, "a").parent is None and _record(core, "b").parent is None
-    assert (_record(core, "a").num_children, _record(core, "b").num_children) == (0, 0)
-
-
-@pytest.mark.parametrize("as_keys, as_parents", [([], ["p"]), (["a"], ["p", "q"])])
-def test_as_parents_need_as_keys_and_one_per_key(as_keys, as_parents):
-    core = make_core()
-    slot = start(core, ["ahead:0"])
-    reply = core.handle(p.PutEnd("t", ["ahead:0"], list(slot.tokens), [0x5], as_keys=as_keys, as_parents=as_parents), 0.5)
-    assert isinstance(reply, p.ErrorReply) and reply.kind == "usage"
-    assert _record(core, "ahead:0") is not None and "a" not in core.index.tenants["t"]  # nothing ended
-
 
 def test_allocations_ahead_take_free_space_only_and_never_evict():
     core = make_core(slots=4)
@@ -168,14 +127,3 @@ def test_allocations_ahead_take_free_space_only_and_never_evict():
     assert core.handle(p.Exists("t", ["a", "b", "c", "d"]), 0.3).exists == [True] * 4
     assert start(core, ["e"], 0.4).statuses == [ALLOC]  # a put itself still evicts
     assert core.handle(p.Exists("t", ["a", "b", "c", "d"]), 0.5).exists.count(True) < 4
-    assert core.handle(p.PutStart("t", ["x"], [SLOT], [None]), 0.6).parents_ahead is True  # says it links parents
-
-
-def test_renames_cannot_make_a_chain_into_a_cycle():
-    core = make_core()
-    held = start(core, ["ahead:0", "ahead:1"])
-    first = core.handle(p.PutEnd("t", ["ahead:0"], held.tokens[:1], [0x1], as_keys=["x"], as_parents=["ahead:1"]), 0.1)
-    assert first.ended == 1 and _record(core, "x").parent is _record(core, "ahead:1")  # a pending parent, as in PutStart
-    second = core.handle(p.PutEnd("t", ["ahead:1"], held.tokens[1:], [0x2], as_keys=["y"], as_parents=["x"]), 0.2)
-    assert second.ended == 1 and _record(core, "y").parent is None  # "y" has a child ("x"): no parent for it
-    assert core.handle(p.Remove("t", ["x", "y"]), 0.3).count == 2 and core.stats(0.3).used_bytes == 0

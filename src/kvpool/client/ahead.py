@@ -24,11 +24,8 @@ Rules:
   used within its `--ahead-timeout-s` (1 s; the reply's put_timeout_s), so an idle writer holds
   no space for long (master metric `kvpool_master_ahead_expired`).
 - The master gives an allocation ahead free space only: nothing is evicted for a put that may
-  never come (master/index.py), so a full pool just grants none.
-- `AheadBatches` does the same for put_from batches (batch_ahead.py): one batch held, of the
-  sizes of the batch that asked for it, under the same freshness and master-incarnation rules.
-- Pure bookkeeping with a lock: no I/O. plain_values.py and batch_ahead.py do the writes and the
-  round trips.
+  never come (master/index.py), so a full pool just grants none and the put goes the usual way.
+- Pure bookkeeping with a lock: no I/O. plain_values.py does the writes and the round trips.
 """
 
 from __future__ import annotations
@@ -106,78 +103,6 @@ class AheadSlots:
 
     def drop(self) -> AheadSlot | None:
         """The slot held (a new master, or the client closing): the caller gives it back."""
-        with self._lock:
-            slot, self._slot = self._slot, None
-        return slot
-
-
-@dataclass(frozen=True)
-class AheadBatch:
-    """Allocations held ahead of a writer's next put_from batch of the same sizes (batch_ahead.py)."""
-
-    keys: tuple[str, ...]
-    tokens: tuple[int, ...]
-    sizes: tuple[int, ...]
-    replicas: tuple[tuple[Replica, ...], ...]
-    sent_s: float  # monotonic, before the request that granted it was sent
-    epoch: int | None  # the master incarnation that granted it
-    put_timeout_s: float
-    lands: bool  # that master takes PutEnd.landing (landing.py)
-    parents_ahead: bool  # ... and PutEnd.as_parents
-
-    @property
-    def deadline_s(self) -> float:
-        """Monotonic time by which its writes must be over (then PutEnd still arrives in time)."""
-        return self.sent_s + self.put_timeout_s - end_margin_s(self.put_timeout_s)
-
-
-class AheadBatches:
-    """The batch held ahead (one at most) and the shape of the last batch put, under the same
-    rules as AheadSlots: used only by a batch of exactly its sizes, from the master that granted
-    it, less than FRESH_S after; asked for only when a batch repeats the last one's sizes and all
-    of that one's keys were new (a writer whose batches vary would only give allocations back)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._slot: AheadBatch | None = None
-        self._last_sizes: tuple[int, ...] | None = None
-
-    def wants(self, sizes: tuple[int, ...]) -> bool:
-        return self._last_sizes == sizes
-
-    def saw(self, sizes: tuple[int, ...], all_new: bool) -> None:
-        self._last_sizes = sizes if all_new else None
-
-    def take(self, sizes: tuple[int, ...], epoch: int | None, now_s: float) -> tuple[AheadBatch | None, AheadBatch | None]:
-        """(the batch, if a put of `sizes` may use it now; the batch held, if it must be given back)."""
-        with self._lock:
-            slot, self._slot = self._slot, None
-        if slot is None:
-            return None, None
-        if slot.sizes == sizes and slot.epoch == epoch and epoch is not None and now_s - slot.sent_s < FRESH_S:
-            return slot, None
-        return None, slot
-
-    def grant(self, keys: list[str], sizes: tuple[int, ...], reply: PutStartReply | None, sent_s: float,
-              epoch: int | None, epoch_after: int | None) -> list[tuple[str, int]]:
-        """Keep the batch a PutEnd's `ahead` got; returns the (key, token) pairs to give back: the
-        batch it replaces, or what was granted when it cannot be kept whole (some keys without an
-        allocation, or the master changed while the request travelled)."""
-        if reply is None:
-            return []
-        granted = [(key, token) for key, status, token in zip(keys, reply.statuses, reply.tokens)
-                   if status == PUT_ALLOCATED]
-        whole = (len(granted) == len(keys) == len(reply.tokens) == len(reply.replicas)
-                 and all(reply.replicas) and epoch is not None and epoch == epoch_after)
-        if not whole:
-            return granted
-        slot = AheadBatch(tuple(keys), tuple(reply.tokens), sizes, tuple(tuple(r) for r in reply.replicas), sent_s,
-                          epoch, reply.put_timeout_s, reply.lands, reply.parents_ahead)
-        with self._lock:
-            old, self._slot = self._slot, slot
-        return [] if old is None else list(zip(old.keys, old.tokens))
-
-    def drop(self) -> AheadBatch | None:
         with self._lock:
             slot, self._slot = self._slot, None
         return slot

@@ -4,8 +4,7 @@ Rules:
 - One master round trip per batch call: PutStart for a put batch, one leased LookupPrefix for a
   get batch. Then one-sided transfers, one job per segment, all segments at once (transfer_many).
 - Put: allocated replicas are written, then PutEnd makes written keys readable and PutRevoke frees
-  keys whose write failed (their status becomes PUT_FAILED). PUT_EXISTS keys are never written
-  (except into an allocation held ahead, below: that write lands in its own range, given back).
+  keys whose write failed (their status becomes PUT_FAILED). PUT_EXISTS keys are never written.
   Both name each allocation's write token; keys whose token the master refused (the put outlived
   put_timeout_s and was reclaimed) are PUT_FAILED too. The write's deadline is derived from the
   master's put_timeout_s, counted from before PutStart was sent: the writer gives up (and revokes)
@@ -32,10 +31,6 @@ Rules:
 - Plain values (`put`, `get`, plain_values.py): small ones in one round trip to the master; a
   larger one into the allocation the previous plain put of its size asked for with its PutEnd
   (ahead.py): its write and one round trip.
-- A put_from batch repeating the sizes of the one before (all of whose keys were new) asks, in
-  its PutEnd, for allocations of those sizes for the next; a batch of exactly those sizes is then
-  its write and one PutEnd (batch_ahead.py; `batch_ahead=False` never). Registered host memory,
-  unpinned, with checksums only.
 - Thread-safe: the channel and caches have locks, the staging buffer has its own; no lock is held
   across a transfer except the staging buffer's.
 """
@@ -51,8 +46,7 @@ from concurrent import futures
 from dataclasses import dataclass
 
 from kvpool.client import plan
-from kvpool.client.ahead import AheadBatches, AheadSlots, end_margin_s
-from kvpool.client.batch_ahead import BatchAhead
+from kvpool.client.ahead import AheadSlots, end_margin_s
 from kvpool.client.checksum import NO_CHECKSUM, checksum_after, checksum_objects
 from kvpool.client.landing import Landings
 from kvpool.client.memory import RegisteredRanges, StagingBuffer, copy_bytes, region_of
@@ -153,7 +147,6 @@ class ClientConfig:
     lane: bool = True  # without a credential: master round trips over its plain TCP lane when it offers one
     read_only: bool = False  # a reader: puts refused, same-host segments mapped read-only (PROT_READ)
     landing: bool = True  # over the lane, a put's PutEnd travels while its bytes are written (landing.py)
-    batch_ahead: bool = True  # a put_from batch repeating the last one's sizes holds the next's allocations (batch_ahead.py)
 
     def __post_init__(self) -> None:
         parse_addresses(self.master_address)  # ValueError naming the malformed one
@@ -169,7 +162,7 @@ class ClientConfig:
             raise ValueError(f"staging_bytes must be >= 4096, got {self.staging_bytes}")
 
 
-class Client(PlainValues, Landings, BatchAhead):
+class Client(PlainValues, Landings):
     def __init__(
         self,
         master_address: str,
@@ -185,10 +178,9 @@ class Client(PlainValues, Landings, BatchAhead):
         read_only: bool = False,
         plane=None,
         landing: bool = True,
-        batch_ahead: bool = True,
     ) -> None:
         self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes, checksums,
-                                   credential, lane, read_only, landing, batch_ahead)
+                                   credential, lane, read_only, landing)
         from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
         from kvpool.transfer.credentials import resolve_credential
 
@@ -208,7 +200,6 @@ class Client(PlainValues, Landings, BatchAhead):
         self._staging = StagingBuffer(self._register_region, staging_bytes)
         self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # the master's, as its last reply said (-1: none)
         self._ahead = AheadSlots()  # the allocation held for the next plain put (ahead.py)
-        self._batch_ahead = AheadBatches()  # the allocations held for the next put_from batch (batch_ahead.py)
         self._channel.add_epoch_listener(self._on_new_epoch)
         self._closed = False
 
@@ -297,16 +288,6 @@ class Client(PlainValues, Landings, BatchAhead):
             self._check_registered(addrs, sizes)
         totals = [sum(s) for s in sizes]
         tenant = self.config.tenant
-        # a batch of the sizes held ahead: its write and one PutEnd (batch_ahead.py)
-        batch = (self.config.batch_ahead and not ahead and not unregistered and not pinned and self.config.checksums
-                 and len(self._on_host(addrs)) == len(keys))
-        if batch:
-            statuses = self._put_batch_ahead(list(keys), addrs, sizes, list(parents), totals)
-            if statuses is not None:
-                self._batch_ahead.saw(tuple(totals), all(st == PUT_ALLOCATED for st in statuses))
-                return statuses, ""
-        ask = self._plain_asker(totals[0]) if ahead else \
-            self._batch_asker(totals) if batch and self._batch_ahead.wants(tuple(totals)) else None
         # one object: checksummed while PutStart travels (a batch checksums only what is
         # allocated, after: most of a prefix chain usually exists already)
         early = _Early(self._checksums, addrs, sizes) if len(keys) == 1 else None
@@ -341,10 +322,10 @@ class Client(PlainValues, Landings, BatchAhead):
                     self._staging.ensure(totals[0])
                     copy_bytes(self._staging.addr, addrs[0][0], totals[0])
                     addrs, unregistered = [[self._staging.addr]], False
-                    ask = None  # the next plain put would be staged too: it gains nothing ahead
+                    ahead = False  # the next plain put would be staged too: it gains nothing ahead
                 if allocated and beside is None:
                     ending = self._begin_ending(protocol.PutEnd(tenant, alloc_keys, alloc_tokens, checksums),
-                                                reply.lands, choices, ask)
+                                                reply.lands, choices, totals[0] if ahead else None)
                 failed, in_flight = self._run_round(
                     "WRITE", choices, addrs, sizes, max(1e-3, write_deadline - time.monotonic()),
                     unregistered=unregistered,
@@ -389,10 +370,8 @@ class Client(PlainValues, Landings, BatchAhead):
                 by_index = dict(zip(allocated, checksums))
                 end = protocol.PutEnd(tenant, [keys[i] for i in written], [tokens[i] for i in written],
                                       [by_index[i] for i in written])
-                ended = self._end_asking(end, ask) if ask is not None else self._call(end, protocol.PutEndReply)
+                ended = self._end_asking_ahead(end, totals[0]) if ahead else self._call(end, protocol.PutEndReply)
                 self._count_refused({written[n] for n in ended.refused}, statuses, len(written))
-        if batch:
-            self._batch_ahead.saw(tuple(totals), all(st == PUT_ALLOCATED for st in statuses))
         # counted per batch, not per key: two labels().inc() per key were a quarter of a small put
         for st in set(statuses):
             self._metrics.put_keys[PUT_STATUS_NAMES.get(st, str(st))].inc(statuses.count(st))
@@ -728,9 +707,6 @@ class Client(PlainValues, Landings, BatchAhead):
         if self._closed:
             return
         self._give_back(self._ahead.drop(), lazy=False)
-        held = self._batch_ahead.drop()
-        if held is not None:
-            self._give_back_pairs(list(zip(held.keys, held.tokens)), lazy=False)
         self._closed = True
         self._channel.close()
         if self._owns_plane:

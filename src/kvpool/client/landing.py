@@ -33,7 +33,7 @@ Rules:
   put_from, and a plain put is made again the usual way (over ZMQ, which fails over, as a
   PutEnd whose lane broke used to be).
 - A mixin of the Client (client.py): its channel, plane, segment cache, `_revoke_quietly`,
-  metrics and the `ask` functions of plain_values.py and batch_ahead.py.
+  metrics and, for plain puts, `_asking_ahead` (plain_values.py).
 """
 
 from __future__ import annotations
@@ -62,18 +62,17 @@ class Ending:
 
 class Landings:
     def _begin_ending(self, end: protocol.PutEnd, lands: bool, choices: list[tuple[int, Replica]],
-                      ask=None) -> Ending | None:
-        """Send `end` with `landing` now, before the write to the replicas `choices` (`ask(end)`, if
-        given: (the end asking for allocations ahead, a function keeping what its reply grants);
-        plain_values.py, batch_ahead.py); None: not done here (no lane, a master that does not take
-        it, only same-host copies), nothing sent: end after the write."""
-        return self._send_ending(end, ask) if self._may_land(lands, choices) else None
+                      ahead_size: int | None = None) -> Ending | None:
+        """Send `end` with `landing` now, before the write to the replicas `choices` (asking for an
+        allocation of `ahead_size` for the next plain put, if given); None: not done here (no lane,
+        a master that does not take it, only same-host copies), nothing sent: end after the write."""
+        return self._send_ending(end, ahead_size) if self._may_land(lands, choices) else None
 
-    def _send_ending(self, end: protocol.PutEnd, ask=None) -> Ending | None:
+    def _send_ending(self, end: protocol.PutEnd, ahead_size: int | None = None) -> Ending | None:
         """`_begin_ending` once `_may_land` said yes: None if there was no lane to send it on."""
         grant = None
-        if ask is not None:
-            end, grant = ask(end)
+        if ahead_size:
+            end, grant = self._asking_ahead(end, ahead_size)
         call = self._channel.begin(msgspec.structs.replace(end, landing=True))
         return None if call is None else Ending(call, len(end.keys), grant)
 

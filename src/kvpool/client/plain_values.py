@@ -126,7 +126,7 @@ class PlainValues:
             later = self._may_land(slot.lands, choices)
             checksum = NO_CHECKSUM if later else checksum_regions([addr], [size])
             end = protocol.PutEnd(tenant, [slot.key], [slot.token], [checksum], as_keys=[key])
-            ending = self._send_ending(end, self._plain_asker(size)) if later else None
+            ending = self._send_ending(end, size) if later else None
             failed, in_flight = self._run_round("WRITE", choices, [[addr]], [[size]],
                                                 max(1e-3, slot.deadline_s - time.monotonic()), unregistered=unregistered,
                                                 sent=sent if ending is not None else None)
@@ -166,18 +166,10 @@ class PlainValues:
 
     def _end_asking_ahead(self, end: protocol.PutEnd, size: int) -> protocol.PutEndReply:
         """Send a plain put's PutEnd asking for an allocation of `size` bytes for the next one."""
-        return self._end_asking(end, self._plain_asker(size))
-
-    def _end_asking(self, end: protocol.PutEnd, ask) -> protocol.PutEndReply:
-        """Send `end` as `ask(end)` makes it (asking for allocations ahead) and keep what it grants."""
-        end, grant = ask(end)
+        end, grant = self._asking_ahead(end, size)
         reply = self._call(end, protocol.PutEndReply)
         grant(reply)
         return reply
-
-    def _plain_asker(self, size: int):
-        """`ask` for a plain put's end (landing.py): one allocation of `size` bytes ahead."""
-        return lambda end: self._asking_ahead(end, size)
 
     def _asking_ahead(self, end: protocol.PutEnd, size: int):
         """(`end` asking for an allocation of `size` bytes for the next plain put, a function that

@@ -196,9 +196,7 @@ class PutEnd(Struct, tag="put_end", frozen=True):
 
     `as_keys` (empty, or one per key): the allocation pending under keys[i] becomes readable under
     as_keys[i] instead, unless that key exists (then it stays pending under keys[i], its token
-    unchanged, and i is in the reply's `existed`); `as_parents` (empty, or one per key, with
-    as_keys): as_keys[i]'s parent, as PutStart's `parents` would have named it (a master whose
-    PutStartReply says `parents_ahead`; older ones ignore it). `ahead`: keys to allocate afresh once these
+    unchanged, and i is in the reply's `existed`). `ahead`: keys to allocate afresh once these
     ended, as a PutStart of `ahead_sizes` without parents (`ahead_replicas` each) would; the
     reply's `ahead` answers it. Together they let a writer hold an allocation ahead of its next
     put (client/ahead.py): that put is then its write and one PutEnd.
@@ -212,7 +210,6 @@ class PutEnd(Struct, tag="put_end", frozen=True):
     tokens: list[int]
     checksums: list[int]
     as_keys: list[str] = []
-    as_parents: list[str | None] = []
     ahead: list[str] = []
     ahead_sizes: list[int] = []
     ahead_replicas: int = 1
@@ -376,7 +373,6 @@ class PutStartReply(Struct, tag="put_started", frozen=True):
     tokens: list[int] = []
     put_timeout_s: float = 30.0
     lands: bool = False  # this master takes PutEnd.landing and PutLanded (older ones: False)
-    parents_ahead: bool = False  # this master takes PutEnd.as_parents (older ones: False)
 
 
 class PutEndReply(Struct, tag="put_ended", frozen=True):

@@ -241,8 +241,7 @@ class MasterCore:
             req.tenant, req.keys, req.sizes, req.parents, req.num_replicas, req.pinned, now_s, ahead
         )
         return p.PutStartReply(statuses=statuses, replicas=replicas, message=message,  # type: ignore[arg-type]
-                               tokens=tokens, put_timeout_s=self._put_timeout_s(ahead), lands=True,
-                               parents_ahead=True)
+                               tokens=tokens, put_timeout_s=self._put_timeout_s(ahead), lands=True)
 
     def _put_timeout_s(self, ahead: bool) -> float:
         return self.index.ahead_timeout_s if ahead else self.config.put_timeout_s
@@ -261,8 +260,7 @@ class MasterCore:
             for n, i in enumerate(rest):
                 statuses[i], replicas[i], tokens[i] = got[n], placed[n], granted[n]
         return p.PutStartReply(statuses=statuses, replicas=replicas, message=message,  # type: ignore[arg-type]
-                               tokens=tokens, put_timeout_s=self._put_timeout_s(ahead), lands=True,
-                               parents_ahead=True)
+                               tokens=tokens, put_timeout_s=self._put_timeout_s(ahead), lands=True)
 
     def _put_value(self, req: p.PutValue, now_s: float) -> p.PutValueReply:
         _check_keys([req.key])
@@ -308,12 +306,8 @@ class MasterCore:
             _check_keys(req.as_keys)
             if self.inline.holds_any(req.tenant):
                 taken = partial(self.inline.contains, req.tenant)
-        if req.as_parents:
-            if not req.as_keys:
-                raise UsageError("put_end's as_parents name the parents of as_keys: they need as_keys")
-            _check_same_length("put_end's as_parents", req.keys, req.as_parents)
         ended, refused, existed = self.index.put_end(req.tenant, req.keys, req.tokens, req.checksums, now_s,
-                                                     req.as_keys, taken, req.landing, req.as_parents)
+                                                     req.as_keys, taken, req.landing)
         ahead = None
         if req.ahead:  # after the ends: the space they leave pending stays the writer's either way
             ahead = self._put_start(p.PutStart(req.tenant, req.ahead, req.ahead_sizes, [], req.ahead_replicas, False),

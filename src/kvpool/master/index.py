@@ -35,9 +35,8 @@ Rules:
   `_quarantine` until end_quarantine names the token, the segment goes, or quarantine_max_s.
   put_end's `as_keys` moves a pending record to the key it is ended under (client/ahead.py: an
   allocation a writer held for its next put), unless that key is held here or inline; its token
-  and space go with it, so every rule above holds for it as for any pending put. `as_parents`
-  links it to its parent as put_start would have (a record that has children gets none: renames
-  can never close a cycle). Allocations ahead take free space only: they never evict.
+  and space go with it, so every rule above holds for it as for any pending put. Allocations
+  ahead take free space only: nothing is evicted for them.
 - put_end with `landing` (a writer ending while its bytes travel) checks, renames and keeps the
   checksum as any end, but the record stays pending (flag LANDING) until put_landed names it with
   its token; until then it is a miss for readers and an existing key for writers, and reclaim,
@@ -236,15 +235,11 @@ class ObjectIndex:
     def put_end(
         self, tenant: str, keys: list[str], tokens: list[int], checksums: list[int], now_s: float,
         as_keys: list[str] | None = None, taken=None, landing: bool = False,
-        as_parents: list[str | None] | None = None,
     ) -> tuple[int, list[int], list[int]]:
         """Make pending objects readable; returns (how many ended, indices refused: no pending
         allocation under that key has that token any more, indices existed). With `as_keys`, the
         allocation pending under keys[i] is ended under as_keys[i], unless that key is held here
-        or `taken(key)` says it is held elsewhere (inline): then it stays pending under keys[i];
-        `as_parents[i]` (with as_keys) is then its parent, linked as put_start links one (an
-        earlier key of the same call included; a missing parent, the key itself, or a record that
-        has children already, which a cycle would need, links none).
+        or `taken(key)` says it is held elsewhere (inline): then it stays pending under keys[i].
         With `landing`, the ended objects stay pending until put_landed names them."""
         space = self.tenants.get(tenant)
         ended = 0
@@ -260,13 +255,6 @@ class ObjectIndex:
                 if new_key in space or (taken is not None and taken(new_key)):
                     existed.append(i)
                     continue
-                parent_key = as_parents[i] if as_parents else None
-                # a record that already has children (or a parent) gets none: no chain can become a cycle
-                linkable = parent_key is not None and rec.parent is None and not rec.num_children
-                parent = space.get(parent_key) if linkable else None
-                if parent is not None and parent is not rec:  # looked up before the rename: never its own parent
-                    parent.num_children += 1
-                    rec.parent = parent
                 del space[key]
                 rec.key = new_key
                 space[new_key] = rec
