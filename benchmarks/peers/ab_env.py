@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from kvpool.bench import hosts, procs  # noqa: E402
-from servers import HOSTS, PEERS, run_script  # noqa: E402
+from servers import HOSTS, PEERS, emit, median_range, run_script  # noqa: E402
 
 CLIENT = r'''
 import json, statistics, sys, time
@@ -108,11 +108,8 @@ def main() -> None:
         ratios = [b[op]["mean_us"] / a[op]["mean_us"] for a, b in zip(results["A"], results["B"])]
         lines.append(f"| {op} | {statistics.median(x[op]['mean_us'] for x in results['A']):.0f} | "
                      f"{statistics.median(x[op]['mean_us'] for x in results['B']):.0f} | "
-                     f"{statistics.median(ratios):.3f} [{min(ratios):.2f} - {max(ratios):.2f}] |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+                     f"{median_range(ratios)} |")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

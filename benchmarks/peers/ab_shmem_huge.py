@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from kvpool.bench import hosts, procs  # noqa: E402
-from servers import HOSTS, PEERS, run_script  # noqa: E402
+from servers import HOSTS, PEERS, emit, median_range, run_script  # noqa: E402
 
 SETTING = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 STORAGE = 1 << 30
@@ -167,11 +167,8 @@ def main() -> None:
             ratios = [o[op]["small_over_huge"] for o in outs]
             lines.append(f"| {peer} | {op} | {statistics.median(o[op]['huge_ms'] for o in outs):.1f} | "
                          f"{statistics.median(o[op]['small_ms'] for o in outs):.1f} | "
-                         f"{statistics.median(ratios):.3f} [{min(ratios):.3f} - {max(ratios):.3f}] |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+                         f"{median_range(ratios)} |")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from kvpool.bench import hosts, procs  # noqa: E402
-from servers import HOSTS, PEERS, run_script  # noqa: E402
+from servers import HOSTS, PEERS, emit, run_script  # noqa: E402
 
 CLIENT = r'''
 import collections, json, sys, time
@@ -119,10 +119,7 @@ def main() -> None:
     for name, samples in [*out["calls"].items(), *sorted(out["phases"].items())]:
         us = np.array(samples) * 1e6
         lines.append(f"| {name} | {len(us)} | {np.percentile(us, 50):.0f} | {np.percentile(us, 90):.0f} |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

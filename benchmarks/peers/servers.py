@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -261,6 +262,19 @@ PEERS: dict[str, Peer] = {
         Peer("raw-tcp2", "TCP ceiling, two connections (raw_tcp.py) cross-host", "cross-host", _raw_tcp(2, 7001)),
     ]
 }
+
+
+def median_range(values: list[float], digits: int = 3) -> str:
+    """`median [min - max]`, how the A/B scripts report per-round ratios."""
+    return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f} - {max(values):.{digits}f}]"
+
+
+def emit(lines: list[str], out: Path | None) -> None:
+    """Print a report and, with `out`, write it there too."""
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        out.write_text(text + "\n")
 
 
 def run_script(running: Running, script: Path, spec: dict, env: dict | None = None, timeout_s: float = 600.0) -> dict:
