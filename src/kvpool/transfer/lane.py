@@ -82,6 +82,7 @@ _RECV_CHUNK = 1 << 16
 _TCP_CORK = getattr(socket, "TCP_CORK", None)  # Linux; elsewhere lazy frames go out at once
 _AF_UNIX = getattr(socket, "AF_UNIX", None)
 LANE_UNIX_ENV = "KVPOOL_LANE_UNIX"  # 0: the lane over TCP even on the master's host (A/Bs)
+_DIRECT_BODY_BYTES = 16 << 10  # a reply this large is received into its own buffer (LaneChannel._read_body)
 
 
 def _connect_unix(name: str, timeout_s: float) -> socket.socket | None:
@@ -97,7 +98,8 @@ def _connect_unix(name: str, timeout_s: float) -> socket.socket | None:
         sock.close()
         return None
     return sock
-_DIRECT_BODY_BYTES = 16 << 10  # a reply this large is received into its own buffer (LaneChannel._read_body)
+
+
 @dataclass(frozen=True)
 class BegunCall:
     """A call LaneChannel.begin sent; its reply is LaneChannel.finish's."""

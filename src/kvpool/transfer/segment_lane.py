@@ -31,7 +31,7 @@ Rules:
   time (`try_acquire`: with all in use the job goes to NIXL instead of queueing; a job from
   unregistered memory waits for one instead). A WRITE or a READ of 2 MiB or more
   ($KVPOOL_SEGMENT_LANE_SPLIT_BYTES sets both; 0: never) runs as two halves on two
-  connections at once when a second is free (DataPlane._lane_transfer). A failure closes
+  connections at once when a second is free (lane_halves.py). A failure closes
   that connection (the next job reconnects) and is a TransferError for that job, never a hang.
   A WRITE that failed midway carries `in_flight` (fence.py): bytes already in the node's socket
   still land when its thread reads them (a stopped node: when it resumes), so the handle is done
