@@ -30,7 +30,9 @@ Rules:
   incarnation empties the cache (and the data plane's routes) before it is used.
 - Plain values (`put`, `get`, plain_values.py): small ones in one round trip to the master; a
   larger one into the allocation the previous plain put of its size asked for with its PutEnd
-  (ahead.py): its write and one round trip.
+  (ahead.py): its write and one round trip. A plain get of a value this client put or read
+  lately reads it where it was while GetValue travels (known_places.py), and keeps those bytes
+  only when the master's answer still places the value there and they match its checksum.
 - Thread-safe: the channel and caches have locks, the staging buffer has its own; no lock is held
   across a transfer except the staging buffer's.
 """
@@ -48,6 +50,7 @@ from dataclasses import dataclass
 from kvpool.client import plan
 from kvpool.client.ahead import AheadSlots, end_margin_s
 from kvpool.client.checksum import NO_CHECKSUM, checksum_after, checksum_objects
+from kvpool.client.known_places import EarlyReads, KnownPlaces
 from kvpool.client.landing import Landings
 from kvpool.client.memory import RegisteredRanges, StagingBuffer, copy_bytes, region_of
 from kvpool.client.metrics import TenantMetrics, client_metrics
@@ -147,6 +150,7 @@ class ClientConfig:
     lane: bool = True  # without a credential: master round trips over its plain TCP lane when it offers one
     read_only: bool = False  # a reader: puts refused, same-host segments mapped read-only (PROT_READ)
     landing: bool = True  # over the lane, a put's PutEnd travels while its bytes are written (landing.py)
+    known_places: bool = True  # a plain get reads where this client saw the value while GetValue travels
 
     def __post_init__(self) -> None:
         parse_addresses(self.master_address)  # ValueError naming the malformed one
@@ -162,7 +166,7 @@ class ClientConfig:
             raise ValueError(f"staging_bytes must be >= 4096, got {self.staging_bytes}")
 
 
-class Client(PlainValues, Landings):
+class Client(PlainValues, Landings, EarlyReads):
     def __init__(
         self,
         master_address: str,
@@ -178,9 +182,10 @@ class Client(PlainValues, Landings):
         read_only: bool = False,
         plane=None,
         landing: bool = True,
+        known_places: bool = True,
     ) -> None:
         self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes, checksums,
-                                   credential, lane, read_only, landing)
+                                   credential, lane, read_only, landing, known_places)
         from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
         from kvpool.transfer.credentials import resolve_credential
 
@@ -200,6 +205,7 @@ class Client(PlainValues, Landings):
         self._staging = StagingBuffer(self._register_region, staging_bytes)
         self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # the master's, as its last reply said (-1: none)
         self._ahead = AheadSlots()  # the allocation held for the next plain put (ahead.py)
+        self._places = KnownPlaces()  # where plain values were put or read lately (known_places.py)
         self._channel.add_epoch_listener(self._on_new_epoch)
         self._closed = False
 
@@ -661,6 +667,7 @@ class Client(PlainValues, Landings):
         self._check_keys(keys, unique=False)
         if not keys:
             return 0
+        self._places.forget(keys)
         return self._call(protocol.Remove(self.config.tenant, list(keys)), protocol.OkReply).count
 
     def ping(self) -> None:

@@ -69,6 +69,13 @@ class ClientMetrics:
             t,
             registry=registry,
         )
+        self.early_reads = Counter(
+            "kvpool_client_early_reads",
+            "Plain gets that read where the value was last seen while GetValue travelled "
+            "(client/known_places.py), by outcome: used, or read_again (the place was stale)",
+            t + ["outcome"],
+            registry=registry,
+        )
         self.latency_s = Histogram(
             "kvpool_client_op_seconds",
             "Latency of client calls, master round trip and transfers included",
@@ -98,6 +105,7 @@ class TenantMetrics:
         self.put_keys = _Bound(metrics.put_keys, tenant)  # by status
         self.transfer_failures = _Bound(metrics.transfer_failures, tenant)  # by op
         self.latency_s = _Bound(metrics.latency_s, tenant)  # by op
+        self.early_reads = _Bound(metrics.early_reads, tenant)  # by outcome
         self.put_bytes = metrics.put_bytes.labels(tenant)
         self.get_keys = metrics.get_keys.labels(tenant)
         self.hit_keys = metrics.hit_keys.labels(tenant)

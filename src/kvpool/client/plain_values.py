@@ -39,6 +39,7 @@ import msgspec
 from kvpool.client import fresh_memory
 from kvpool.client.ahead import AheadSlot
 from kvpool.client.checksum import NO_CHECKSUM, checksum_regions
+from kvpool.client.known_places import EarlyRead, MakeOutput
 from kvpool.client.memory import copy_bytes, region_of
 from kvpool.client.statuses import PUT_FAILED, PUT_STATUS_NAMES
 from kvpool.core import protocol
@@ -159,6 +160,7 @@ class PlainValues:
             raise TransferError(f"{key!r} was written but could not be made readable (PutLanded not sent); retry it")
         else:
             self._metrics.put_bytes.inc(size * len(slot.replicas))
+            self._places.note(key, slot.replicas, slot.epoch)
         self._metrics.puts_ahead.inc()
         self._metrics.put_keys[PUT_STATUS_NAMES[PUT_ALLOCATED if stored else PUT_EXISTS]].inc()
         self._metrics.latency_s["put"].observe(time.perf_counter() - started)
@@ -212,6 +214,7 @@ class PlainValues:
         return reply.status == PUT_ALLOCATED
 
     def _on_new_epoch(self, old_epoch: int | None, new_epoch: int) -> None:
+        self._places.clear()  # (a place noted under another epoch is never used anyway)
         self._ahead.drop()  # the old master's allocation: the new one does not know it
         if old_epoch is not None and self._max_inline < 0:
             self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # a new master: ask it again
@@ -226,9 +229,11 @@ class PlainValues:
 
     def get(self, key: str) -> bytes | None:
         """The value stored under `key`, or None on a miss (or when no replica could be read)."""
-        found = self._find_value(key)
+        found = self._find_value(key, fresh_memory.new_bytes if fresh_memory.available() else None)
         if found is None or isinstance(found, bytes):
             return found
+        if isinstance(found, EarlyRead):
+            return found.value
         if fresh_memory.available() and self._reads_unregistered(found):
             out, addr = fresh_memory.new_bytes(found.size)
             return out if self._read_fresh(found, addr) else None
@@ -240,11 +245,13 @@ class PlainValues:
         """A fresh numpy array with the value's bytes viewed as `dtype` (and `shape`), or None."""
         import numpy as np
 
-        found = self._find_value(key)
+        found = self._find_value(key, _new_array)
         if found is None:
             return None
         if isinstance(found, bytes):
             array = np.frombuffer(found, dtype=np.uint8).copy()
+        elif isinstance(found, EarlyRead):
+            array = found.value
         elif self._reads_unregistered(found):
             array = np.empty(found.size, dtype=np.uint8)
             if not self._read_fresh(found, int(array.ctypes.data)):
@@ -270,22 +277,36 @@ class PlainValues:
         tensor = torch.from_numpy(array).view(dtype)
         return tensor if shape is None else tensor.reshape(shape)
 
-    def _find_value(self, key: str) -> "bytes | _Found | None":
+    def _find_value(self, key: str, make: MakeOutput | None = None) -> "bytes | _Found | EarlyRead | None":
         """GetValue: the value's bytes (held by the master), or where it is on nodes (leased: read
-        it with _read_found, which releases the lease), or None on a miss."""
+        it with _read_found, which releases the lease), or None on a miss. With `make` (size ->
+        (a new output, its address)) and a place this client knows for the key, the value is read
+        there while GetValue travels (known_places.py): EarlyRead when those bytes were it."""
         self._check_keys([key], unique=False)
         started = time.perf_counter()
+        if make is not None and self.config.known_places and self.config.checksums and self._max_inline >= 0:
+            place = self._places.get(key, self._channel.epoch)
+            if place is not None and place.size > self._max_inline:
+                found = self._read_early(key, place, make, started)
+                if found is not NotImplemented:
+                    return found
         t0 = time.monotonic()  # before sending: our lease deadline is never later than the master's
         answer = None
         if self._max_inline >= 0:
             try:
                 answer = self._call(protocol.GetValue(self.config.tenant, key), protocol.ValueReply)
-                self._max_inline = answer.max_inline_bytes
             except ProtocolError:
                 self._master_without_values()
         if answer is None:  # a master from before inline values: the leased lookup as it knows it
             answer = protocol.ValueReply(False, b"", self._call(
-                protocol.LookupPrefix(self.config.tenant, [key], lease=True), protocol.LookupReply))
+                protocol.LookupPrefix(self.config.tenant, [key], lease=True), protocol.LookupReply),
+                max_inline_bytes=self._max_inline)
+        return self._value_answered(key, answer, t0, started)
+
+    def _value_answered(self, key: str, answer: protocol.ValueReply, t0: float,
+                        started: float) -> "bytes | _Found | None":
+        """What GetValue's answer holds: the inline bytes, a _Found to read (leased), or None (a miss)."""
+        self._max_inline = answer.max_inline_bytes
         if answer.inline:
             self._metrics.get_keys.inc()
             self._metrics.hit_keys.inc()
@@ -331,6 +352,8 @@ class PlainValues:
         finally:
             self._release(found.reply.lease_id)
         self._metrics.latency_s["get"].observe(time.perf_counter() - found.started)
+        if count == 1:
+            self._places.note(found.key, found.replicas[0], self._channel.epoch)
         return count == 1
 
 
@@ -347,6 +370,14 @@ class _Found:
     @property
     def size(self) -> int:
         return self.replicas[0][0].size
+
+
+def _new_array(size: int):
+    """An uninitialised uint8 numpy array of `size` bytes and its address (get_array's output)."""
+    import numpy as np
+
+    array = np.empty(size, dtype=np.uint8)
+    return array, int(array.ctypes.data)
 
 
 def _bytes_of(view) -> bytes:

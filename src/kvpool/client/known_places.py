@@ -1,0 +1,154 @@
+"""Where this client last saw its plain values: a `get` reads there while its GetValue travels.
+
+Why (issue 14): a plain get of a value on a node was two exchanges one after the other, GetValue
+to the master (~100-140 us across hosts here), then the read from the node; Redis answers a GET in
+one. Values a client wrote or read lately are often read again by it (a connector reading back
+what its instance stored, a retry), and it knows where they were put. Such a get sends its
+GetValue and, without waiting for the answer, reads the value from where it was; the master's
+answer, taken after the read, says whether those bytes are the value.
+
+Rules:
+- The bytes are taken only when the master's leased answer lists the place read among the
+  value's replicas now, with the same size, and the bytes read match the checksum it recorded
+  for the value: whatever happened to that range meanwhile (evicted, written by another put, a
+  new master), bytes that match the checksum of the value the master holds under the key now
+  are that value. Otherwise the value is read again as any get reads it, under the lease the same
+  answer brought (metric `kvpool_client_early_reads{outcome}`: `used`, `read_again`). So only a
+  client that checksums (`checksums=True`, the default) reads early, and only a read whose route
+  takes memory the data plane never registered (the segment lane, shared memory: the value is
+  read straight into the object returned), over the master's lane (the early answer is taken
+  with LaneChannel.begin / finish).
+- Places are noted after a plain put into an allocation held ahead (ahead.py) and after a plain
+  get read from a node, forgotten on `remove` and on a miss; a place noted under another master
+  incarnation is never used. At most MAX_PLACES keys, the least recently used forgotten first.
+- `KnownPlaces` is bookkeeping with a lock, no I/O; `EarlyReads` (a mixin of the Client) does the
+  read and the round trip, with the Client's channel, plane and metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvpool.client import fresh_memory, plan
+from kvpool.client.checksum import checksum_regions
+from kvpool.core import protocol
+from kvpool.core.errors import KVPoolError, ProtocolError, UnavailableError
+from kvpool.core.protocol import Replica
+
+MAX_PLACES = 4096
+
+
+@dataclass(frozen=True)
+class Place:
+    replicas: tuple[Replica, ...]
+    epoch: int  # the master incarnation that placed it
+
+    @property
+    def size(self) -> int:
+        return self.replicas[0].size
+
+
+class KnownPlaces:
+    def __init__(self, max_places: int = MAX_PLACES) -> None:
+        self._max = max_places
+        self._lock = threading.Lock()
+        self._places: OrderedDict[str, Place] = OrderedDict()
+
+    def note(self, key: str, replicas, epoch: int | None) -> None:
+        if epoch is None or not replicas:
+            return
+        place = Place(tuple(replicas), epoch)
+        with self._lock:
+            self._places[key] = place
+            self._places.move_to_end(key)
+            while len(self._places) > self._max:
+                self._places.popitem(last=False)
+
+    def get(self, key: str, epoch: int | None) -> Place | None:
+        """Where `key` was seen under master incarnation `epoch`, or None."""
+        with self._lock:
+            place = self._places.get(key)
+            if place is None:
+                return None
+            if place.epoch != epoch:
+                del self._places[key]
+                return None
+            self._places.move_to_end(key)
+            return place
+
+    def forget(self, keys) -> None:
+        with self._lock:
+            for key in keys:
+                self._places.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._places.clear()
+
+    def __len__(self) -> int:
+        return len(self._places)
+
+
+@dataclass(frozen=True)
+class EarlyRead:
+    """A value a get read where it was known to be, and the master's answer vouched for."""
+
+    value: object
+
+
+MakeOutput = Callable[[int], tuple[object, int]]  # size -> (the object returned, its buffer's address)
+
+
+class EarlyReads:
+    def _read_early(self, key: str, place: Place, make: MakeOutput, started: float):
+        """Send GetValue, read `place` into a new output while it travels, then take its answer:
+        EarlyRead (the bytes were the value), the master's inline bytes, None (a miss) or the
+        _Found the usual get reads (the place was stale); NotImplemented when nothing was sent
+        (no lane, a route that needs registered memory): the caller gets as usual."""
+        local_ids = self._segments.local_ids()
+        replica = plan.order_replicas(list(place.replicas), local_ids)[0]
+        choices = [(0, replica)]
+        try:
+            if not self._carried_unregistered("READ", choices, [place.size]):
+                return NotImplemented
+        except KVPoolError:
+            return NotImplemented
+        t0 = time.monotonic()  # before sending: the lease's clock
+        call = self._channel.begin(protocol.GetValue(self.config.tenant, key))
+        if call is None:
+            return NotImplemented
+        try:
+            out, addr = make(place.size)
+            failed, in_flight = self._run_round("READ", choices, [[addr]], [[place.size]], unregistered=True,
+                                                before_landing=fresh_memory.prefault)
+            if in_flight:
+                self._fence_reads(in_flight)
+        except BaseException:
+            self._channel.abandon(call)  # its lease, if granted, ends with its TTL
+            raise
+        try:
+            answer = self._channel.finish(call)
+        except UnavailableError:  # the lane broke: the usual get goes over ZMQ (a lease granted ends with its TTL)
+            return NotImplemented
+        if not isinstance(answer, protocol.ValueReply):
+            raise ProtocolError(f"master answered GetValue with {type(answer).__name__}")
+        found = self._value_answered(key, answer, t0, started)
+        if found is None or isinstance(found, bytes):
+            self._places.forget([key])
+            return found
+        expected = protocol.unpack_checksums(found.reply.checksums)[0] if found.reply.checksums else 0
+        if (not failed and expected and found.size == place.size and replica in found.replicas[0]
+                and checksum_regions([addr], [place.size]) == expected):
+            self._release(found.reply.lease_id)
+            self._metrics.early_reads["used"].inc()
+            self._metrics.get_keys.inc()
+            self._metrics.hit_keys.inc()
+            self._metrics.get_bytes.inc(place.size)
+            self._metrics.latency_s["get"].observe(time.perf_counter() - started)
+            return EarlyRead(out)
+        self._metrics.early_reads["read_again"].inc()
+        return found
