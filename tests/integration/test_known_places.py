@@ -1,0 +1,74 @@
+"""Plain gets that read where their client last saw the value while GetValue travels
+(client/known_places.py, issue 14), with a real master and nodes, over shared memory and over
+the segment lane: the bytes are kept only when the master's answer still places the value there
+and they match its checksum; a moved, replaced, removed or corrupted value is never served from
+the old place."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.client import Client
+from pool_worker import pattern
+from test_integrity import _flip_bits
+
+KiB = 1024
+SIZE = 96 * KiB  # over the master's inline limit: on a node
+
+
+def _early(client: Client, outcome: str) -> float:
+    """The client's tenant's count (clients of one tenant in one process share the metric)."""
+    return client._metrics.early_reads[outcome]._value.get()
+
+
+@pytest.mark.parametrize("path", ["auto", "lane"])
+def test_a_value_put_or_read_lately_is_read_early_and_a_moved_one_read_again(make_pool, path):
+    pool = make_pool(num_nodes=1, node_memory="4MiB")
+    tenant = f"early-{path}"  # counts from zero in each case
+    with Client(pool.address, tenant, path=path) as a, Client(pool.address, tenant, path=path) as b:
+        keys = [f"k{i}" for i in range(4)]
+        for key in keys:
+            assert a.put(key, pattern(key, SIZE)) is True
+        assert [a.get(k) for k in keys[1:]] == [pattern(k, SIZE).tobytes() for k in keys[1:]]  # put ahead: known
+        assert _early(a, "used") == 3
+        assert b.get("k0") == pattern("k0", SIZE).tobytes()  # b never saw it: read the usual way...
+        assert b.get("k0") == pattern("k0", SIZE).tobytes()  # ...then b knows where it is
+        assert _early(b, "used") == 4  # (the tenant's count: a's three and b's one)
+        # b replaces k1 (a still knows the old place) and fills the freed range with other bytes
+        assert b.remove(["k1"]) == 1
+        assert b.put("filler", pattern("filler", SIZE)) is True
+        assert b.put("k1", pattern("k1-new", SIZE)) is True
+        assert a.get("k1") == pattern("k1-new", SIZE).tobytes()
+        assert _early(a, "read_again") == 1
+        assert a.get("k1") == pattern("k1-new", SIZE).tobytes()  # the new place is the known one now
+        assert _early(a, "used") == 5
+        # removed by another client: a miss, and a forgets the place
+        assert b.remove(["k2"]) == 1
+        assert a.get("k2") is None
+        assert a._places.get("k2", a._channel.epoch) is None
+        # a get_array reads early too
+        array = a.get_array("k3", dtype="uint8")
+        assert array is not None and array.tobytes() == pattern("k3", SIZE).tobytes()
+        assert _early(a, "used") == 6
+
+
+def test_corrupted_bytes_at_a_known_place_are_a_miss_never_served(make_pool):
+    pool = make_pool(num_nodes=1, node_memory="4MiB")
+    with Client(pool.address, "corrupted") as client:
+        assert client.put("v", pattern("v", SIZE)) is True
+        assert client.get("v") == pattern("v", SIZE).tobytes()
+        _flip_bits(client, ["v"], 0, 5000, 0x01)
+        assert client.get("v") is None  # read early, mismatched, read again under the lease: mismatched
+        assert _early(client, "read_again") == 1
+        assert client._metrics.checksum_mismatches._value.get() == 1
+
+
+def test_without_checksums_or_with_known_places_off_nothing_is_read_early(make_pool):
+    pool = make_pool(num_nodes=1, node_memory="4MiB")
+    for options in ({"checksums": False}, {"known_places": False}):
+        key = sorted(options)[0]
+        with Client(pool.address, key.replace("_", "-"), **options) as client:
+            assert client.put(key, pattern(key, SIZE)) is True
+            assert client.get(key) == pattern(key, SIZE).tobytes()
+            assert client.get(key) == pattern(key, SIZE).tobytes()
+            assert _early(client, "used") == 0 and _early(client, "read_again") == 0
