@@ -460,11 +460,14 @@ def case_lookups(store, tag: str, iterations: int) -> dict:
             "rtt_p99_us": float(np.percentile(us, 99)), "iterations": iterations}  # fmt: skip
 
 
-def case_plain(store, tag: str, size: int, count: int, passes: int) -> dict:
-    """Plain bytes put/get, one call per value (what an application without registered memory does)."""
+def case_plain(store, tag: str, size: int, count: int, passes: int, reader=None) -> dict:
+    """Plain bytes put/get, one call per value (what an application without registered memory does).
+    With `reader` (a second client of the same store, in this process), each pass's values are
+    also got by it: a reader that never saw them (kvpool's writer knows where it put them,
+    client/known_places.py; another client does not)."""
     rng = np.random.default_rng(9)
     values = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(count)]
-    gets, puts = [], []
+    gets, puts, reads = [], [], []
     for p in range(passes):
         keys = [f"{tag}/{p}/{i}" for i in range(count)]
         t = time.perf_counter()
@@ -476,8 +479,29 @@ def case_plain(store, tag: str, size: int, count: int, passes: int) -> dict:
         gets.append(count * size / (time.perf_counter() - t) / 1e9)
         if got != values:
             raise RuntimeError(f"{tag}: plain get returned other bytes")
+        del got
+        if reader is not None:
+            t = time.perf_counter()
+            got = [reader.get_bytes(k) for k in keys]
+            reads.append(count * size / (time.perf_counter() - t) / 1e9)
+            if got != values:
+                raise RuntimeError(f"{tag}: plain get by another client returned other bytes")
+            del got
         store.remove(keys)
-    return {"put_gbps": statistics.median(puts), "get_gbps": statistics.median(gets), "value_bytes": size}
+    out = {"put_gbps": statistics.median(puts), "get_gbps": statistics.median(gets), "value_bytes": size}
+    if reads:
+        out["reader_get_gbps"] = statistics.median(reads)
+    return out
+
+
+def second_client(spec: dict):
+    """Another client of the peer's store in this process (plain_sweep's reader), or None where
+    the peer's client library allows one per process only."""
+    try:
+        return ADAPTERS[spec["adapter"]](spec)
+    except Exception as e:  # noqa: BLE001 - reported in the client's stderr, the rows left empty
+        print(f"no second client for {spec['adapter']}: {e}", file=sys.stderr)
+        return None
 
 
 def agent_sessions(store, tag: str, seed: int, chunk: int, prefix: int, tail: int, sessions: int):
@@ -550,10 +574,15 @@ def run(spec: dict) -> dict:
                 out[case] = case_lookups(store, f"{tag}/lk", 300 if q else 2000)
             elif case == "plain_64k":
                 out[case] = case_plain(store, f"{tag}/plain", 64 * KiB, 64 if q else 256, 3)
-            elif case == "plain_sweep":  # plain values of several sizes, ~8 MiB (2 MiB --quick) per size and pass
-                out[case] = {str(size): case_plain(store, f"{tag}/sweep{size}", size,
-                                                   max(16, (2 if q else 8) * MiB // size), 3)
-                             for size in PLAIN_SWEEP}  # fmt: skip
+            elif case == "plain_sweep":  # plain values of several sizes, ~32 MiB (2 MiB --quick) per size and pass
+                reader = second_client(spec)
+                try:
+                    out[case] = {str(size): case_plain(store, f"{tag}/sweep{size}", size,
+                                                       max(16, min(2048, (2 if q else 32) * MiB // size)), 3, reader)
+                                 for size in PLAIN_SWEEP}  # fmt: skip
+                finally:
+                    if reader is not None:
+                        reader.close()
             elif case == "agent_worker":
                 out[case] = case_agent(store, f"{tag}/agent{spec['worker']}", 50 if q else 200, spec["start_at"])
             else:

@@ -39,7 +39,7 @@ GOALS = [  # (case, field, against, factor): kvpool-nixl's value / the peer's, p
     ("plain_64k", "put_gbps", "redis", 1.0),
 ]
 GOALS += [(f"plain_sweep/{size}", field, "redis", 1.0) for size in (4096, 65536, 1 << 20, 4 << 20)
-          for field in ("get_gbps", "put_gbps")]
+          for field in ("get_gbps", "put_gbps", "reader_get_gbps")]
 SUBJECT = "kvpool-nixl"
 # The same-host path against the peer's same-host mode ("on both paths"): kvpool-same vs Mooncake IPC.
 SAME_HOST_SUBJECT = "kvpool-same"
@@ -48,6 +48,8 @@ SAME_HOST_GOALS = [("agent", "p99_ms", "mooncake-ipc", 1.0), ("lookup", "rtt_p50
 
 for _size, _name in [(4096, "4 KiB"), (65536, "64 KiB"), (1 << 20, "1 MiB"), (4 << 20, "4 MiB")]:
     METRICS += [(f"plain_sweep/{_size}", "get_gbps", f"plain get, {_name} values (sweep)", "GB/s", True),
+                (f"plain_sweep/{_size}", "reader_get_gbps", f"plain get by another client, {_name} values (sweep)",
+                 "GB/s", True),
                 (f"plain_sweep/{_size}", "put_gbps", f"plain put, {_name} values (sweep)", "GB/s", True)]
 
 
