@@ -72,3 +72,21 @@ def test_without_checksums_or_with_known_places_off_nothing_is_read_early(make_p
             assert client.get(key) == pattern(key, SIZE).tobytes()
             assert client.get(key) == pattern(key, SIZE).tobytes()
             assert _early(client, "used") == 0 and _early(client, "read_again") == 0
+
+
+def test_a_known_place_on_a_killed_node_falls_to_the_other_replica(make_pool):
+    # the master must not notice the death during the test: the early read fails, the answer
+    # still lists both replicas, and the usual read under its lease takes the living one
+    pool = make_pool(num_nodes=2, master_args=("--node-ttl-s", "60", "--heartbeat-interval-s", "1"))
+    # over the lane: a killed node's shared memory would still be readable through a mapping
+    with Client(pool.address, "replicas", num_replicas=2, path="lane") as client:
+        keys = [f"r{i}" for i in range(3)]
+        for key in keys:
+            assert client.put(key, pattern(key, SIZE)) is True
+        place = client._places.get("r2", client._channel.epoch)
+        assert place is not None and len(place.replicas) == 2  # put ahead, both replicas known
+        first = client._segments.get({place.replicas[0].segment_id})[place.replicas[0].segment_id]
+        next(n for n in pool.nodes if n.name == first.node_id).kill()  # the node read early
+        for key in keys[1:]:
+            assert client.get(key) == pattern(key, SIZE).tobytes()
+        assert _early(client, "read_again") == 2 and _early(client, "used") == 0
