@@ -200,6 +200,41 @@ def test_a_flipped_byte_is_found_by_the_checksum_taken_during_a_large_scattered_
         assert client._metrics.checksum_mismatches._value.get() == mismatches + 1
 
 
+def test_a_large_same_host_put_checksums_each_object_during_its_copy(make_pool, monkeypatch):
+    """A same-host put of 8 MiB or more checksums each object right after copying it (from the
+    CPU's caches), not on another thread beside the copy: 24 scattered objects of 16 x 64 KiB
+    (the helper threads take runs of whole objects), none checksummed apart; what it recorded is
+    the writer's bytes: a fresh reader gets all 24, then a flipped byte is a miss."""
+    from kvpool.client import client as client_module
+    from kvpool.transfer import memcopy
+
+    monkeypatch.setattr(memcopy, "_num_cpus", 3)  # helper threads even on a one-CPU runner
+    pool = make_pool(num_nodes=1, node_memory="64MiB")
+    keys, regions, region = chain_keys("scatter-put", 24), 16, 64 * KiB
+    size = regions * region
+    buf = np.zeros(24 * size + 16, dtype=np.uint8)
+    base = buf.ctypes.data + 16
+    addrs = [[base + (k * 24 + i) * region for k in range(regions)] for i in range(24)]
+    for i, key in enumerate(keys):
+        value = pattern(key, size)
+        for k, addr in enumerate(addrs[i]):
+            off = addr - buf.ctypes.data
+            buf[off : off + region] = value[k * region : (k + 1) * region]
+    with Client(pool.address) as client:
+        client.register(buf)
+        apart = []
+        real = client_module.Client._checksums
+        monkeypatch.setattr(client_module.Client, "_checksums", lambda self, a, z: apart.append(len(a)) or real(self, a, z))
+        assert client.put_from(keys, addrs, [[region] * regions] * 24) == [PUT_ALLOCATED] * 24
+        assert sum(apart) == 0  # every object was checksummed during its copy
+    served, wrong = _read_back(pool.address, keys, size)
+    assert (served, wrong) == (24, 0)
+    with Client(pool.address) as client:
+        _flip_bits(client, keys, 5, 1000, 0x04)
+        assert client.get(keys[5]) is None
+        assert client.get(keys[6]) == pattern(keys[6], size).tobytes()
+
+
 def _assert_only_own_bytes_or_misses(address: str, keys: list[str], size: int, never: str) -> None:
     """A fresh reader gets each key's own bytes or a miss, never other bytes; `never` is a miss."""
     with Client(address) as fresh:

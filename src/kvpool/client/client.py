@@ -111,7 +111,7 @@ class _Early:
 
 
 _PROMOTION_POLL_S = 0.02  # how often a lookup asks again while its keys are promoted from disk
-# a same-host read this large checksums each object right after its copy (memcopy.copy_objects)
+# a same-host read or put this large checksums each object right after its copy (memcopy.copy_objects)
 CHECKSUM_DURING_COPY_BYTES = 8 << 20
 # a put batch this large is checksummed on another thread while it is written (fixes.md 26)
 CHECKSUM_BESIDE_WRITE_BYTES = 4 << 20
@@ -313,11 +313,15 @@ class Client(PlainValues, Landings, EarlyReads):
         ending = None  # the PutEnd sent before the write (landing.py), if it was
         try:
             beside = None  # a large batch's checksums, computed on another thread while it is written
+            during = None  # or, copied on this host, each object's right after its copy (memcopy.copy_objects)
             if early is not None:
                 checksums = early.result() if allocated else []
             elif self.config.checksums and sum(totals[i] for i in allocated) >= CHECKSUM_BESIDE_WRITE_BYTES:
-                beside = _checksum_runner().submit(self._checksums, [addrs[i] for i in allocated],
-                                                   [sizes[i] for i in allocated])
+                if self._checksummed_during_copy(choices, [addrs[i] for i in allocated], totals):
+                    during = {}
+                else:
+                    beside = _checksum_runner().submit(self._checksums, [addrs[i] for i in allocated],
+                                                       [sizes[i] for i in allocated])
             else:
                 checksums = self._checksums([addrs[i] for i in allocated], [sizes[i] for i in allocated])
             with contextlib.ExitStack() as staged:
@@ -329,15 +333,19 @@ class Client(PlainValues, Landings, EarlyReads):
                     copy_bytes(self._staging.addr, addrs[0][0], totals[0])
                     addrs, unregistered = [[self._staging.addr]], False
                     ahead = False  # the next plain put would be staged too: it gains nothing ahead
-                if allocated and beside is None:
+                if allocated and beside is None and during is None:
                     ending = self._begin_ending(protocol.PutEnd(tenant, alloc_keys, alloc_tokens, checksums),
                                                 reply.lands, choices, totals[0] if ahead else None)
                 failed, in_flight = self._run_round(
                     "WRITE", choices, addrs, sizes, max(1e-3, write_deadline - time.monotonic()),
-                    unregistered=unregistered,
+                    (during, [1] * len(keys)) if during is not None else None, unregistered=unregistered,
                 )
             if beside is not None:
                 checksums = beside.result()
+            elif during is not None:  # objects of jobs too small to be checksummed during their copy: now
+                missing = [i for i in allocated if i not in during]
+                during.update(zip(missing, self._checksums([addrs[i] for i in missing], [sizes[i] for i in missing])))
+                checksums = [during[i] for i in allocated]
         except BaseException:
             if ending is not None:
                 self._abandon_ending(ending, alloc_keys, alloc_tokens)
@@ -386,6 +394,16 @@ class Client(PlainValues, Landings, EarlyReads):
             self._metrics.put_bytes.inc(stored_bytes)
         self._metrics.latency_s["put"].observe(time.perf_counter() - started)
         return statuses, reply.message
+
+    def _checksummed_during_copy(self, choices: list[tuple[int, Replica]], addrs: list[list[int]],
+                                 totals: list[int]) -> bool:
+        """Whether a put batch's objects are checksummed each right after its copy, from the CPU's
+        caches (the source just read), instead of on another thread beside the write: a batch of
+        CHECKSUM_DURING_COPY_BYTES or more from host memory whose every replica is a same-host copy.
+        Beside it, the second pass over the source competed with the copy for memory bandwidth
+        (fixes.md 36)."""
+        return (sum(totals) >= CHECKSUM_DURING_COPY_BYTES and len(self._on_host(addrs)) == len(addrs)
+                and self._copies_locally(choices))
 
     def _count_refused(self, refused: set[int], statuses: list[int], num_ended: int) -> None:
         """Objects whose end the master refused are PUT_FAILED (counted, and said in the log)."""
@@ -602,7 +620,7 @@ class Client(PlainValues, Landings, EarlyReads):
     ) -> tuple[set[int], dict]:
         """One round of transfers, one job per segment; returns (the object indices that failed,
         object index -> the data plane's StuckTransfer for failed ones whose transfer may still land).
-        `checksum_into` (digests, expected): a shared-memory READ of CHECKSUM_DURING_COPY_BYTES or
+        `checksum_into` (digests, expected): a shared-memory READ or WRITE of CHECKSUM_DURING_COPY_BYTES or
         more checksums each object with a non-zero expected checksum right after its copy, into
         digests[object index] (a smaller job is still in the CPU's last-level cache after its copy:
         checksummed after it in one call, without a call per object). `sent`: the data plane's

@@ -306,8 +306,9 @@ class DataPlane:
         """Run jobs (usually one per segment) concurrently: NIXL requests are all posted first,
         shared-memory copies run while they progress. Returns one error or None per job.
         `after_objects[i]`, None or (counts, after): job i's regions are objects of counts[n]
-        regions each, and a host READ over shared memory calls after(n) as soon as object n is in
-        place (a reader checksums it while it is in the CPU's caches); other paths never call it.
+        regions each, and a host READ or WRITE over shared memory calls after(n) as soon as object n
+        is in place (a reader or writer checksums it while it is in the CPU's caches); other paths
+        never call it.
         `sent()`: called at most once, from this thread, as soon as a WRITE's bytes are on their
         way (NIXL requests posted, or a lane request's bytes handed to the kernel), before waiting
         for them to land; never for shared-memory copies, nor if nothing was sent."""

@@ -167,8 +167,8 @@ class PeerMapping:
         """READ: segment -> local; WRITE: local -> segment. Bounds were checked by the caller.
         `device` N: the local regions are CUDA device N's memory, moved by its copy engines (the
         mapping is page-locked on first use and unlocked before it is unmapped). `after_objects`
-        (counts, after): a host READ calls after(n) once object n (the next counts[n] regions) is
-        in place (memcopy.copy_objects); a copy that then turns out to have raced the node's exit
+        (counts, after): a host READ or WRITE calls after(n) once object n (the next counts[n]
+        regions) is in place (memcopy.copy_objects); a copy that then turns out to have raced the node's exit
         still raises, so what `after` saw is discarded with the rest."""
         with self._lock:
             if self._closing:
@@ -183,6 +183,8 @@ class PeerMapping:
                 copy_objects(local_addrs, remote_offsets, sizes, *after_objects, src_base=self.base_addr)
             elif op == "READ":
                 copy_regions(local_addrs, remote_offsets, sizes, src_base=self.base_addr)
+            elif after_objects is not None:
+                copy_objects(remote_offsets, local_addrs, sizes, *after_objects, dst_base=self.base_addr)
             else:
                 copy_regions(remote_offsets, local_addrs, sizes, dst_base=self.base_addr)
         finally:
