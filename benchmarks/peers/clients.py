@@ -474,24 +474,24 @@ def case_plain(store, tag: str, size: int, count: int, passes: int, reader=None)
         for k, v in zip(keys, values):
             store.put_bytes(k, v)
         puts.append(count * size / (time.perf_counter() - t) / 1e9)
-        t = time.perf_counter()
-        got = [store.get_bytes(k) for k in keys]
-        gets.append(count * size / (time.perf_counter() - t) / 1e9)
-        if got != values:
-            raise RuntimeError(f"{tag}: plain get returned other bytes")
-        del got
+        gets.append(_timed_gets(store, keys, values, f"{tag}: plain get"))
         if reader is not None:
-            t = time.perf_counter()
-            got = [reader.get_bytes(k) for k in keys]
-            reads.append(count * size / (time.perf_counter() - t) / 1e9)
-            if got != values:
-                raise RuntimeError(f"{tag}: plain get by another client returned other bytes")
-            del got
+            reads.append(_timed_gets(reader, keys, values, f"{tag}: plain get by another client"))
         store.remove(keys)
     out = {"put_gbps": statistics.median(puts), "get_gbps": statistics.median(gets), "value_bytes": size}
     if reads:
         out["reader_get_gbps"] = statistics.median(reads)
     return out
+
+
+def _timed_gets(store, keys: list[str], values: list[bytes], what: str) -> float:
+    """GB/s of getting `keys` one call each, the results kept until all are in (then compared)."""
+    t = time.perf_counter()
+    got = [store.get_bytes(k) for k in keys]
+    gbps = len(keys) * len(values[0]) / (time.perf_counter() - t) / 1e9
+    if got != values:
+        raise RuntimeError(f"{what} returned other bytes")
+    return gbps
 
 
 def second_client(spec: dict):
