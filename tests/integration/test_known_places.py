@@ -90,3 +90,34 @@ def test_a_known_place_on_a_killed_node_falls_to_the_other_replica(make_pool):
         for key in keys[1:]:
             assert client.get(key) == pattern(key, SIZE).tobytes()
         assert _early(client, "read_again") == 2 and _early(client, "used") == 0
+
+
+def test_threads_sharing_a_client_read_early_and_get_their_own_bytes(make_pool):
+    """Early reads send GetValue without waiting (LaneChannel.begin) while other threads make their
+    own calls on the same lane: every answer reaches its own get."""
+    import threading
+
+    pool = make_pool(num_nodes=1, node_memory="16MiB")
+    errors: list[str] = []
+    with Client(pool.address, "threads", path="lane") as client:
+
+        def work(t: int) -> None:
+            try:
+                keys = [f"t{t}/{i}" for i in range(8)]
+                for key in keys:
+                    client.put(key, pattern(key, SIZE))
+                for _ in range(3):
+                    for key in keys:
+                        if client.get(key) != pattern(key, SIZE).tobytes():
+                            errors.append(key)
+                    client.exists(keys)  # a plain call between the gets
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not errors, errors
+        assert _early(client, "used") > 0
