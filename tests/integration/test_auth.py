@@ -148,3 +148,17 @@ def test_a_read_only_client_maps_segments_read_only_and_cannot_put(secure_pool):
         assert modes and all(mode.startswith("r-") for mode in modes), modes
         with pytest.raises(UsageError):
             reader.put("doc2", b"x")
+
+
+def test_an_authenticated_client_reads_its_plain_values_early_over_zmq(secure_pool):
+    """No lane with CURVE: GetValue is begun on the ZMQ channel while the value is read where the
+    client put it (client/known_places.py), and the bytes are still checked against the answer."""
+    master, _, auth = secure_pool
+    with client(master, auth, "tenant:alice") as alice, client(master, auth, "tenant:bob") as bob:
+        value = os.urandom(200 << 10)  # over the inline limit: on the node
+        for i in range(3):
+            assert alice.put(f"v{i}", value)
+        assert [alice.get(f"v{i}") for i in range(3)] == [value] * 3
+        assert alice._metrics.early_reads["used"]._value.get() >= 2  # the puts after the first went ahead
+        assert bob.get("v1") is None  # another tenant's key: a miss, never alice's bytes
+        assert alice.remove(["v1"]) == 1 and alice.get("v1") is None

@@ -16,8 +16,8 @@ Rules:
   answer brought (metric `kvpool_client_early_reads{outcome}`: `used`, `read_again`). So only a
   client that checksums (`checksums=True`, the default) reads early, and only a read whose route
   takes memory the data plane never registered (the segment lane, shared memory: the value is
-  read straight into the object returned), over the master's lane (the early answer is taken
-  with LaneChannel.begin / finish).
+  read straight into the object returned). The answer is taken with the channel's begin / finish
+  (the lane's, or the ZMQ channel's for a client with a CURVE credential).
 - Places are noted after a plain put into an allocation held ahead (ahead.py) and after a plain
   get read from a node, forgotten on `remove` and on a miss; a place noted under another master
   incarnation is never used. At most MAX_PLACES keys, the least recently used forgotten first.
@@ -117,11 +117,8 @@ class EarlyReads:
                 return NotImplemented
         except KVPoolError:
             return NotImplemented
-        begin = getattr(self._channel, "begin", None)  # only the lane sends a call without waiting (no CURVE)
-        if begin is None:
-            return NotImplemented
         t0 = time.monotonic()  # before sending: the lease's clock
-        call = begin(protocol.GetValue(self.config.tenant, key))
+        call = self._channel.begin(protocol.GetValue(self.config.tenant, key))
         if call is None:
             return NotImplemented
         try:

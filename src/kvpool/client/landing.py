@@ -8,7 +8,7 @@ exist, the allocation asked ahead) while the bytes travel and its reply is waiti
 ends. Then one PutLanded, sent one way before the put returns, makes the objects readable.
 
 Rules:
-- Only over the lane (LaneChannel.begin: without it the usual PutEnd follows the write; nor with
+- Only over the lane (LaneChannel.lands_puts: without it the usual PutEnd follows the write; nor with
   `Client(landing=False)`, for A/Bs), with a master whose PutStartReply said `lands`, when the
   checksums are known before the write (not for the large batches checksummed beside their
   write: their end is no longer the cost), and when a write crosses to another host. A same-host
@@ -79,7 +79,7 @@ class Landings:
     def _may_land(self, lands: bool, choices: list[tuple[int, Replica]]) -> bool:
         """Whether a put to these replicas ends with `landing` (the rules above); `_begin_ending` may
         still find no lane at that moment and send nothing."""
-        return (lands and self.config.landing and getattr(self._channel, "begin", None) is not None
+        return (lands and self.config.landing and getattr(self._channel, "lands_puts", False)
                 and not self._copies_locally(choices))
 
     def _copies_locally(self, choices: list[tuple[int, Replica]]) -> bool:

@@ -19,6 +19,9 @@ Rules:
   waiting out its timeout as if the master were down.
 - `send` is fire-and-forget (a request whose answer nobody needs, e.g. ReleaseLeases): its reply
   arrives later and the next `call` drops it like any stale reply.
+- `begin` sends a call and returns without its reply, which `finish` takes later (or `abandon`
+  drops): a reply to a begun call that another call reads first is kept for its finish. A socket
+  closed in between (a fail-over, a refused handshake) fails the finish at once.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgspec
 import zmq
@@ -40,6 +44,16 @@ from kvpool.transfer.credentials import Credential
 log = logging.getLogger(__name__)
 
 EpochListener = Callable[[int | None, int], None]  # (old epoch or None, new epoch)
+
+
+@dataclass(frozen=True)
+class BegunZmqCall:
+    """A call MasterChannel.begin sent; its reply is MasterChannel.finish's."""
+
+    request: protocol.Request
+    request_id: bytes
+    deadline_s: float  # monotonic
+    generation: int  # the socket it went on
 
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -82,6 +96,9 @@ class MasterChannel:
         self._monitor: zmq.Socket | None = None
         self._listeners: list[EpochListener] = []
         self.credential = credential
+        self._generation = 0  # counts sockets made: a begun call's reply comes on its own socket only
+        self._awaited: set[bytes] = set()  # ids of begun calls not finished yet
+        self._parked: dict[bytes, list[bytes]] = {}  # their replies, read by another call
 
     @property
     def address(self) -> str:
@@ -104,6 +121,9 @@ class MasterChannel:
         return self._socket
 
     def _close_socket(self) -> None:
+        self._generation += 1
+        self._awaited.clear()
+        self._parked.clear()
         if self._socket is not None:
             self._socket.disable_monitor()
             self._socket.close(linger=0)
@@ -193,15 +213,76 @@ class MasterChannel:
                 frames = sock.recv_multipart()
                 if len(frames) == 3 and frames[0] == request_id:
                     break
-                # otherwise a stale reply to a call that timed out earlier: drop it, keep waiting
+                self._park(frames)  # a begun call's reply; otherwise a stale one: dropped
             self._see_epoch(frames[1])
+        return self._decoded(frames[2])
+
+    def _decoded(self, body: bytes) -> protocol.Reply:
         try:
-            reply = protocol.reply_decoder.decode(frames[2])
+            reply = protocol.reply_decoder.decode(body)
         except msgspec.DecodeError as e:
             raise ProtocolError(f"undecodable reply from master {self.address}: {e}") from None
         if isinstance(reply, protocol.ErrorReply):
             raise error_from_reply(reply.kind, reply.message)
         return reply
+
+    def _park(self, frames: list[bytes]) -> None:
+        """Keep a reply to a begun call for its finish (the caller holds the lock)."""
+        if len(frames) == 3 and frames[0] in self._awaited:
+            self._parked[frames[0]] = frames
+
+    def begin(self, request: protocol.Request, timeout_s: float | None = None) -> BegunZmqCall | None:
+        """Send a call and return without its reply (take it with `finish`, or `abandon` it); None,
+        having sent nothing, when the socket takes no more requests."""
+        payload = protocol.request_encoder.encode(request)
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        with self._lock:
+            sock = self._connect()
+            request_id = next(self._ids).to_bytes(8, "little")
+            try:
+                sock.send_multipart([request_id, payload], flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return None
+            self._awaited.add(request_id)
+            return BegunZmqCall(request, request_id, time.monotonic() + timeout, self._generation)
+
+    def finish(self, call: BegunZmqCall) -> protocol.Reply:
+        """The reply to a call `begin` sent, or UnavailableError (its socket was closed meanwhile, or
+        the master did not answer in time) / the error it answered."""
+        with self._lock:
+            try:
+                if call.generation != self._generation or self._socket is None:
+                    raise UnavailableError(f"the connection to master {self.address} was reset before it answered "
+                                           f"{type(call.request).__name__}")
+                frames = self._parked.pop(call.request_id, None)
+                sock = self._socket
+                while frames is None:
+                    remaining_ms = int(1000 * (call.deadline_s - time.monotonic()))
+                    if remaining_ms <= 0 or not sock.poll(min(remaining_ms, _POLL_SLICE_MS), zmq.POLLIN):
+                        refused = self._handshake_refusal()
+                        if refused is not None:
+                            raise refused
+                        if remaining_ms > _POLL_SLICE_MS:
+                            continue
+                        address = self.address
+                        self._fail_over()
+                        raise UnavailableError(f"master {address} did not answer {type(call.request).__name__} "
+                                               "in time")
+                    got = sock.recv_multipart()
+                    if len(got) == 3 and got[0] == call.request_id:
+                        frames = got
+                    else:
+                        self._park(got)
+            finally:
+                self._awaited.discard(call.request_id)
+            self._see_epoch(frames[1])
+        return self._decoded(frames[2])
+
+    def abandon(self, call: BegunZmqCall) -> None:
+        """Give up on a begun call's reply (dropped whenever it comes)."""
+        with self._lock:
+            self._awaited.discard(call.request_id)
+            self._parked.pop(call.request_id, None)
 
     def send(self, request: protocol.Request, *, lazy: bool = False) -> None:
         """Send without waiting for the reply; raises UnavailableError if the send queue is full.

@@ -117,6 +117,8 @@ class _LaneBroken(Exception):
 class LaneChannel:
     """A MasterChannel (same interface) whose calls go over the lane when the master offers one."""
 
+    lands_puts = True  # a put's PutEnd may travel before its write, PutLanded after (client/landing.py)
+
     def __init__(self, channel: MasterChannel, spin_s: float | None = None) -> None:
         """`spin_s`: how long a call spins for its reply before blocking (None: $KVPOOL_LANE_SPIN_US
         microseconds, default 100; 0: never), while replies come that quickly (spin.py)."""
