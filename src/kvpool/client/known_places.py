@@ -107,8 +107,9 @@ class EarlyReads:
     def _read_early(self, key: str, place: Place, make: MakeOutput, started: float):
         """Send GetValue, read `place` into a new output while it travels, then take its answer:
         EarlyRead (the bytes were the value), the master's inline bytes, None (a miss) or the
-        _Found the usual get reads (the place was stale); NotImplemented when nothing was sent
-        (no lane, a route that needs registered memory): the caller gets as usual."""
+        _Found the usual get reads (the place was stale); NotImplemented when nothing was sent (a
+        channel that takes no more requests, a route that needs registered memory) or no answer
+        came back (the lane broke, a master that cannot read GetValue): the caller gets as usual."""
         local_ids = self._segments.local_ids()
         replica = plan.order_replicas(list(place.replicas), local_ids)[0]
         choices = [(0, replica)]
@@ -133,6 +134,9 @@ class EarlyReads:
         try:
             answer = self._channel.finish(call)
         except UnavailableError:  # the lane broke: the usual get goes over ZMQ (a lease granted ends with its TTL)
+            return NotImplemented
+        except ProtocolError:  # a master from before GetValue (restarted older): asked as it knows
+            self._master_without_values()
             return NotImplemented
         if not isinstance(answer, protocol.ValueReply):
             raise ProtocolError(f"master answered GetValue with {type(answer).__name__}")
