@@ -196,24 +196,7 @@ class MasterChannel:
             deadline = time.monotonic() + timeout_ms / 1000
             if meanwhile is not None:
                 meanwhile()
-            while True:
-                remaining_ms = max(0, int(1000 * (deadline - time.monotonic())))
-                if not sock.poll(min(remaining_ms, _POLL_SLICE_MS), zmq.POLLIN):
-                    refused = self._handshake_refusal()
-                    if refused is not None:
-                        raise refused
-                    if remaining_ms > _POLL_SLICE_MS:
-                        continue
-                    address = self.address
-                    self._fail_over()
-                    raise UnavailableError(
-                        f"master {address} did not answer {type(request).__name__} within "
-                        f"{timeout_ms / 1000:.1f} s (is `kvpool master` running there?)"
-                    )
-                frames = sock.recv_multipart()
-                if len(frames) == 3 and frames[0] == request_id:
-                    break
-                self._park(frames)  # a begun call's reply; otherwise a stale one: dropped
+            frames = self._await_reply(sock, request_id, deadline, request, timeout_ms / 1000)
             self._see_epoch(frames[1])
         return self._decoded(frames[2])
 
@@ -225,6 +208,31 @@ class MasterChannel:
         if isinstance(reply, protocol.ErrorReply):
             raise error_from_reply(reply.kind, reply.message)
         return reply
+
+    def _await_reply(self, sock: zmq.Socket, request_id: bytes, deadline: float, request,
+                     timeout_s: float) -> list[bytes]:
+        """The reply frames to `request_id` (parked by another call, or received now; a begun call's
+        reply met on the way is parked, any other dropped: a stale reply to a call that gave up), or
+        AuthError / UnavailableError at `deadline`. The caller holds the lock."""
+        frames = self._parked.pop(request_id, None)
+        while frames is None:
+            remaining_ms = max(0, int(1000 * (deadline - time.monotonic())))
+            if not sock.poll(min(remaining_ms, _POLL_SLICE_MS), zmq.POLLIN):
+                refused = self._handshake_refusal()
+                if refused is not None:
+                    raise refused
+                if remaining_ms > _POLL_SLICE_MS:
+                    continue
+                address = self.address
+                self._fail_over()
+                raise UnavailableError(f"master {address} did not answer {type(request).__name__} within "
+                                       f"{timeout_s:.1f} s (is `kvpool master` running there?)")
+            got = sock.recv_multipart()
+            if len(got) == 3 and got[0] == request_id:
+                frames = got
+            else:
+                self._park(got)
+        return frames
 
     def _park(self, frames: list[bytes]) -> None:
         """Keep a reply to a begun call for its finish (the caller holds the lock)."""
@@ -254,25 +262,8 @@ class MasterChannel:
                 if call.generation != self._generation or self._socket is None:
                     raise UnavailableError(f"the connection to master {self.address} was reset before it answered "
                                            f"{type(call.request).__name__}")
-                frames = self._parked.pop(call.request_id, None)
-                sock = self._socket
-                while frames is None:
-                    remaining_ms = int(1000 * (call.deadline_s - time.monotonic()))
-                    if remaining_ms <= 0 or not sock.poll(min(remaining_ms, _POLL_SLICE_MS), zmq.POLLIN):
-                        refused = self._handshake_refusal()
-                        if refused is not None:
-                            raise refused
-                        if remaining_ms > _POLL_SLICE_MS:
-                            continue
-                        address = self.address
-                        self._fail_over()
-                        raise UnavailableError(f"master {address} did not answer {type(call.request).__name__} "
-                                               "in time")
-                    got = sock.recv_multipart()
-                    if len(got) == 3 and got[0] == call.request_id:
-                        frames = got
-                    else:
-                        self._park(got)
+                timeout_s = max(0.0, call.deadline_s - time.monotonic())
+                frames = self._await_reply(self._socket, call.request_id, call.deadline_s, call.request, timeout_s)
             finally:
                 self._awaited.discard(call.request_id)
             self._see_epoch(frames[1])
