@@ -149,10 +149,7 @@ class EarlyReads:
                 and checksum_regions([addr], [place.size]) == expected):
             self._release(found.reply.lease_id)
             self._metrics.early_reads["used"].inc()
-            self._metrics.get_keys.inc()
-            self._metrics.hit_keys.inc()
-            self._metrics.get_bytes.inc(place.size)
-            self._metrics.latency_s["get"].observe(time.perf_counter() - started)
+            self._count_hit(place.size, started)
             return EarlyRead(out)
         self._metrics.early_reads["read_again"].inc()
         return found

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 class Ending:
     """A PutEnd sent with `landing` before its write; its reply is taken after the write."""
 
-    call: object  # transfer.lane.BegunCall
+    call: object  # transfer.control.BegunCall
     num_keys: int
     grant: Callable[[protocol.PutEndReply], None] | None  # keeps the allocation asked ahead, if one was
 

@@ -253,8 +253,8 @@ class PlainValues:
         elif isinstance(found, EarlyRead):
             array = found.value
         elif self._reads_unregistered(found):
-            array = np.empty(found.size, dtype=np.uint8)
-            if not self._read_fresh(found, int(array.ctypes.data)):
+            array, addr = _new_array(found.size)
+            if not self._read_fresh(found, addr):
                 return None
         else:
             with self._staging.lock:
@@ -308,10 +308,7 @@ class PlainValues:
         """What GetValue's answer holds: the inline bytes, a _Found to read (leased), or None (a miss)."""
         self._max_inline = answer.max_inline_bytes
         if answer.inline:
-            self._metrics.get_keys.inc()
-            self._metrics.hit_keys.inc()
-            self._metrics.get_bytes.inc(len(answer.value))
-            self._metrics.latency_s["get"].observe(time.perf_counter() - started)
+            self._count_hit(len(answer.value), started)
             return answer.value
         reply = answer.lookup
         if reply is None:
@@ -323,6 +320,13 @@ class PlainValues:
             self._metrics.latency_s["get"].observe(time.perf_counter() - started)
             return None
         return _Found(key, reply, replicas, t0, started)
+
+    def _count_hit(self, size: int, started: float) -> None:
+        """Metrics of a plain get that returned a value without a leased read (inline, or read early)."""
+        self._metrics.get_keys.inc()
+        self._metrics.hit_keys.inc()
+        self._metrics.get_bytes.inc(size)
+        self._metrics.latency_s["get"].observe(time.perf_counter() - started)
 
     def _reads_unregistered(self, found: "_Found") -> bool:
         """Whether every replica of a found value is read by a route that takes unregistered memory

@@ -45,19 +45,20 @@ log = logging.getLogger(__name__)
 
 EpochListener = Callable[[int | None, int], None]  # (old epoch or None, new epoch)
 
-
-@dataclass(frozen=True)
-class BegunZmqCall:
-    """A call MasterChannel.begin sent; its reply is MasterChannel.finish's."""
-
-    request: protocol.Request
-    request_id: bytes
-    deadline_s: float  # monotonic
-    generation: int  # the socket it went on
-
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _POLL_SLICE_MS = 100  # a refused handshake is noticed within this, not at the call's timeout
+
+
+@dataclass(frozen=True)
+class BegunCall:
+    """A call a channel's `begin` sent (MasterChannel's, LaneChannel's); its reply is that
+    channel's `finish`."""
+
+    request: protocol.Request
+    request_id: int
+    deadline_s: float  # monotonic
+    generation: int  # the socket (ZMQ) or lane connection it went on
 
 
 def host_of(address: str) -> str:
@@ -187,12 +188,10 @@ class MasterChannel:
         payload = protocol.request_encoder.encode(request)
         with self._lock:
             sock = self._connect()
-            request_id = next(self._ids).to_bytes(8, "little")
-            try:
-                sock.send_multipart([request_id, payload], flags=zmq.NOBLOCK)
-            except zmq.Again:
+            request_id = self._post(sock, payload)
+            if request_id is None:
                 self._fail_over()
-                raise UnavailableError(f"master {self.address} is not accepting requests") from None
+                raise UnavailableError(f"master {self.address} is not accepting requests")
             deadline = time.monotonic() + timeout_ms / 1000
             if meanwhile is not None:
                 meanwhile()
@@ -208,6 +207,16 @@ class MasterChannel:
         if isinstance(reply, protocol.ErrorReply):
             raise error_from_reply(reply.kind, reply.message)
         return reply
+
+    def _post(self, sock: zmq.Socket, payload: bytes) -> bytes | None:
+        """Send one request frame under a fresh id (the caller holds the lock): its id, or None when
+        the socket's send queue is full and nothing was sent."""
+        request_id = next(self._ids).to_bytes(8, "little")
+        try:
+            sock.send_multipart([request_id, payload], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        return request_id
 
     def _await_reply(self, sock: zmq.Socket, request_id: bytes, deadline: float, request,
                      timeout_s: float) -> list[bytes]:
@@ -239,22 +248,20 @@ class MasterChannel:
         if len(frames) == 3 and frames[0] in self._awaited:
             self._parked[frames[0]] = frames
 
-    def begin(self, request: protocol.Request, timeout_s: float | None = None) -> BegunZmqCall | None:
+    def begin(self, request: protocol.Request, timeout_s: float | None = None) -> BegunCall | None:
         """Send a call and return without its reply (take it with `finish`, or `abandon` it); None,
         having sent nothing, when the socket takes no more requests."""
         payload = protocol.request_encoder.encode(request)
         timeout = self.timeout_s if timeout_s is None else timeout_s
         with self._lock:
-            sock = self._connect()
-            request_id = next(self._ids).to_bytes(8, "little")
-            try:
-                sock.send_multipart([request_id, payload], flags=zmq.NOBLOCK)
-            except zmq.Again:
+            request_id = self._post(self._connect(), payload)
+            if request_id is None:
                 return None
             self._awaited.add(request_id)
-            return BegunZmqCall(request, request_id, time.monotonic() + timeout, self._generation)
+            return BegunCall(request, int.from_bytes(request_id, "little"), time.monotonic() + timeout,
+                             self._generation)
 
-    def finish(self, call: BegunZmqCall) -> protocol.Reply:
+    def finish(self, call: BegunCall) -> protocol.Reply:
         """The reply to a call `begin` sent, or UnavailableError (its socket was closed meanwhile, or
         the master did not answer in time) / the error it answered."""
         with self._lock:
@@ -263,29 +270,31 @@ class MasterChannel:
                     raise UnavailableError(f"the connection to master {self.address} was reset before it answered "
                                            f"{type(call.request).__name__}")
                 timeout_s = max(0.0, call.deadline_s - time.monotonic())
-                frames = self._await_reply(self._socket, call.request_id, call.deadline_s, call.request, timeout_s)
+                frames = self._await_reply(self._socket, _frame_id(call), call.deadline_s, call.request, timeout_s)
             finally:
-                self._awaited.discard(call.request_id)
+                self._awaited.discard(_frame_id(call))
             self._see_epoch(frames[1])
         return self._decoded(frames[2])
 
-    def abandon(self, call: BegunZmqCall) -> None:
+    def abandon(self, call: BegunCall) -> None:
         """Give up on a begun call's reply (dropped whenever it comes)."""
         with self._lock:
-            self._awaited.discard(call.request_id)
-            self._parked.pop(call.request_id, None)
+            self._awaited.discard(_frame_id(call))
+            self._parked.pop(_frame_id(call), None)
 
     def send(self, request: protocol.Request, *, lazy: bool = False) -> None:
         """Send without waiting for the reply; raises UnavailableError if the send queue is full.
         `lazy` (the lane's: the frame may wait for the next one) changes nothing here."""
         payload = protocol.request_encoder.encode(request)
         with self._lock:
-            sock = self._connect()
-            try:
-                sock.send_multipart([next(self._ids).to_bytes(8, "little"), payload], flags=zmq.NOBLOCK)
-            except zmq.Again:
-                raise UnavailableError(f"master {self.address} is not accepting requests") from None
+            if self._post(self._connect(), payload) is None:
+                raise UnavailableError(f"master {self.address} is not accepting requests")
 
     def close(self) -> None:
         with self._lock:
             self._close_socket()
+
+
+def _frame_id(call: BegunCall) -> bytes:
+    """A begun call's id as its request frame carries it."""
+    return call.request_id.to_bytes(8, "little")

@@ -61,13 +61,12 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass
 
 import msgspec
 
 from kvpool.core import protocol
 from kvpool.core.errors import ProtocolError, UnavailableError, error_from_reply
-from kvpool.transfer.control import MasterChannel, host_of
+from kvpool.transfer.control import BegunCall, MasterChannel, host_of
 from kvpool.transfer.spin import SpinPolicy, spin_from_env
 from kvpool.transfer.timeouts import KernelTimeouts
 
@@ -98,16 +97,6 @@ def _connect_unix(name: str, timeout_s: float) -> socket.socket | None:
         sock.close()
         return None
     return sock
-
-
-@dataclass(frozen=True)
-class BegunCall:
-    """A call LaneChannel.begin sent; its reply is LaneChannel.finish's."""
-
-    request: protocol.Request
-    request_id: int
-    deadline_s: float  # monotonic
-    generation: int  # the lane connection it went on
 
 
 class _LaneBroken(Exception):
