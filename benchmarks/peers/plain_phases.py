@@ -10,7 +10,7 @@ internal steps wrapped in timers: the master round trips (`_call`, by request ty
 sent while the bytes travel as its send, the wait for its reply after the write and the
 PutLanded, client/landing.py), the staging
 copy, the checksums, the lane round (`_run_round`), the lease release and the result bytes;
-then 300 pings, the bare master round trip, and 300 more each after 0.7 ms asleep (as long as
+then a second client that never saw them gets each too (phases prefixed "another client:"); then 300 pings, the bare master round trip, and 300 more each after 0.7 ms asleep (as long as
 a 1 MiB write: what waking an idle master and client adds to a round trip).
 Reported: per phase the median and P90 per call in microseconds, and the whole call's, so a
 change that should cut one phase can be seen to cut it. Bytes are compared with what was put.
@@ -34,6 +34,7 @@ import numpy as np
 spec = json.loads(sys.argv[1])
 from kvpool.client import Client, fresh_memory, plain_values
 phases = collections.defaultdict(list)
+stage = [""]
 
 def timed(owner, name, label=None):
     inner = getattr(owner, name)
@@ -43,7 +44,7 @@ def timed(owner, name, label=None):
             return inner(*args, **kwargs)
         finally:
             tag = label(args) if callable(label) else (label or name)
-            phases[tag].append(time.perf_counter() - t)
+            phases[stage[0] + tag].append(time.perf_counter() - t)
     setattr(owner, name, wrapper)
 
 timed(Client, "_call", lambda a: type(a[1]).__name__)
@@ -62,13 +63,14 @@ timed(Client, "_land", lambda a: "PutLanded sent (one way)")
 timed(fresh_memory, "new_bytes")
 timed(fresh_memory, "prefault")
 c = Client(spec["master"], spec["tenant"], timeout_s=30.0)
+cold = Client(spec["master"], spec["tenant"], timeout_s=30.0)  # never put nor saw the values
 size, count = spec["size"], spec["count"]
 rng = np.random.default_rng(3)
 values = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(16)]
 out = {}
 for label in ("warm", "measured"):
     phases.clear()
-    calls = {"put": [], "get": []}
+    calls = {"put": [], "get": [], "get by another client": []}
     for start in range(0, count, 16):
         keys = [f"{label}/{start + i}" for i in range(16)]
         for k, v in zip(keys, values):
@@ -76,7 +78,11 @@ for label in ("warm", "measured"):
         got = []
         for k in keys:
             t = time.perf_counter(); got.append(c.get(k)); calls["get"].append(time.perf_counter() - t)
-        if got != values:
+        stage[0] = "another client: "
+        for k in keys:
+            t = time.perf_counter(); got.append(cold.get(k)); calls["get by another client"].append(time.perf_counter() - t)
+        stage[0] = ""
+        if got != values + values:
             raise SystemExit("plain get returned other bytes")
         c.remove(keys)
     pings = []
@@ -90,6 +96,7 @@ for label in ("warm", "measured"):
     calls["ping after 0.7 ms idle"] = idle
     out = {"calls": calls, "phases": dict(phases)}
 c.close()
+cold.close()
 print(json.dumps(out))
 '''
 

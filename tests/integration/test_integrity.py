@@ -174,7 +174,7 @@ def test_a_flipped_byte_is_found_by_the_checksum_taken_during_a_large_scattered_
     """Same-host reads checksum each object right after its copy (memcopy.copy_objects), also in
     the runs of whole objects the helper threads take: 24 objects of 16 x 64 KiB regions, the
     13th with one flipped byte, are read as 12 hits; no object is checksummed a second time."""
-    from kvpool.client import client as client_module
+    from kvpool.client import reads as reads_module
     from kvpool.transfer import memcopy
 
     monkeypatch.setattr(memcopy, "_num_cpus", 3)  # helper threads even on a one-CPU runner
@@ -185,7 +185,7 @@ def test_a_flipped_byte_is_found_by_the_checksum_taken_during_a_large_scattered_
         assert _put(client, keys, size) == [PUT_ALLOCATED] * 24
         _flip_bits(client, keys, 12, 5 * region + 7, 0x01)
         after_copy = []
-        monkeypatch.setattr(client_module, "checksum_objects", lambda *a: after_copy.append(a) or [])
+        monkeypatch.setattr(reads_module, "checksum_objects", lambda *a: after_copy.append(a) or [])
         mismatches = client._metrics.checksum_mismatches._value.get()  # the tenant's, shared in this process
         buf = np.zeros(24 * size + 16, dtype=np.uint8)
         client.register(buf)
@@ -205,7 +205,6 @@ def test_a_large_same_host_put_checksums_each_object_during_its_copy(make_pool, 
     CPU's caches), not on another thread beside the copy: 24 scattered objects of 16 x 64 KiB
     (the helper threads take runs of whole objects), none checksummed apart; what it recorded is
     the writer's bytes: a fresh reader gets all 24, then a flipped byte is a miss."""
-    from kvpool.client import client as client_module
     from kvpool.transfer import memcopy
 
     monkeypatch.setattr(memcopy, "_num_cpus", 3)  # helper threads even on a one-CPU runner
@@ -223,8 +222,8 @@ def test_a_large_same_host_put_checksums_each_object_during_its_copy(make_pool, 
     with Client(pool.address) as client:
         client.register(buf)
         apart = []
-        real = client_module.Client._checksums
-        monkeypatch.setattr(client_module.Client, "_checksums", lambda self, a, z: apart.append(len(a)) or real(self, a, z))
+        real = Client._checksums
+        monkeypatch.setattr(Client, "_checksums", lambda self, a, z: apart.append(len(a)) or real(self, a, z))
         assert client.put_from(keys, addrs, [[region] * regions] * 24) == [PUT_ALLOCATED] * 24
         assert sum(apart) == 0  # every object was checksummed during its copy
     served, wrong = _read_back(pool.address, keys, size)

@@ -1,0 +1,67 @@
+"""A round of transfers, one job per segment, shared by a put's writes and a get's reads: a mixin
+of the Client (client.py), using its segment cache, data plane, config and metrics.
+"""
+
+from __future__ import annotations
+
+from kvpool.client import plan
+from kvpool.client.checksum import checksum_after
+from kvpool.core.protocol import Replica
+
+# a same-host read or put this large checksums each object right after its copy (memcopy.copy_objects)
+CHECKSUM_DURING_COPY_BYTES = 8 << 20
+
+
+class Rounds:
+    def _on_host(self, addrs: list[list[int]]) -> list[int]:
+        """Indices of the objects whose regions are host memory (one transfer's regions lie in one
+        memory, so the first region tells)."""
+        if not len(self._device_memory):
+            return list(range(len(addrs)))
+        return [i for i, a in enumerate(addrs) if a and not self._device_memory.contains(a[0], 1)]
+
+    def _carried_unregistered(self, op: str, choices: list[tuple[int, Replica]], totals: list[int]) -> bool:
+        """Whether every chosen replica's route carries memory that is not registered (plane.py)."""
+        infos = self._segments.get({r.segment_id for _, r in choices})
+        return all(r.segment_id in infos and self.plane.carries_unregistered(op, infos[r.segment_id], totals[i])
+                   for i, r in choices)
+
+    def _run_round(
+        self, op: str, choices: list[tuple[int, Replica]], addrs, sizes, timeout_s: float | None = None,
+        checksum_into: tuple[dict, list[int]] | None = None, *, unregistered: bool = False, before_landing=None,
+        sent=None,
+    ) -> tuple[set[int], dict]:
+        """One round of transfers, one job per segment; returns (the object indices that failed,
+        object index -> the data plane's StuckTransfer for failed ones whose transfer may still land).
+        `checksum_into` (digests, expected): a shared-memory READ or WRITE of CHECKSUM_DURING_COPY_BYTES or
+        more checksums each object with a non-zero expected checksum right after its copy, into
+        digests[object index] (a smaller job is still in the CPU's last-level cache after its copy:
+        checksummed after it in one call, without a call per object). `sent`: the data plane's
+        hook, called once a WRITE's bytes are on their way (it must not raise)."""
+        in_flight: dict = {}
+        if not choices:
+            return set(), in_flight
+        infos = self._segments.get({r.segment_id for _, r in choices})
+        failed = {i for i, r in choices if r.segment_id not in infos}
+        jobs = plan.group_by_segment([(i, r) for i, r in choices if r.segment_id in infos], addrs, sizes)
+        if not jobs:
+            return failed, in_flight
+        errors = self.plane.transfer_many(
+            op,
+            [(infos[j.segment_id], j.local_addrs, j.remote_offsets, j.sizes) for j in jobs],
+            self.config.timeout_s if timeout_s is None else min(timeout_s, self.config.timeout_s),
+            [checksum_after(j.object_indices, addrs, sizes, *checksum_into)
+             if sum(j.sizes) >= CHECKSUM_DURING_COPY_BYTES else None for j in jobs] if checksum_into else None,
+            unregistered=unregistered, before_landing=before_landing, sent=sent,
+        )
+        broken_segments = []
+        for job, error in zip(jobs, errors):
+            if error is not None:
+                failed.update(job.object_indices)
+                broken_segments.append(job.segment_id)
+                if error.in_flight is not None:
+                    in_flight.update(dict.fromkeys(job.object_indices, error.in_flight))
+        if broken_segments:
+            self._metrics.transfer_failures[op].inc(len(broken_segments))
+            self._segments.recheck(broken_segments)
+        return failed, in_flight
