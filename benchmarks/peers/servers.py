@@ -241,6 +241,9 @@ PEERS: dict[str, Peer] = {
         # lane calls block for their reply at once, as before c688096 (A/B for the spin)
         Peer("kvpool-nixl-nospin", "kvpool cross-host, lane calls without the spin (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", lane_spin_us=0)),
+        # segment lane jobs block at once, as before stop 40 (A/B for the segment lane's spin)
+        Peer("kvpool-nixl-lane-block", "kvpool cross-host, segment lane jobs without the spin (before)", "cross-host",
+             _kvpool("kvmaster", "kvnode", "client", segment_lane_spin_us=0)),
         # a put's PutEnd after its write, as before stop 36 (A/B for client/landing.py)
         Peer("kvpool-same-endafter", "kvpool same-host, PutEnd after the write (before)", "same-host",
              _kvpool("kvsame", "kvsame", "kvsame", landing=False)),

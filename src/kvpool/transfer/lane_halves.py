@@ -52,8 +52,8 @@ def run_on_lane(op: str, lane, conn, local_addrs: Sequence[int], remote_offsets:
     above allow; TransferError if it did not complete."""
     total = sum(sizes) if split_bytes else 0
     second = lane.try_acquire() if split_bytes and total >= split_bytes else None
-    if second is None:
-        conn.transfer(op, local_addrs, remote_offsets, sizes, deadline, before_landing, sent)
+    if second is None:  # whole on this thread: it may spin (segment_lane.py)
+        conn.transfer(op, local_addrs, remote_offsets, sizes, deadline, before_landing, sent, lane.spin)
         return
     first_half, second_half = halves(local_addrs, remote_offsets, sizes, total // 2)
     try:
