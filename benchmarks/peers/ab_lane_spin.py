@@ -37,10 +37,10 @@ import os
 from kvpool.client import Client
 spec = json.loads(sys.argv[1])
 writers, readers = {}, {}
-for name, spin_us in (("spin", spec["spin_us"]), ("block", 0)):
-    os.environ["KVPOOL_SEGMENT_LANE_SPIN_US"] = str(spin_us)  # read when a route's lane is made: now
-    writers[name] = Client(spec["master"], "peers", timeout_s=30.0)
-    readers[name] = Client(spec["master"], "peers", timeout_s=30.0)
+for name in ("spin", "block"):
+    os.environ["KVPOOL_SEGMENT_LANE_SPIN_US"] = str(spec["client_spin_us"][name])  # read when a route's lane is made: now
+    writers[name] = Client(spec["masters"][name], "peers", timeout_s=30.0)
+    readers[name] = Client(spec["masters"][name], "peers", timeout_s=30.0)
     writers[name].put(f"{spec['tag']}/warm/{name}", b"w" * (1 << 20))
     assert readers[name].get(f"{spec['tag']}/warm/{name}") == b"w" * (1 << 20)
     writers[name].remove([f"{spec['tag']}/warm/{name}"])
@@ -84,7 +84,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--processes", type=int, default=4, help="client processes, one after another (default 4)")
     ap.add_argument("--rounds", type=int, default=12, help="measured rounds per size and process (default 12)")
-    ap.add_argument("--spin-us", type=float, default=200.0, help="spin beyond 1 ns per byte (default 200)")
+    ap.add_argument("--spin-us", type=float, default=200.0, help="the clients' spin beyond 1 ns per byte (default 200)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     why = hosts.why_unavailable()
@@ -98,12 +98,15 @@ def main() -> None:
              f"spin {args.spin_us:.0f} us + 1 ns per byte", ""]
     results = []
     with hosts.HostNetwork(HOSTS) as net:
-        pool = PEERS["kvpool-nixl"].start(net, workdir, STORAGE, sys.executable)
+        pools = []
         try:
+            pools.append(PEERS["kvpool-nixl"].start(net, workdir, STORAGE, sys.executable))
+            masters = dict.fromkeys(("spin", "block"), pools[0].spec["master"])
+            client_spin_us = {"spin": args.spin_us, "block": 0}
             for p in range(args.processes):
-                spec = {"master": pool.spec["master"], "tag": f"p{p}", "seed": p, "rounds": args.rounds,
-                        "sizes_kib": list(SIZES_KIB), "spin_us": args.spin_us}
-                out = run_script(pool, script, spec)
+                spec = {"masters": masters, "client_spin_us": client_spin_us, "tag": f"p{p}", "seed": p,
+                        "rounds": args.rounds, "sizes_kib": list(SIZES_KIB)}
+                out = run_script(pools[0], script, spec)
                 results.append(out)
                 line = f"process {p}: " + "; ".join(
                     f"{k} KiB spin {out[str(k)]['spin_us']:.0f} us, block {out[str(k)]['block_us']:.0f} us, "
@@ -112,7 +115,8 @@ def main() -> None:
                 print(line, flush=True)
                 lines.append(line)
         finally:
-            pool.stop()
+            for pool in pools:
+                pool.stop()
     lines += ["", f"load average {os.getloadavg()[0]:.1f} at the end", "",
               "| value | op | spinning, us per value | blocking, us per value | block / spin per process, median [min - max] |",
               "|---|---|---|---|---|"]

@@ -41,8 +41,9 @@ Rules:
   $KVPOOL_SEGMENT_LANE_SPIN_US, 0: never) have passed since it began, then block. A blocked
   receive sleeps until the node's bytes arrive and a blocked send until the node has read, and
   each wake-up of a halted vCPU costs a VM ~30 us, several per MiB; spinning, the bytes are
-  taken as they come. Across harness hosts, fresh readers' 1 MiB plain gets 1.16x faster, 256 KiB
-  1.08x, puts 1.1x (benchmarks/results/peers/ab_lane_spin.txt). As the master's lane (spin.py),
+  taken as they come. Across harness hosts, fresh readers' 1 MiB plain gets 1.15x faster (in
+  each of 5 processes), 256 KiB 1.03x, puts 1.04-1.09x (benchmarks/results/peers/ab_lane_spin.txt).
+  The node's side spinning too gained nothing (ab_lane_spin_node_side.txt): not done. As the master's lane (spin.py),
   a lane spins only while most recent jobs ended within their spin: where they do not (more
   runnable processes than CPUs) every spin would be lost CPU. Halves never spin: two threads
   spinning for one GIL.
