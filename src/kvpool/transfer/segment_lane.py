@@ -42,8 +42,8 @@ Rules:
   receive sleeps until the node's bytes arrive and a blocked send until the node has read, and
   each wake-up of a halted vCPU costs a VM ~30 us, several per MiB; spinning, the bytes are
   taken as they come. Across harness hosts, fresh readers' 1 MiB plain gets 1.15x faster (in
-  each of 5 processes), 256 KiB 1.03x, puts 1.04-1.09x (benchmarks/results/peers/ab_lane_spin.txt).
-  The node's side spinning too gained nothing (ab_lane_spin_node_side.txt): not done. As the master's lane (spin.py),
+  each of 5 processes), 256 KiB 1.03x, puts 1.04-1.09x (benchmarks/results/peers/ab_segment_lane_spin.txt).
+  The node's side spinning too gained nothing (ab_segment_lane_spin_node_side.txt): not done. As the master's lane (spin.py),
   a lane spins only while most recent jobs ended within their spin: where they do not (more
   runnable processes than CPUs) every spin would be lost CPU. Halves never spin: two threads
   spinning for one GIL.

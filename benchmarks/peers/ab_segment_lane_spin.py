@@ -1,6 +1,6 @@
 """A/B: segment lane jobs that spin (non-blocking sends and receives) or block at once.
 
-    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/ab_lane_spin.py \
+    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/ab_segment_lane_spin.py \
         [--processes 4] [--rounds 12] [--spin-us 200] [--out FILE]
 
 Starts the peers benchmark's `kvpool-nixl` peer (master, node and client on three hosts of the
@@ -90,8 +90,8 @@ def main() -> None:
     why = hosts.why_unavailable()
     if why is not None:
         raise SystemExit(f"the multi-host harness cannot run here: {why}")
-    workdir = procs.scratch_dir("kvpool-ab-lane-spin-")
-    script = workdir / "ab_lane_spin_client.py"
+    workdir = procs.scratch_dir("kvpool-ab-segment-lane-spin-")
+    script = workdir / "ab_segment_lane_spin_client.py"
     script.write_text(CLIENT)
     lines = [f"load average {os.getloadavg()[0]:.1f} at start; {args.processes} client processes, {args.rounds} "
              f"measured rounds per size: each pair (ABBA) puts 16 values, then its fresh reader gets them; "
