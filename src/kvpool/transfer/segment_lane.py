@@ -62,7 +62,7 @@ from collections.abc import Sequence
 
 from kvpool.core.errors import TransferError
 from kvpool.transfer.fence import StuckTransfer
-from kvpool.transfer.spin import SpinPolicy
+from kvpool.transfer.spin import SpinPolicy, spin_from_env
 from kvpool.transfer.timeouts import KernelTimeouts
 
 log = logging.getLogger(__name__)
@@ -70,16 +70,6 @@ log = logging.getLogger(__name__)
 SPIN_ENV = "KVPOOL_SEGMENT_LANE_SPIN_US"
 DEFAULT_SPIN_US = 200.0
 _SPIN_S_PER_BYTE = 1e-9  # a job's spin also covers its bytes at 1 GB/s
-
-
-def spin_from_env() -> float:
-    """$KVPOOL_SEGMENT_LANE_SPIN_US as seconds (default DEFAULT_SPIN_US; 0: never); ValueError if bad."""
-    value = os.environ.get(SPIN_ENV, "")
-    try:
-        us = float(value) if value.strip() else DEFAULT_SPIN_US
-    except ValueError:
-        raise ValueError(f"${SPIN_ENV} must be a number of microseconds, got {value!r}") from None
-    return max(0.0, us) * 1e-6
 
 
 MAGIC = b"KVSL"
@@ -250,7 +240,7 @@ class SegmentLane:
     def __init__(self, address: str, max_connections: int = 4, spin_s: float | None = None) -> None:
         """`spin_s`: how long beyond 1 ns per byte a whole job spins (None: $KVPOOL_SEGMENT_LANE_SPIN_US)."""
         self.address = address
-        self.spin = SpinPolicy(spin_from_env() if spin_s is None else spin_s)
+        self.spin = SpinPolicy(spin_from_env(SPIN_ENV, DEFAULT_SPIN_US) if spin_s is None else spin_s)
         self._max = max_connections
         self._open = 0  # connections made and not closed, idle or in use
         self._idle: list[LaneConnection] = []

@@ -25,13 +25,14 @@ _WEIGHT = 0.125  # of the newest sample in `rate`
 _SPIN_FROM_RATE = 0.5
 
 
-def spin_from_env() -> float:
-    """$KVPOOL_LANE_SPIN_US as seconds (default DEFAULT_SPIN_US; 0: never spin); ValueError if bad."""
-    value = os.environ.get(SPIN_ENV, "")
+def spin_from_env(name: str = SPIN_ENV, default_us: float = DEFAULT_SPIN_US) -> float:
+    """$name (default $KVPOOL_LANE_SPIN_US) in microseconds, as seconds (unset: `default_us`; 0:
+    never spin); ValueError naming the variable if it is not a number."""
+    value = os.environ.get(name, "")
     try:
-        us = float(value) if value.strip() else DEFAULT_SPIN_US
+        us = float(value) if value.strip() else default_us
     except ValueError:
-        raise ValueError(f"${SPIN_ENV} must be a number of microseconds, got {value!r}") from None
+        raise ValueError(f"${name} must be a number of microseconds, got {value!r}") from None
     return max(0.0, us) * 1e-6
 
 
