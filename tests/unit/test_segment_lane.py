@@ -547,8 +547,9 @@ def _count_spins(monkeypatch) -> list[int]:
 
 def test_a_whole_job_spins_and_every_byte_is_right_a_lane_without_spin_and_halves_never_do(info, monkeypatch):
     """A job run whole on the caller's thread sends and receives without blocking while its spin
-    lasts (segment_lane.py); the bytes are the same as blocking. A lane made with
-    $KVPOOL_SEGMENT_LANE_SPIN_US=0 never spins, nor does either half of a split job."""
+    lasts (segment_lane.py); the bytes are the same as blocking. A plane made with
+    $KVPOOL_SEGMENT_LANE_SPIN_US=0 never spins (the variable unset again later), nor does either
+    half of a split job."""
     src = np.random.default_rng(11).integers(0, 256, 1 << 20, dtype=np.uint8)
     dst = np.zeros_like(src)
     sizes = [4096 + 7 * i for i in range(60)]
@@ -567,11 +568,10 @@ def test_a_whole_job_spins_and_every_byte_is_right_a_lane_without_spin_and_halve
     spun.clear()
     monkeypatch.setenv(sl.SPIN_ENV, "0")
     dst[:] = 0
-    with _plane(src, dst, path="lane") as plane:
-        plane.transfer("READ", info, local_dst, remote, sizes, 5)
-        plane.lane_read_split_bytes = plane.lane_split_bytes = 64 << 10
+    with _plane(src, dst, path="lane") as plane:  # the variable is read when the plane is made
         monkeypatch.delenv(sl.SPIN_ENV)
-        plane.transfer("READ", info, local_dst, remote, sizes, 5)  # a route already made keeps its lane
+        plane.transfer("READ", info, local_dst, remote, sizes, 5)
+        assert plane.lane_spin_s == 0
     assert not spun
     assert np.array_equal(src[: sum(sizes)], dst[: sum(sizes)])
 
@@ -584,10 +584,10 @@ def test_a_whole_job_spins_and_every_byte_is_right_a_lane_without_spin_and_halve
     assert not spun
 
 
-def test_a_job_past_its_spin_blocks_and_a_lane_whose_jobs_come_late_stops_spinning():
-    """A peer that answers a READ 60 ms late: the job spins ~1 ms (its spin), then blocks (its
+def test_a_job_past_its_spin_blocks_and_a_lane_whose_jobs_come_late_stops_spinning(monkeypatch):
+    """A peer that answers a READ 60 ms late: the job spins (5 ms, its spin), then blocks (its
     thread's CPU time stays far below the wait) and gets the right bytes; after a few such jobs
-    the lane's policy no longer spins at all (spin.py), and a quick job brings it back in time."""
+    the lane's policy no longer spins at all (spin.py), and quick jobs bring it back."""
     import time
 
     from kvpool.transfer.spin import SpinPolicy
@@ -610,31 +610,38 @@ def test_a_job_past_its_spin_blocks_and_a_lane_whose_jobs_come_late_stops_spinni
                 peer.sendall(sl._REPLY.pack(0, len(payload)) + payload)
 
     threading.Thread(target=serve, daemon=True).start()
-    policy = SpinPolicy(0.001)
+    spun = _count_spins(monkeypatch)
+    policy = SpinPolicy(0.005)
     out = np.zeros(4096, dtype=np.uint8)
+    conn = sl.LaneConnection(f"127.0.0.1:{server.getsockname()[1]}")
     try:
-        conn = sl.LaneConnection(f"127.0.0.1:{server.getsockname()[1]}")
-        for _ in range(6):
-            assert policy.spins or _ > 0
+        for job in range(7):
+            before = len(spun)
             out[:] = 0
             cpu, wall = time.thread_time(), time.monotonic()
             conn.transfer("READ", [out.ctypes.data], [0], [4096], time.monotonic() + 5, spin=policy)
             cpu, wall = time.thread_time() - cpu, time.monotonic() - wall
             assert out.tobytes() == payload
-            assert wall >= 0.05 and cpu < 0.03, (wall, cpu)  # blocked through most of the wait
-        assert not policy.spins  # six late jobs: the spin is off
+            assert wall >= 0.05 and cpu < 0.04, (wall, cpu)  # blocked through most of the wait
+            if job == 0:
+                assert len(spun) > before  # a new lane spins first
+            if job == 6:
+                assert not policy.spins and len(spun) == before  # six late jobs: the spin is off
         delay_s[0] = 0.0
-        for _ in range(20):
+        for _ in range(200):  # quick answers: spinning again
             conn.transfer("READ", [out.ctypes.data], [0], [4096], time.monotonic() + 5, spin=policy)
-        assert policy.spins and out.tobytes() == payload  # quick answers: spinning again
-        conn.close()
+            if policy.spins:
+                break
+        assert policy.spins and out.tobytes() == payload
     finally:
+        conn.close()
         server.close()
 
 
-def test_the_spin_variable_is_checked(monkeypatch):
+def test_the_spin_variable_is_checked_when_a_plane_is_made(monkeypatch):
     monkeypatch.setenv(sl.SPIN_ENV, "fast")
     with pytest.raises(ValueError, match="KVPOOL_SEGMENT_LANE_SPIN_US"):
-        sl.SegmentLane("127.0.0.1:1")
+        DataPlane()
     monkeypatch.setenv(sl.SPIN_ENV, "50")
-    assert sl.SegmentLane("127.0.0.1:1").spin.spin_s == pytest.approx(50e-6)
+    with DataPlane() as plane:
+        assert plane.lane_spin_s == pytest.approx(50e-6)

@@ -53,7 +53,7 @@ from kvpool.core.errors import TransferError, UsageError
 from kvpool.core.protocol import SegmentInfo
 from kvpool.transfer.hostinfo import host_id
 from kvpool.transfer.lane_halves import run_on_lane
-from kvpool.transfer.segment_lane import SegmentLane, rdma_available
+from kvpool.transfer.segment_lane import SegmentLane, lane_spin_s, rdma_available
 from kvpool.transfer.shm import PeerMapping
 
 PATHS = ("auto", "nixl", "shm", "lane")
@@ -135,6 +135,7 @@ class DataPlane:
         except ValueError:
             raise ValueError(f"${LANE_SPLIT_BYTES_ENV} must be a number of bytes, got "
                              f"{os.environ[LANE_SPLIT_BYTES_ENV]!r}") from None
+        self.lane_spin_s = lane_spin_s()  # how long a whole lane job spins beyond its bytes' share
         # scatter-gather jobs (many small regions) cost UCX per region: without RDMA they take the lane
         self.lane_region_bytes = TCP_LANE_REGION_BYTES if lane_max_bytes and not rdma_available() else 0
         self.jobs_by_path = {"shm": 0, "nixl": 0, "lane": 0}  # jobs run, for benchmarks and tests
@@ -238,7 +239,8 @@ class DataPlane:
                     why_not_shm = f"cannot map {segment.shm_path}: {e}"
         if self.path == "shm":
             raise TransferError(f"segment {segment.segment_id} of node {segment.node_id}: {why_not_shm}")
-        lane = SegmentLane(segment.lane_address) if segment.lane_address and self.path != "nixl" else None
+        lane = SegmentLane(segment.lane_address, spin_s=self.lane_spin_s) \
+            if segment.lane_address and self.path != "nixl" else None
         if self.path == "lane":
             if lane is None:
                 raise TransferError(f"segment {segment.segment_id} of node {segment.node_id} serves no segment lane")

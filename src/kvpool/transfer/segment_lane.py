@@ -38,11 +38,13 @@ Rules:
   only once the node has closed its end of that connection; until then the range is quarantined.
 - A job run whole on the caller's thread (not in halves) spins: its sends and receives are
   non-blocking (the CPU yielded between tries) until 1 ns per byte plus `spin_s` (200 us;
-  $KVPOOL_SEGMENT_LANE_SPIN_US, 0: never) have passed since it began, then block. A blocked
+  $KVPOOL_SEGMENT_LANE_SPIN_US, read when a DataPlane is made; 0: never) have passed since it
+  began, not counting its connect and callbacks (a read's page faulting, a write's hash), then
+  block. A blocked
   receive sleeps until the node's bytes arrive and a blocked send until the node has read, and
   each wake-up of a halted vCPU costs a VM ~30 us, several per MiB; spinning, the bytes are
-  taken as they come. Across harness hosts, fresh readers' 1 MiB plain gets 1.15x faster (in
-  each of 5 processes), 256 KiB 1.03x, puts 1.04-1.09x (benchmarks/results/peers/ab_segment_lane_spin.txt).
+  taken as they come. Across harness hosts, fresh readers' 1 MiB plain gets 1.17x faster (in
+  each of 5 processes), 256 KiB 1.08x, puts 1.08-1.10x (benchmarks/results/peers/ab_segment_lane_spin.txt).
   The node's side spinning too gained nothing (ab_segment_lane_spin_node_side.txt): not done. As the master's lane (spin.py),
   a lane spins only while most recent jobs ended within their spin: where they do not (more
   runnable processes than CPUs) every spin would be lost CPU. Halves never spin: two threads
@@ -70,6 +72,11 @@ log = logging.getLogger(__name__)
 SPIN_ENV = "KVPOOL_SEGMENT_LANE_SPIN_US"
 DEFAULT_SPIN_US = 200.0
 _SPIN_S_PER_BYTE = 1e-9  # a job's spin also covers its bytes at 1 GB/s
+
+
+def lane_spin_s() -> float:
+    """$KVPOOL_SEGMENT_LANE_SPIN_US as seconds (unset: 200 us; 0: never); ValueError naming it if bad."""
+    return spin_from_env(SPIN_ENV, DEFAULT_SPIN_US)
 
 
 MAGIC = b"KVSL"
@@ -237,10 +244,12 @@ class SegmentLane:
     """A client's connections to one segment's lane: up to `max_connections`, each used by one
     thread at a time and connected on first use."""
 
-    def __init__(self, address: str, max_connections: int = 4, spin_s: float | None = None) -> None:
-        """`spin_s`: how long beyond 1 ns per byte a whole job spins (None: $KVPOOL_SEGMENT_LANE_SPIN_US)."""
+    def __init__(self, address: str, max_connections: int = 4, spin_s: float = DEFAULT_SPIN_US * 1e-6) -> None:
+        """`spin_s`: how long beyond 1 ns per byte a whole job spins (0: never; DataPlane passes
+        lane_spin_s(), read once when it is made). The policy is shared by the lane's connections:
+        two threads recording at once may lose a sample, which only delays its verdict."""
         self.address = address
-        self.spin = SpinPolicy(spin_from_env(SPIN_ENV, DEFAULT_SPIN_US) if spin_s is None else spin_s)
+        self.spin = SpinPolicy(spin_s)
         self._max = max_connections
         self._open = 0  # connections made and not closed, idle or in use
         self._idle: list[LaneConnection] = []
@@ -306,11 +315,11 @@ class LaneConnection:
         reply is awaited (it must not raise: the request is then still unanswered). `spin`: the
         lane's policy, for a job that may spin (see the module rules)."""
         began = time.monotonic()
-        expected_s = sum(sizes) * _SPIN_S_PER_BYTE
-        spin_until = min(deadline_s, began + spin.spin_s + expected_s) if spin is not None and spin.spins else 0.0
+        spin_s = spin.spin_s if spin is not None and spin.spins else None
+        aside = 0.0  # seconds of the job spent connecting and in the callbacks, not moving bytes
         try:
             for addrs, offsets, lengths in _requests(local_addrs, remote_offsets, sizes):
-                self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s, before_landing, sent, spin_until)
+                aside += self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s, before_landing, sent, spin_s)
         except TransferError:  # refused, or a wrong answer: the node has stopped reading this request
             self._close()
             raise
@@ -319,8 +328,8 @@ class LaneConnection:
                                 in_flight=self._give_up(op)) from None
         except OSError as e:
             raise TransferError(f"segment lane {self.address}: {op} failed: {e}", in_flight=self._give_up(op)) from None
-        if spin is not None:  # how long beyond its bytes' share the job took, spinning or blocked
-            spin.record(time.monotonic() - began - expected_s)
+        if spin is not None:  # how long beyond its bytes' share the job's I/O took, spinning or blocked
+            spin.record(time.monotonic() - began - aside - sum(sizes) * _SPIN_S_PER_BYTE)
 
     def _give_up(self, op: str) -> StuckTransfer | None:
         """Drop the connection after a failed job. A READ lands only through our own receives, so
@@ -341,8 +350,11 @@ class LaneConnection:
         return stuck
 
     def _transfer(self, op: int, local_addrs, remote_offsets, sizes, deadline_s: float, before_landing=None,
-                  sent=None, spin_until: float = 0.0) -> None:
-        remaining = deadline_s - time.monotonic()
+                  sent=None, spin_s: float | None = None) -> float:
+        """One request; returns the seconds it spent connecting and in `sent` / `before_landing`.
+        `spin_s`: its sends and receives spin for that plus 1 ns per byte, not counting those."""
+        started = time.monotonic()
+        remaining = deadline_s - started
         if remaining <= 0:
             raise TimeoutError
         sock = self._sock
@@ -352,7 +364,10 @@ class LaneConnection:
             self._timeouts = KernelTimeouts(sock)
             self._sock = sock
         timeouts = self._timeouts
-        timeouts.arm(remaining)
+        now = time.monotonic()
+        aside = now - started
+        timeouts.arm(deadline_s - now)
+        spin_until = min(deadline_s, now + spin_s + sum(sizes) * _SPIN_S_PER_BYTE) if spin_s is not None else 0.0
         count = len(sizes)
         request = bytearray(_HEAD.size + count * _REGION.size)
         _HEAD.pack_into(request, 0, MAGIC, op, count)
@@ -363,13 +378,16 @@ class LaneConnection:
         if op == WRITE:
             _send_all(sock, [memoryview(request)] + views, timeouts, deadline_s, spin_until)
             if sent is not None:  # while the node receives
-                sent()
+                took = _timed(sent)
+                aside += took
+                spin_until = min(deadline_s, spin_until + took) if spin_until else 0.0
             _recv_all(sock, [memoryview(reply)], 0, timeouts=timeouts, deadline_s=deadline_s, spin_until=spin_until)
         else:
             _send_all(sock, [memoryview(request)], timeouts, deadline_s, spin_until)
             if before_landing is not None:  # while the node sends
-                for addr, size in zip(local_addrs, sizes):
-                    before_landing(addr, size)
+                took = _timed(lambda: [before_landing(addr, size) for addr, size in zip(local_addrs, sizes)])
+                aside += took
+                spin_until = min(deadline_s, spin_until + took) if spin_until else 0.0
             # the reply's head and bytes in as few receives as the kernel allows (one, when small); on
             # a refusal the reason lands in the caller's memory, which a failed read leaves undefined
             received = _recv_all(sock, [memoryview(reply), *views], _REPLY.size, timeouts=timeouts,
@@ -386,6 +404,7 @@ class LaneConnection:
         expected = sum(sizes) if op == READ else 0
         if length != expected:
             raise TransferError(f"segment lane {self.address} answered {length} bytes, expected {expected}")
+        return aside
 
     def _close(self) -> None:
         if self._sock is not None:
@@ -501,6 +520,13 @@ def _send_all(sock: socket.socket, buffers: list[memoryview], timeouts: KernelTi
             i += 1
         if sent:
             buffers[i] = buffers[i][sent:]
+
+
+def _timed(fn) -> float:
+    """Seconds `fn()` took."""
+    started = time.monotonic()
+    fn()
+    return time.monotonic() - started
 
 
 def _spin_flags(spin_until: float) -> tuple[int, float]:
