@@ -24,8 +24,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from kvpool.bench import hosts, procs  # noqa: E402
-from servers import HOSTS, PEERS, emit, median_range, run_script  # noqa: E402
+from kvpool.bench import hosts  # noqa: E402
+from servers import HOSTS, PEERS, client_script, emit, median_range, run_script  # noqa: E402
 
 SIZES_KIB = (64, 256, 1024, 4096)
 STORAGE = 1 << 30
@@ -87,12 +87,7 @@ def main() -> None:
     ap.add_argument("--spin-us", type=float, default=200.0, help="the clients' spin beyond 1 ns per byte (default 200)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    why = hosts.why_unavailable()
-    if why is not None:
-        raise SystemExit(f"the multi-host harness cannot run here: {why}")
-    workdir = procs.scratch_dir("kvpool-ab-segment-lane-spin-")
-    script = workdir / "ab_segment_lane_spin_client.py"
-    script.write_text(CLIENT)
+    workdir, script = client_script("ab_segment_lane_spin", CLIENT)
     lines = [f"load average {os.getloadavg()[0]:.1f} at start; {args.processes} client processes, {args.rounds} "
              f"measured rounds per size: each pair (ABBA) puts 16 values, then its fresh reader gets them; "
              f"spin {args.spin_us:.0f} us + 1 ns per byte", ""]

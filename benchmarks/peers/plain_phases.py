@@ -25,8 +25,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from kvpool.bench import hosts, procs  # noqa: E402
-from servers import HOSTS, PEERS, emit, run_script  # noqa: E402
+from kvpool.bench import hosts  # noqa: E402
+from servers import HOSTS, PEERS, client_script, emit, run_script  # noqa: E402
 
 CLIENT = r'''
 import collections, json, sys, time
@@ -107,14 +107,9 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=192, help="values put and got per pass, a multiple of 16 (default 192)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    why = hosts.why_unavailable()
-    if why is not None:
-        raise SystemExit(f"the multi-host harness cannot run here: {why}")
     import numpy as np
 
-    workdir = procs.scratch_dir("kvpool-plain-phases-")
-    script = workdir / "plain_phases_client.py"
-    script.write_text(CLIENT)
+    workdir, script = client_script("plain_phases", CLIENT)
     with hosts.HostNetwork(HOSTS) as net:
         running = PEERS["kvpool-nixl"].start(net, workdir, 1024 << 20, sys.executable)
         try:

@@ -267,6 +267,18 @@ PEERS: dict[str, Peer] = {
 }
 
 
+def client_script(name: str, code: str) -> tuple[Path, Path]:
+    """(a fresh work dir, `code` written there as `name`_client.py) for a script that runs its own
+    client code on the harness's hosts; exits with the reason where the harness cannot run."""
+    why = hosts.why_unavailable()
+    if why is not None:
+        raise SystemExit(f"the multi-host harness cannot run here: {why}")
+    workdir = procs.scratch_dir(f"kvpool-{name.replace('_', '-')}-")
+    script = workdir / f"{name}_client.py"
+    script.write_text(code)
+    return workdir, script
+
+
 def median_range(values: list[float], digits: int = 3) -> str:
     """`median [min - max]`, how the A/B scripts report per-round ratios."""
     return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f} - {max(values):.{digits}f}]"
