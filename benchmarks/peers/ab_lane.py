@@ -19,7 +19,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from kvpool.bench import hosts, procs

@@ -11,7 +11,7 @@ no spinning and up to 2 ms between polls), fastpoll (no thread, at most 50 us be
 to 2 / 4 ms instead of 1 ms). The put figure is the process's first put (NIXL start-up
 included), not a bandwidth.
 """
-import sys, os, json, subprocess, time
+import sys, os, json, subprocess
 from kvpool.bench import hosts, procs
 CODE = r'''
 import numpy as np, time, json, sys

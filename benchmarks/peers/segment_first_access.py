@@ -26,7 +26,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 GiB, MiB = 1 << 30, 1 << 20

@@ -2,8 +2,6 @@
 the allocation its token names (late, duplicate and wrong ends are refused and change nothing),
 and a revoked write that may still land keeps its space until its writer or the time limit ends it."""
 
-import pytest
-
 from kvpool.core import protocol as p
 from kvpool.master import MasterConfig, MasterCore
 

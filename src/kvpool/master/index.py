@@ -68,7 +68,7 @@ from kvpool.core.protocol import (
     pack_replicas,
 )
 from kvpool.master.config import MasterConfig
-from kvpool.master.eviction import (COMPLETE, DEAD, DRAINING, IN_HEAP, LANDING, NO_CHECKSUM, PINNED,
+from kvpool.master.eviction import (COMPLETE, DEAD, DRAINING, IN_HEAP, LANDING, PINNED,
                                      PUT_EVICTION_FACTOR, Evictor, ObjectRecord)
 from kvpool.master.ids import IdSource
 from kvpool.master.placement import why_nowhere

@@ -28,7 +28,7 @@ from kvpool.sim.config import FleetConfig
 from kvpool.sim.cost import StepCost
 from kvpool.sim.instance import Instance
 from kvpool.sim.pool import PoolModel
-from kvpool.sim.request import RUNNING, TRANSFERRING, Request, SessionState
+from kvpool.sim.request import TRANSFERRING, Request, SessionState
 from kvpool.workload.analysis import PrefixCache, _common_prefix
 from kvpool.workload.model import Session
 
