@@ -200,6 +200,31 @@ def test_a_flipped_byte_is_found_by_the_checksum_taken_during_a_large_scattered_
         assert client._metrics.checksum_mismatches._value.get() == mismatches + 1
 
 
+@pytest.mark.parametrize("path", ["shm", "lane"])
+def test_a_small_batch_hashed_while_its_put_start_travels_records_each_written_objects_own_checksum(
+        make_pool, monkeypatch, path):
+    """A put batch of at most 1 MiB is checksummed whole while its PutStart travels (puts.py); the
+    master then allocates only some of it (the middle key exists): each written object must carry
+    its own checksum, not its neighbour's, or a fresh reader's get would be a miss. Hashed before
+    the answer: `_checksums` is not called again after it."""
+    from kvpool.client import puts
+
+    pool = make_pool(num_nodes=1, node_memory="64MiB")
+    keys, size = chain_keys(f"early-sums-{path}", 3), 128 * KiB
+    assert 3 * size <= puts.EARLY_CHECKSUM_BYTES
+    buf = np.concatenate([pattern(k, size) for k in keys])
+    addrs = [[buf.ctypes.data + i * size] for i in range(3)]
+    with Client(pool.address, path=path) as client:
+        client.register(buf)
+        assert client.put_from([keys[1]], [addrs[1]], [[size]]) == [PUT_ALLOCATED]
+        hashed = []
+        real = Client._checksums
+        monkeypatch.setattr(Client, "_checksums", lambda self, a, z: hashed.append(len(a)) or real(self, a, z))
+        assert client.put_from(keys, addrs, [[size]] * 3) == [PUT_ALLOCATED, p.PUT_EXISTS, PUT_ALLOCATED]
+        assert hashed == [3]  # the whole batch, once, before the master answered
+    assert _read_back(pool.address, keys, size) == (3, 0)
+
+
 def test_a_large_same_host_put_checksums_each_object_during_its_copy(make_pool, monkeypatch):
     """A same-host put of 8 MiB or more checksums each object right after copying it (from the
     CPU's caches), not on another thread beside the copy: 24 scattered objects of 16 x 64 KiB

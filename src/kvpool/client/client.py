@@ -14,7 +14,8 @@ Rules:
   one-way PutLanded after it makes the objects readable (landing.py): the end's round trip is
   hidden behind the write; failed writes are revoked the same way.
 - Checksums (client/checksum.py): the writer sends one per object with PutEnd (a put of one
-  object computes it while its PutStart travels: the channel's `meanwhile`); a reader verifies
+  object, or of a batch of at most 1 MiB, computes them while its PutStart travels: the
+  channel's `meanwhile`); a reader verifies
   every hit against the one its lookup returned before counting it, and a mismatch ends the hits
   there (a miss, a metric and a log line). `checksums=False` neither sends nor verifies.
 - Get: the lease clock starts BEFORE the lookup is sent (t0), so the client's deadline t0 + ttl

@@ -65,6 +65,10 @@ class _Early:
         return value
 
 
+# a put batch this small is checksummed whole while its PutStart travels, allocated or not: an
+# agent's new tail of 2 x 256 KiB put 1.09x faster on one host, 1.065x across hosts; a batch of
+# keys that all exist wastes at most this much hashing (fixes.md 37)
+EARLY_CHECKSUM_BYTES = 1 << 20
 # a put batch this large is checksummed on another thread while it is written (fixes.md 26)
 CHECKSUM_BESIDE_WRITE_BYTES = 4 << 20
 _checksum_pool: futures.ThreadPoolExecutor | None = None
@@ -140,9 +144,11 @@ class Puts:
             self._check_registered(addrs, sizes)
         totals = [sum(s) for s in sizes]
         tenant = self.config.tenant
-        # one object: checksummed while PutStart travels (a batch checksums only what is
-        # allocated, after: most of a prefix chain usually exists already)
-        early = _Early(self._checksums, addrs, sizes) if len(keys) == 1 else None
+        # one object, or a batch of at most EARLY_CHECKSUM_BYTES (an agent's new tail): checksummed
+        # while PutStart travels; a larger batch checksums only what is allocated, after (most of a
+        # prefix chain usually exists already)
+        early = _Early(self._checksums, addrs, sizes) \
+            if len(keys) == 1 or sum(totals) <= EARLY_CHECKSUM_BYTES else None
         t0 = time.monotonic()  # before sending: our deadline is never later than the master's reclaim
         reply = self._call(
             protocol.PutStart(tenant, list(keys), totals, list(parents), self.config.num_replicas, bool(pinned)),
@@ -161,7 +167,8 @@ class Puts:
             beside = None  # a large batch's checksums, computed on another thread while it is written
             during = None  # or, copied on this host, each object's right after its copy (memcopy.copy_objects)
             if early is not None:
-                checksums = early.result() if allocated else []
+                every = early.result() if allocated else []
+                checksums = [every[i] for i in allocated]
             elif self.config.checksums and sum(totals[i] for i in allocated) >= CHECKSUM_BESIDE_WRITE_BYTES:
                 if self._checksummed_during_copy(choices, [addrs[i] for i in allocated], totals):
                     during = {}
