@@ -56,10 +56,9 @@ class KvpoolAdapter:
         from kvpool.transfer import DataPlane
 
         path = spec.get("path", "auto")
-        if "lane_spin_us" in spec:  # how long a lane call spins for its reply (A/B for the spin)
-            os.environ["KVPOOL_LANE_SPIN_US"] = str(spec["lane_spin_us"])
-        if "segment_lane_spin_us" in spec:  # how long a segment lane job spins (A/B for it)
-            os.environ["KVPOOL_SEGMENT_LANE_SPIN_US"] = str(spec["segment_lane_spin_us"])
+        for option in ("lane_spin_us", "segment_lane_spin_us"):  # master calls' and lane jobs' spins (A/Bs)
+            if option in spec:
+                os.environ[f"KVPOOL_{option.upper()}"] = str(spec[option])
         self.plane = None
         if "nixl_progress_thread" in spec:  # a variant of the data plane (before/after a fix)
             self.plane = DataPlane(path=path, nixl_progress_thread=spec["nixl_progress_thread"])

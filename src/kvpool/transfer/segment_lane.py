@@ -40,15 +40,14 @@ Rules:
   non-blocking (the CPU yielded between tries) until 1 ns per byte plus `spin_s` (200 us;
   $KVPOOL_SEGMENT_LANE_SPIN_US, read when a DataPlane is made; 0: never) have passed since it
   began, not counting its connect and callbacks (a read's page faulting, a write's hash), then
-  block. A blocked
-  receive sleeps until the node's bytes arrive and a blocked send until the node has read, and
-  each wake-up of a halted vCPU costs a VM ~30 us, several per MiB; spinning, the bytes are
-  taken as they come. Across harness hosts, fresh readers' 1 MiB plain gets 1.17x faster (in
-  each of 5 processes), 256 KiB 1.08x, puts 1.08-1.10x (benchmarks/results/peers/ab_segment_lane_spin.txt).
-  The node's side spinning too gained nothing (ab_segment_lane_spin_node_side.txt): not done. As the master's lane (spin.py),
-  a lane spins only while most recent jobs ended within their spin: where they do not (more
-  runnable processes than CPUs) every spin would be lost CPU. Halves never spin: two threads
-  spinning for one GIL.
+  block. A blocked receive sleeps until the node's bytes arrive and a blocked send until the node
+  has read, and each wake-up of a halted vCPU costs a VM ~30 us, several per MiB; spinning, the
+  bytes are taken as they come. Across harness hosts, fresh readers' 1 MiB plain gets 1.17x
+  faster (in each of 5 processes), 256 KiB 1.08x, puts 1.08-1.10x
+  (benchmarks/results/peers/ab_segment_lane_spin.txt); the node's side spinning too gained
+  nothing (ab_segment_lane_spin_node_side.txt). As the master's lane (spin.py), a lane spins only
+  while most recent jobs ended within their spin: where they do not (more runnable processes
+  than CPUs) every spin would be lost CPU. Halves never spin: two threads spinning for one GIL.
 """
 
 from __future__ import annotations
@@ -378,16 +377,14 @@ class LaneConnection:
         if op == WRITE:
             _send_all(sock, [memoryview(request)] + views, timeouts, deadline_s, spin_until)
             if sent is not None:  # while the node receives
-                took = _timed(sent)
+                took, spin_until = _aside(spin_until, deadline_s, sent)
                 aside += took
-                spin_until = min(deadline_s, spin_until + took) if spin_until else 0.0
             _recv_all(sock, [memoryview(reply)], 0, timeouts=timeouts, deadline_s=deadline_s, spin_until=spin_until)
         else:
             _send_all(sock, [memoryview(request)], timeouts, deadline_s, spin_until)
             if before_landing is not None:  # while the node sends
-                took = _timed(lambda: [before_landing(addr, size) for addr, size in zip(local_addrs, sizes)])
+                took, spin_until = _aside(spin_until, deadline_s, _prepare, before_landing, local_addrs, sizes)
                 aside += took
-                spin_until = min(deadline_s, spin_until + took) if spin_until else 0.0
             # the reply's head and bytes in as few receives as the kernel allows (one, when small); on
             # a refusal the reason lands in the caller's memory, which a failed read leaves undefined
             received = _recv_all(sock, [memoryview(reply), *views], _REPLY.size, timeouts=timeouts,
@@ -469,11 +466,7 @@ def _recv_all(sock: socket.socket, buffers: list[memoryview], at_least: int, tot
     total = sum(len(b) for b in buffers) if total is None else total
     got, i, offset = 0, 0, 0  # bytes so far; the buffer being filled and how far
     while got < total:
-        flags = 0
-        if spin_until:
-            flags, spin_until = _spin_flags(spin_until)
-        if not flags and timeouts is not None:
-            timeouts.before(deadline_s)
+        flags, spin_until = _spin_flags(spin_until, timeouts, deadline_s)
         try:
             n = sock.recvmsg_into([buffers[i][offset:], *buffers[i + 1 : i + 512]], 0, flags)[0]
         except (BlockingIOError, InterruptedError):
@@ -503,11 +496,7 @@ def _send_all(sock: socket.socket, buffers: list[memoryview], timeouts: KernelTi
     sends (the CPU yielded between them) until the monotonic `spin_until`, if given."""
     i = 0
     while i < len(buffers):
-        flags = 0
-        if spin_until:
-            flags, spin_until = _spin_flags(spin_until)
-        if not flags and timeouts is not None:
-            timeouts.before(deadline_s)
+        flags, spin_until = _spin_flags(spin_until, timeouts, deadline_s)
         try:
             sent = sock.sendmsg(buffers[i : i + 512], (), flags)
         except (BlockingIOError, InterruptedError):
@@ -522,15 +511,24 @@ def _send_all(sock: socket.socket, buffers: list[memoryview], timeouts: KernelTi
             buffers[i] = buffers[i][sent:]
 
 
-def _timed(fn) -> float:
-    """Seconds `fn()` took."""
+def _aside(spin_until: float, deadline_s: float, fn, *args) -> tuple[float, float]:
+    """Run `fn(*args)`, work beside the job's I/O: (seconds it took, the spin's end moved that much later)."""
     started = time.monotonic()
-    fn()
-    return time.monotonic() - started
+    fn(*args)
+    took = time.monotonic() - started
+    return took, (min(deadline_s, spin_until + took) if spin_until else 0.0)
 
 
-def _spin_flags(spin_until: float) -> tuple[int, float]:
-    """(MSG_DONTWAIT, spin_until) while the spin lasts, then (0, 0.0): block from now on."""
-    if time.monotonic() < spin_until:
+def _prepare(before_landing, local_addrs, sizes) -> None:
+    for addr, size in zip(local_addrs, sizes):
+        before_landing(addr, size)
+
+
+def _spin_flags(spin_until: float, timeouts: KernelTimeouts | None, deadline_s: float) -> tuple[int, float]:
+    """The next send's or receive's flags and what is left of the spin: (MSG_DONTWAIT, spin_until)
+    while the spin lasts, then (0, 0.0), a blocking call whose kernel timeout ends at `deadline_s`."""
+    if spin_until and time.monotonic() < spin_until:
         return socket.MSG_DONTWAIT, spin_until
+    if timeouts is not None:
+        timeouts.before(deadline_s)
     return 0, 0.0
