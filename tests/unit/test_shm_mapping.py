@@ -7,6 +7,8 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvpool.transfer import shm
 
@@ -49,6 +51,41 @@ def test_client_mapping_is_populated_per_chunk_on_first_use():
             assert mapping._unpopulated is None  # every chunk mapped: later copies skip the bookkeeping
             assert np.array_equal(out[:4096], np.frombuffer(ctypes.string_at(segment.base_addr + size - 4096, 4096),
                                                             dtype=np.uint8))  # fmt: skip
+        finally:
+            mapping.close()
+    finally:
+        segment.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40 * shm._CHUNK), st.integers(0, 5 * shm._CHUNK)), min_size=1, max_size=200))
+def test_the_chunks_a_job_touches_are_each_chunk_of_each_range_found_loop_or_numpy(ranges):
+    offsets, sizes = [o for o, _ in ranges], [s for _, s in ranges]
+    expected = {chunk for o, s in ranges for chunk in range(o // shm._CHUNK, (o + max(s, 1) - 1) // shm._CHUNK + 1)}
+    found = shm._chunks_touched(offsets, sizes)
+    assert set(found) == expected
+    if len(ranges) >= shm._CHUNKS_VECTORIZED_FROM:
+        assert len(found) == len(expected)  # the numpy pass names each chunk once
+
+
+def test_a_many_region_copy_maps_only_the_chunks_its_regions_touch():
+    size = 8 * shm._CHUNK
+    segment = shm.SharedSegmentFile(size, "manyregions")
+    try:
+        assert segment.wait_populated(30.0)
+        region = 4096
+        # 128 regions (the numpy pass) in chunks 1, 3 and 6; one straddles chunks 3 and 4
+        offsets = ([shm._CHUNK + i * 2 * region for i in range(60)] + [3 * shm._CHUNK + i * region for i in range(60)]
+                   + [6 * shm._CHUNK + i * region for i in range(7)] + [4 * shm._CHUNK - region // 2])
+        assert len(offsets) >= shm._CHUNKS_VECTORIZED_FROM
+        data = np.random.default_rng(5).integers(0, 256, len(offsets) * region, dtype=np.uint8)
+        mapping = shm.PeerMapping(segment.path, size, "manyregions")
+        try:
+            base = int(data.ctypes.data)
+            mapping.copy("WRITE", [base + i * region for i in range(len(offsets))], offsets, [region] * len(offsets))
+            assert [i for i, flag in enumerate(mapping._unpopulated) if not flag] == [1, 3, 4, 6]
+            for i, offset in enumerate(offsets):
+                assert ctypes.string_at(segment.base_addr + offset, region) == data[i * region:(i + 1) * region].tobytes()
         finally:
             mapping.close()
     finally:

@@ -438,9 +438,9 @@ class DataPlane:
                 f"{len(local_addrs)}, {len(remote_offsets)}, {len(sizes)}"
             )
         try:
-            local = [operator.index(x) for x in local_addrs]
-            remote = [operator.index(x) for x in remote_offsets]
-            size = [operator.index(x) for x in sizes]
+            local = list(map(operator.index, local_addrs))
+            remote = list(map(operator.index, remote_offsets))
+            size = list(map(operator.index, sizes))
         except TypeError as e:
             raise UsageError(f"addresses, offsets and sizes must be integers: {e}") from None
         if unregistered:  # host memory of the caller's own: only the segment's bounds to check

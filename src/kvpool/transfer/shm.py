@@ -44,6 +44,7 @@ _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 _CHUNK = 2 << 20  # a client populates its mapping this much at a time
 _NODE_CHUNK = 64 << 20  # the node's background thread, per call
+_CHUNKS_VECTORIZED_FROM = 64  # ranges per copy from which the chunks they touch are found with numpy
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
@@ -54,6 +55,20 @@ def _ask_huge_pages(mm: mmap.mmap) -> None:
             mm.madvise(_MADV_HUGEPAGE)
         except OSError:
             pass  # not offered for shmem here: 4 KiB pages
+
+
+def _chunks_touched(offsets: list[int], sizes: list[int]):
+    """The _CHUNK indices the ranges touch, each once where there are many ranges (a scatter-
+    gather job's 1,024 regions: one numpy pass instead of a Python loop per region), else in order."""
+    if len(offsets) < _CHUNKS_VECTORIZED_FROM:
+        return [chunk for offset, size in zip(offsets, sizes)
+                for chunk in range(offset // _CHUNK, (offset + max(size, 1) - 1) // _CHUNK + 1)]
+    first = np.asarray(offsets, dtype=np.int64) // _CHUNK
+    last = (np.asarray(offsets, dtype=np.int64) + np.maximum(np.asarray(sizes, dtype=np.int64), 1) - 1) // _CHUNK
+    spans = last - first + 1
+    if int(spans.max()) <= 2:  # ranges of at most a chunk: their first and last chunks are all they touch
+        return np.unique(np.concatenate((first, last))).tolist()
+    return np.unique(np.repeat(first - np.cumsum(spans) + spans, spans) + np.arange(int(spans.sum()))).tolist()
 
 
 def _memfd_name(token: str) -> str:
@@ -202,14 +217,13 @@ class PeerMapping:
             todo = self._unpopulated
             if todo is None:
                 return
-            for offset, size in zip(offsets, sizes):
-                for chunk in range(offset // _CHUNK, (offset + max(size, 1) - 1) // _CHUNK + 1):
-                    if todo[chunk]:
-                        start = chunk * _CHUNK
-                        # an error (a kernel before 5.14) is no harm: page faults map the chunk instead
-                        _libc.madvise(self.base_addr + start, min(_CHUNK, self.size_bytes - start), _MADV_POPULATE_READ)
-                        todo[chunk] = 0
-                        self._left -= 1
+            for chunk in _chunks_touched(offsets, sizes):
+                if todo[chunk]:
+                    start = chunk * _CHUNK
+                    # an error (a kernel before 5.14) is no harm: page faults map the chunk instead
+                    _libc.madvise(self.base_addr + start, min(_CHUNK, self.size_bytes - start), _MADV_POPULATE_READ)
+                    todo[chunk] = 0
+                    self._left -= 1
             if not self._left:
                 self._unpopulated = None  # all mapped: copies skip this from now on
 
