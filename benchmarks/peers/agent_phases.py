@@ -1,7 +1,7 @@
 """The 4-client agent loop on one host, phase by phase, with the client's populate chunk varied (issue 14).
 
     flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/agent_phases.py \
-        [--chunks-kib 2048,256] [--rounds 3] [--loops 300] [--out FILE]
+        [--chunks-kib 2048,256] [--rounds 3] [--loops 300] [--calls] [--out FILE]
 
 Per round and chunk size (interleaved, order as given): a fresh `kvpool master` and `kvpool node`
 (1 GiB) on this host, then 4 client processes started together, each running the peers
@@ -10,6 +10,10 @@ objects; 8 sessions) `--loops` times over the same-host shared-memory path, with
 `kvpool.transfer.shm._CHUNK` (how much of the segment a client maps per first touch) set to the
 chunk size. Reported per run: loops, P50 / P99 per loop and per phase (lookup, get, put), and
 per round the ratios of the first chunk size's figures to each other's (> 1: the other is faster).
+`--calls`: also each run's calls, timed inside the processes: the clients' master round trips by
+request type, transfer rounds, checksums and segment-chunk mapping (`_populate`), and the master's
+own handling of each request type (`MasterCore.handle`, and all of a request's work in
+`MasterService._answer`), P50 / P90 / P99 in microseconds (fixes.md 38).
 """
 
 from __future__ import annotations
@@ -36,6 +40,23 @@ import clients
 import kvpool.transfer.shm as shm
 address, worker, start, loops = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 shm._CHUNK = int(sys.argv[6])
+calls = {}
+if sys.argv[7] == "1":  # --calls: the client's steps timed (by request type for master round trips)
+    from kvpool.client import Client
+    def timed(owner, name, label):
+        inner = getattr(owner, name)
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                calls.setdefault(label(args), []).append(time.perf_counter() - t)
+        setattr(owner, name, wrapper)
+    timed(Client, "_call", lambda a: "client: " + type(a[1]).__name__)
+    timed(Client, "_run_round", lambda a: f"client: transfer round {a[1]}")
+    timed(Client, "_checksums", lambda a: "client: put checksums")
+    timed(Client, "_verified", lambda a: "client: get checksums")
+    timed(shm.PeerMapping, "_populate", lambda a: "client: segment chunks mapped (_populate)")
 store = clients.KvpoolAdapter({"master": address, "tenant": "peers"})
 chunk, prefix, tail, sessions = 256 << 10, 8, 2, 8
 slots = prefix + tail
@@ -62,20 +83,46 @@ for n in range(loops):
         raise SystemExit("bytes differ")
 store.remove(written)
 store.close()
-print(json.dumps(rows))
+print(json.dumps({"rows": rows, "calls": calls}))
+'''
+
+# `kvpool master` with its request handling timed per request type, written as JSON at exit (--calls)
+TIMED_MASTER = r'''
+import atexit, json, sys, time
+from kvpool.master import core, service
+out, times = sys.argv[1], {}
+def timed(owner, name, label):
+    inner = getattr(owner, name)
+    def wrapper(self, *args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return inner(self, *args, **kwargs)
+        finally:
+            times.setdefault(label(args), []).append(time.perf_counter() - t)
+    setattr(owner, name, wrapper)
+timed(core.MasterCore, "handle", lambda a: "master: " + type(a[0]).__name__)
+timed(service.MasterService, "_answer", lambda a: "master: any request, all its work (_answer)")
+atexit.register(lambda: open(out, "w").write(json.dumps(times)))
+sys.argv = ["kvpool", *sys.argv[2:]]
+from kvpool.cli import main
+main()
 '''
 
 
-def one_run(chunk_bytes: int, loops: int, workdir: Path) -> dict:
-    master = procs.ManagedProcess("master", procs.kvpool_argv("master", "--insecure", "--port", "0", "--lease-ttl-s", "2"),
-                                  workdir).start(30)
+def one_run(chunk_bytes: int, loops: int, workdir: Path, calls: bool = False) -> dict:
+    master_times = workdir / "master_times.json"
+    master_times.unlink(missing_ok=True)
+    argv = ["master", "--insecure", "--port", "0", "--lease-ttl-s", "2"]
+    argv = [sys.executable, "-c", TIMED_MASTER, str(master_times), *argv] if calls else procs.kvpool_argv(*argv)
+    master = procs.ManagedProcess("master", argv, workdir).start(30)
     node = None
     try:
         node = procs.ManagedProcess("node", procs.kvpool_argv("node", "--master", master.info["address"], "--memory",
                                                               "1GiB"), workdir).start(60)
         start = time.time() + 3.0
         workers = [subprocess.Popen([sys.executable, "-c", CLIENT, master.info["address"], str(w), str(start), str(loops),
-                                     str(HERE), str(chunk_bytes)], stdout=subprocess.PIPE, text=True) for w in range(4)]
+                                     str(HERE), str(chunk_bytes), "1" if calls else "0"], stdout=subprocess.PIPE, text=True)
+                   for w in range(4)]
         outs = [w.communicate(timeout=600)[0] for w in workers]
         if any(w.returncode for w in workers):
             raise RuntimeError("a client failed")
@@ -83,12 +130,20 @@ def one_run(chunk_bytes: int, loops: int, workdir: Path) -> dict:
         if node is not None:
             node.stop()
         master.stop()
-    rows = np.array([r for out in outs for r in json.loads(out)]) * 1e3
+    loaded = [json.loads(out) for out in outs]
+    rows = np.array([r for o in loaded for r in o["rows"]]) * 1e3
     loop = rows.sum(1)
     result = {"loops": len(rows), "p50_ms": float(np.percentile(loop, 50)), "p99_ms": float(np.percentile(loop, 99))}
     for j, phase in enumerate(("lookup", "get", "put")):
         result[f"{phase}_p50_ms"] = float(np.percentile(rows[:, j], 50))
         result[f"{phase}_p99_ms"] = float(np.percentile(rows[:, j], 99))
+    if calls:
+        timed: dict[str, list[float]] = json.loads(master_times.read_text()) if master_times.exists() else {}
+        for o in loaded:
+            for name, samples in o["calls"].items():
+                timed.setdefault(name, []).extend(samples)
+        result["calls_us"] = {name: [len(v), *(round(float(np.percentile(np.array(v) * 1e6, q)), 1) for q in (50, 90, 99))]
+                              for name, v in sorted(timed.items())}
     return result
 
 
@@ -97,15 +152,22 @@ def main() -> None:
     ap.add_argument("--chunks-kib", default="2048,256", help="client populate chunk sizes, KiB (default 2048,256)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--loops", type=int, default=300, help="loops per client (default 300)")
+    ap.add_argument("--calls", action="store_true", help="also time the calls inside clients and master (see above)")
     ap.add_argument("--out", type=Path, default=None, help="write the runs and the summary here")
     args = ap.parse_args()
     chunks = [int(c) << 10 for c in args.chunks_kib.split(",")]
     runs: dict[int, list[dict]] = {c: [] for c in chunks}
+    call_lines: list[str] = []  # --calls
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for c in chunks:
-                runs[c].append(one_run(c, args.loops, Path(tmp)))
+                runs[c].append(one_run(c, args.loops, Path(tmp), args.calls))
+                timed = runs[c][-1].pop("calls_us", {})
                 print(r, f"chunk {c >> 10} KiB", json.dumps({k: round(v, 3) for k, v in runs[c][-1].items()}), flush=True)
+                for name, (n, p50, p90, p99) in timed.items():
+                    call_lines.append(f"round {r}, chunk {c >> 10} KiB, {name}: {n} calls, P50 {p50} us, P90 {p90} us, "
+                                      f"P99 {p99} us")
+                    print("    " + call_lines[-1], flush=True)
     first = chunks[0]
     lines = [f"4 clients, agent loop on one host, {args.rounds} rounds x {args.loops} loops per client; load average "
              f"{os.getloadavg()[0]:.1f} at the end", "",
@@ -120,7 +182,8 @@ def main() -> None:
         lines.append(f"| {metric} | " + " | ".join(cells) + " |")
     print("\n".join(lines))
     if args.out:
-        args.out.write_text(json.dumps({str(c): v for c, v in runs.items()}, indent=1) + "\n\n" + "\n".join(lines) + "\n")
+        calls = "\n\n" + "\n".join(call_lines) if call_lines else ""
+        args.out.write_text(json.dumps({str(c): v for c, v in runs.items()}, indent=1) + "\n\n" + "\n".join(lines) + calls + "\n")
 
 
 if __name__ == "__main__":

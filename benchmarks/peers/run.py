@@ -10,8 +10,10 @@ Method (benchmarks/results/peers/method.md has the long form):
 - Each peer gets one storage process with the same memory. The benchmark starts every server
   itself and stops them at the end (also on Ctrl-C); a peer that cannot start or install is
   reported with the reason and skipped.
-- Every measurement runs in a fresh client process on the client host (never in a storage
-  process); every byte read is compared with what was written.
+- Every case runs in a fresh client process on the client host (never in a storage process),
+  so no case inherits the allocator state an earlier one left (a client process whose glibc had
+  raised its trim threshold after freeing large values took no page faults on 64 KiB results:
+  fixes.md 38); every byte read is compared with what was written.
 - Round 0 writes each store's memory once (Mooncake and Redis do not pre-fault) and is excluded.
   Then `--rounds` rounds, each running every peer once in a rotated order, so a peer's figures
   and its ratio to another come from the same minutes of a shared machine. Reported: the median
@@ -195,7 +197,9 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                                 "quick": args.quick}  # fmt: skip
                         t = time.monotonic()
                         try:
-                            out = run_client(running[name], spec) if spec["cases"] else {}
+                            out = {}
+                            for case in spec["cases"]:  # each case in a fresh process: none inherits another's
+                                out.update(run_client(running[name], {**spec, "cases": [case]}))  # (fixes.md 38)
                             if "agent" in cases:
                                 out["agent"] = run_agents(running[name], {**spec, "tag": f"r{r}"})
                             out["round"], out["elapsed_s"], out["load_avg"] = r, time.monotonic() - t, os.getloadavg()
