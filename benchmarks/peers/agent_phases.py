@@ -105,7 +105,7 @@ timed(service.MasterService, "_answer", lambda a: "master: any request, all its 
 atexit.register(lambda: open(out, "w").write(json.dumps(times)))
 sys.argv = ["kvpool", *sys.argv[2:]]
 from kvpool.cli import main
-main()
+sys.exit(main())
 '''
 
 
@@ -138,7 +138,11 @@ def one_run(chunk_bytes: int, loops: int, workdir: Path, calls: bool = False) ->
         result[f"{phase}_p50_ms"] = float(np.percentile(rows[:, j], 50))
         result[f"{phase}_p99_ms"] = float(np.percentile(rows[:, j], 99))
     if calls:
-        timed: dict[str, list[float]] = json.loads(master_times.read_text()) if master_times.exists() else {}
+        timed: dict[str, list[float]] = {}
+        if master_times.exists():
+            timed = json.loads(master_times.read_text())
+        else:
+            print("    (the master wrote no timings: it did not exit cleanly; its rows are missing)", flush=True)
         for o in loaded:
             for name, samples in o["calls"].items():
                 timed.setdefault(name, []).extend(samples)

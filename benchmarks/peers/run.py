@@ -197,9 +197,13 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                                 "quick": args.quick}  # fmt: skip
                         t = time.monotonic()
                         try:
-                            out = {}
+                            out, routes = {}, set()
                             for case in spec["cases"]:  # each case in a fresh process: none inherits another's
-                                out.update(run_client(running[name], {**spec, "cases": [case]}))  # (fixes.md 38)
+                                result = run_client(running[name], {**spec, "cases": [case]})  # (fixes.md 38)
+                                routes |= set(result.pop("route", None) or ())
+                                out.update(result)
+                            if routes:
+                                out["route"] = sorted(routes)
                             if "agent" in cases:
                                 out["agent"] = run_agents(running[name], {**spec, "tag": f"r{r}"})
                             out["round"], out["elapsed_s"], out["load_avg"] = r, time.monotonic() - t, os.getloadavg()

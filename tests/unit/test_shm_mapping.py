@@ -57,15 +57,29 @@ def test_client_mapping_is_populated_per_chunk_on_first_use():
         segment.close()
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 40 * shm._CHUNK), st.integers(0, 5 * shm._CHUNK)), min_size=1, max_size=200))
-def test_the_chunks_a_job_touches_are_each_chunk_of_each_range_found_loop_or_numpy(ranges):
-    offsets, sizes = [o for o, _ in ranges], [s for _, s in ranges]
-    expected = {chunk for o, s in ranges for chunk in range(o // shm._CHUNK, (o + max(s, 1) - 1) // shm._CHUNK + 1)}
-    found = shm._chunks_touched(offsets, sizes)
-    assert set(found) == expected
-    if len(ranges) >= shm._CHUNKS_VECTORIZED_FROM:
-        assert len(found) == len(expected)  # the numpy pass names each chunk once
+_RANGE = st.tuples(st.integers(0, 40 * shm._CHUNK),
+                   st.one_of(st.integers(0, 5 * shm._CHUNK), st.sampled_from([1, shm._CHUNK - 1, shm._CHUNK, shm._CHUNK + 1])))
+
+
+def _each_chunk_of_each_range(ranges) -> set[int]:
+    return {chunk for o, s in ranges for chunk in range(o // shm._CHUNK, (o + max(s, 1) - 1) // shm._CHUNK + 1)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_RANGE, min_size=1, max_size=shm._CHUNKS_VECTORIZED_FROM - 1))
+def test_the_chunks_a_few_ranges_touch_are_each_chunk_of_each_range(ranges):
+    found = shm._chunks_touched([o for o, _ in ranges], [s for _, s in ranges])
+    assert set(found) == _each_chunk_of_each_range(ranges)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_RANGE, min_size=shm._CHUNKS_VECTORIZED_FROM, max_size=300),
+       st.booleans())
+def test_the_chunks_many_ranges_touch_are_found_in_one_numpy_pass_each_once(ranges, within_a_chunk):
+    if within_a_chunk:  # ranges of at most a chunk: the first-and-last-chunk branch
+        ranges = [(o, min(s, shm._CHUNK)) for o, s in ranges]
+    found = shm._chunks_touched([o for o, _ in ranges], [s for _, s in ranges])
+    assert sorted(found) == sorted(_each_chunk_of_each_range(ranges))  # every chunk, each named once
 
 
 def test_a_many_region_copy_maps_only_the_chunks_its_regions_touch():

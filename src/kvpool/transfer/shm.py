@@ -63,8 +63,9 @@ def _chunks_touched(offsets: list[int], sizes: list[int]):
     if len(offsets) < _CHUNKS_VECTORIZED_FROM:
         return [chunk for offset, size in zip(offsets, sizes)
                 for chunk in range(offset // _CHUNK, (offset + max(size, 1) - 1) // _CHUNK + 1)]
-    first = np.asarray(offsets, dtype=np.int64) // _CHUNK
-    last = (np.asarray(offsets, dtype=np.int64) + np.maximum(np.asarray(sizes, dtype=np.int64), 1) - 1) // _CHUNK
+    starts = np.asarray(offsets, dtype=np.int64)
+    first = starts // _CHUNK
+    last = (starts + np.maximum(np.asarray(sizes, dtype=np.int64), 1) - 1) // _CHUNK
     spans = last - first + 1
     if int(spans.max()) <= 2:  # ranges of at most a chunk: their first and last chunks are all they touch
         return np.unique(np.concatenate((first, last))).tolist()
