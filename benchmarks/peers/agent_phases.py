@@ -42,21 +42,13 @@ address, worker, start, loops = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]
 shm._CHUNK = int(sys.argv[6])
 calls = {}
 if sys.argv[7] == "1":  # --calls: the client's steps timed (by request type for master round trips)
+    from call_timer import timed
     from kvpool.client import Client
-    def timed(owner, name, label):
-        inner = getattr(owner, name)
-        def wrapper(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                calls.setdefault(label(args), []).append(time.perf_counter() - t)
-        setattr(owner, name, wrapper)
-    timed(Client, "_call", lambda a: "client: " + type(a[1]).__name__)
-    timed(Client, "_run_round", lambda a: f"client: transfer round {a[1]}")
-    timed(Client, "_checksums", lambda a: "client: put checksums")
-    timed(Client, "_verified", lambda a: "client: get checksums")
-    timed(shm.PeerMapping, "_populate", lambda a: "client: segment chunks mapped (_populate)")
+    timed(Client, "_call", lambda a: "client: " + type(a[1]).__name__, calls)
+    timed(Client, "_run_round", lambda a: f"client: transfer round {a[1]}", calls)
+    timed(Client, "_checksums", "client: put checksums", calls)
+    timed(Client, "_verified", "client: get checksums", calls)
+    timed(shm.PeerMapping, "_populate", "client: segment chunks mapped (_populate)", calls)
 store = clients.KvpoolAdapter({"master": address, "tenant": "peers"})
 chunk, prefix, tail, sessions = 256 << 10, 8, 2, 8
 slots = prefix + tail
@@ -88,22 +80,15 @@ print(json.dumps({"rows": rows, "calls": calls}))
 
 # `kvpool master` with its request handling timed per request type, written as JSON at exit (--calls)
 TIMED_MASTER = r'''
-import atexit, json, sys, time
+import atexit, json, sys
+sys.path.insert(0, sys.argv[1])
+from call_timer import timed
 from kvpool.master import core, service
-out, times = sys.argv[1], {}
-def timed(owner, name, label):
-    inner = getattr(owner, name)
-    def wrapper(self, *args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return inner(self, *args, **kwargs)
-        finally:
-            times.setdefault(label(args), []).append(time.perf_counter() - t)
-    setattr(owner, name, wrapper)
-timed(core.MasterCore, "handle", lambda a: "master: " + type(a[0]).__name__)
-timed(service.MasterService, "_answer", lambda a: "master: any request, all its work (_answer)")
+out, times = sys.argv[2], {}
+timed(core.MasterCore, "handle", lambda a: "master: " + type(a[1]).__name__, times)
+timed(service.MasterService, "_answer", "master: any request, all its work (_answer)", times)
 atexit.register(lambda: open(out, "w").write(json.dumps(times)))
-sys.argv = ["kvpool", *sys.argv[2:]]
+sys.argv = ["kvpool", *sys.argv[3:]]
 from kvpool.cli import main
 sys.exit(main())
 '''
@@ -113,7 +98,7 @@ def one_run(chunk_bytes: int, loops: int, workdir: Path, calls: bool = False) ->
     master_times = workdir / "master_times.json"
     master_times.unlink(missing_ok=True)
     argv = ["master", "--insecure", "--port", "0", "--lease-ttl-s", "2"]
-    argv = [sys.executable, "-c", TIMED_MASTER, str(master_times), *argv] if calls else procs.kvpool_argv(*argv)
+    argv = [sys.executable, "-c", TIMED_MASTER, str(HERE), str(master_times), *argv] if calls else procs.kvpool_argv(*argv)
     master = procs.ManagedProcess("master", argv, workdir).start(30)
     node = None
     try:

@@ -36,16 +36,11 @@ from kvpool.client import Client, fresh_memory, plain_values
 phases = collections.defaultdict(list)
 stage = [""]
 
-def timed(owner, name, label=None):
-    inner = getattr(owner, name)
-    def wrapper(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            tag = label(args) if callable(label) else (label or name)
-            phases[stage[0] + tag].append(time.perf_counter() - t)
-    setattr(owner, name, wrapper)
+sys.path.insert(0, spec["here"])
+import call_timer
+
+def timed(owner, name, label=None):  # each phase's calls under the stage's prefix ("another client: ")
+    call_timer.timed(owner, name, lambda a: stage[0] + (label(a) if callable(label) else (label or name)), phases)
 
 timed(Client, "_call", lambda a: type(a[1]).__name__)
 timed(Client, "_checksums")
@@ -113,7 +108,8 @@ def main() -> None:
     with hosts.HostNetwork(HOSTS) as net:
         running = PEERS["kvpool-nixl"].start(net, workdir, 1024 << 20, sys.executable)
         try:
-            out = run_script(running, script, {**running.spec, "size": args.size_kib << 10, "count": args.count})
+            out = run_script(running, script, {**running.spec, "size": args.size_kib << 10, "count": args.count,
+                                               "here": str(HERE)})
         finally:
             running.stop()
     lines = [f"plain values of {args.size_kib} KiB across hosts, {args.count} puts and gets one at a time; "
