@@ -76,7 +76,7 @@ def test_the_chunks_a_few_ranges_touch_are_each_chunk_of_each_range(ranges):
 @given(st.lists(_RANGE, min_size=shm._CHUNKS_VECTORIZED_FROM, max_size=300),
        st.booleans())
 def test_the_chunks_many_ranges_touch_are_found_in_one_numpy_pass_each_once(ranges, within_a_chunk):
-    if within_a_chunk:  # ranges of at most a chunk: the first-and-last-chunk branch
+    if within_a_chunk:  # ranges of at most a chunk (a scatter-gather job's regions)
         ranges = [(o, min(s, shm._CHUNK)) for o, s in ranges]
     found = shm._chunks_touched([o for o, _ in ranges], [s for _, s in ranges])
     assert sorted(found) == sorted(_each_chunk_of_each_range(ranges))  # every chunk, each named once

@@ -65,10 +65,8 @@ def _chunks_touched(offsets: list[int], sizes: list[int]):
                 for chunk in range(offset // _CHUNK, (offset + max(size, 1) - 1) // _CHUNK + 1)]
     starts = np.asarray(offsets, dtype=np.int64)
     first = starts // _CHUNK
-    last = (starts + np.maximum(np.asarray(sizes, dtype=np.int64), 1) - 1) // _CHUNK
-    spans = last - first + 1
-    if int(spans.max()) <= 2:  # ranges of at most a chunk: their first and last chunks are all they touch
-        return np.unique(np.concatenate((first, last))).tolist()
+    spans = (starts + np.maximum(np.asarray(sizes, dtype=np.int64), 1) - 1) // _CHUNK - first + 1
+    # range i's chunks first[i] .. first[i] + spans[i] - 1, all ranges' in one array
     return np.unique(np.repeat(first - np.cumsum(spans) + spans, spans) + np.arange(int(spans.sum()))).tolist()
 
 
