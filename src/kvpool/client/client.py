@@ -33,7 +33,9 @@ Rules:
   larger one into the allocation the previous plain put of its size asked for with its PutEnd
   (ahead.py): its write and one round trip. A plain get of a value this client put or read
   lately reads it where it was while GetValue travels (known_places.py), and keeps those bytes
-  only when the master's answer still places the value there and they match its checksum.
+  only when the master's answer still places the value there and they match its checksum. A get
+  of a value it never saw reads, meanwhile, what a node holds under the value's tag (where its
+  writer last wrote it, lane_tags.py), under the same rule.
 - Thread-safe: the channel and caches have locks, the staging buffer has its own; no lock is held
   across a transfer except the staging buffer's.
 """
@@ -47,7 +49,7 @@ from dataclasses import dataclass
 
 from kvpool.client import plan
 from kvpool.client.ahead import AheadSlots
-from kvpool.client.known_places import EarlyReads, KnownPlaces
+from kvpool.client.known_places import EarlyReads, KnownPlaces, TagGuesses
 from kvpool.client.landing import Landings
 from kvpool.client.memory import RegisteredRanges, StagingBuffer, region_of
 from kvpool.client.metrics import TenantMetrics, client_metrics
@@ -83,6 +85,7 @@ class ClientConfig:
     read_only: bool = False  # a reader: puts refused, same-host segments mapped read-only (PROT_READ)
     landing: bool = True  # over the lane, a put's PutEnd travels while its bytes are written (landing.py)
     known_places: bool = True  # a plain get reads where this client saw the value while GetValue travels
+    read_by_tag: bool = True  # a plain get of a value it never saw reads its node's tag meanwhile (lane_tags.py)
 
     def __post_init__(self) -> None:
         parse_addresses(self.master_address)  # ValueError naming the malformed one
@@ -115,9 +118,10 @@ class Client(PlainValues, Landings, EarlyReads, Puts, Reads, Rounds):
         plane=None,
         landing: bool = True,
         known_places: bool = True,
+        read_by_tag: bool = True,
     ) -> None:
         self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes, checksums,
-                                   credential, lane, read_only, landing, known_places)
+                                   credential, lane, read_only, landing, known_places, read_by_tag)
         from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
         from kvpool.transfer.credentials import resolve_credential
 
@@ -138,6 +142,7 @@ class Client(PlainValues, Landings, EarlyReads, Puts, Reads, Rounds):
         self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # the master's, as its last reply said (-1: none)
         self._ahead = AheadSlots()  # the allocation held for the next plain put (ahead.py)
         self._places = KnownPlaces()  # where plain values were put or read lately (known_places.py)
+        self._tag_guesses = TagGuesses()  # whether a cold plain get reads by tag (known_places.py)
         self._channel.add_epoch_listener(self._on_new_epoch)
         self._closed = False
 

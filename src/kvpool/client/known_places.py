@@ -29,15 +29,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvpool.client import fresh_memory, plan
 from kvpool.client.checksum import checksum_regions
 from kvpool.core import protocol
-from kvpool.core.errors import KVPoolError, ProtocolError, UnavailableError
+from kvpool.core.errors import KVPoolError, ProtocolError, TransferError, UnavailableError
 from kvpool.core.protocol import Replica
+from kvpool.transfer.lane_tags import tag_of
 
 MAX_PLACES = 4096
 
@@ -103,6 +104,40 @@ class EarlyRead:
 MakeOutput = Callable[[int], tuple[object, int]]  # size -> (the object returned, its buffer's address)
 
 
+class TagGuesses:
+    """Whether a get of a value this client never saw should read by tag meanwhile: while at least
+    one of the last WINDOW such gets found its value on a node (not held by the master, not a
+    miss), and otherwise once every WINDOW gets, to notice when that changes. Small values
+    (held by the master) gain nothing from a node's read and would pay its round trip."""
+
+    WINDOW = 16
+
+    def __init__(self) -> None:
+        self._recent: deque[bool] = deque(maxlen=self.WINDOW)
+        self._on_nodes = 0  # True entries in _recent
+        self._skipped = 0
+
+    def should_try(self) -> bool:
+        if self._on_nodes or len(self._recent) < self.WINDOW:
+            return True
+        self._skipped += 1
+        if self._skipped >= self.WINDOW:
+            self._skipped = 0
+            return True
+        return False
+
+    def record(self, on_node: bool) -> None:
+        if len(self._recent) == self.WINDOW and self._recent[0]:
+            self._on_nodes -= 1
+        self._recent.append(on_node)
+        self._on_nodes += on_node
+
+
+# what a read beside GetValue did: (the replica read, or None if the read failed; the output; its
+# address; its size), or None when nothing was read
+_Beside = tuple  # (Replica | None, object, int, int)
+
+
 class EarlyReads:
     def _read_early(self, key: str, place: Place, make: MakeOutput, started: float):
         """Send GetValue, read `place` into a new output while it travels, then take its answer:
@@ -118,16 +153,54 @@ class EarlyReads:
                 return NotImplemented
         except KVPoolError:
             return NotImplemented
-        t0 = time.monotonic()  # before sending: the lease's clock
-        call = self._channel.begin(protocol.GetValue(self.config.tenant, key))
-        if call is None:
-            return NotImplemented
-        try:
+
+        def read() -> _Beside:
             out, addr = make(place.size)
             failed, in_flight = self._run_round("READ", choices, [[addr]], [[place.size]], unregistered=True,
                                                 before_landing=fresh_memory.prefault)
             if in_flight:
                 self._fence_reads(in_flight)
+            return (None if failed else replica), out, addr, place.size
+
+        return self._beside_get_value(key, read, started, self._metrics.early_reads)
+
+    def _read_by_tag(self, key: str, make: MakeOutput, started: float):
+        """A get of a value this client has no place for: GetValue, and meanwhile what the node a
+        tag guess picks holds under the key's tag (lane_tags.py), kept under _read_early's rule.
+        The node is one of the segments this client knows on other hosts, picked by the tag (with
+        one node, always the right one); one that knows no such tag answers at once, and the get
+        goes on as usual. NotImplemented when no guess is made (no such segment known, or recent
+        gets found their values held by the master: TagGuesses)."""
+        segments = self._segments.lane_segments(include_local=self.config.path == "lane")
+        if not segments or not self._tag_guesses.should_try():
+            return NotImplemented
+        tag = tag_of(self.config.tenant, key)
+        segment = segments[int.from_bytes(tag[:8], "little") % len(segments)]
+
+        def read() -> _Beside | None:
+            try:
+                got = self.plane.read_tagged(segment, tag, make, self.config.timeout_s, fresh_memory.prefault)
+            except TransferError:
+                self._metrics.tag_reads["failed"].inc()
+                return None
+            if got is None:
+                self._metrics.tag_reads["unknown"].inc()
+                return None
+            offset, size, out, addr = got
+            return Replica(segment.segment_id, offset, size), out, addr, size
+
+        return self._beside_get_value(key, read, started, self._metrics.tag_reads)
+
+    def _beside_get_value(self, key: str, read, started: float, outcomes):
+        """Send GetValue, call `read()` while it travels, take the answer and keep what was read
+        when the answer vouches for it (the module rules); `outcomes`: the metric counting used /
+        read_again. See _read_early for what is returned."""
+        t0 = time.monotonic()  # before sending: the lease's clock
+        call = self._channel.begin(protocol.GetValue(self.config.tenant, key))
+        if call is None:
+            return NotImplemented
+        try:
+            early = read()
         except BaseException:
             self._channel.abandon(call)  # its lease, if granted, ends with its TTL
             raise
@@ -144,12 +217,16 @@ class EarlyReads:
         if found is None or isinstance(found, bytes):
             self._places.forget([key])
             return found
+        if early is None:
+            return found  # nothing was read: the usual get reads it, under this answer's lease
+        replica, out, addr, size = early
         expected = protocol.unpack_checksums(found.reply.checksums)[0] if found.reply.checksums else 0
-        if (not failed and expected and found.size == place.size and replica in found.replicas[0]
-                and checksum_regions([addr], [place.size]) == expected):
+        if (replica is not None and expected and found.size == size and replica in found.replicas[0]
+                and checksum_regions([addr], [size]) == expected):
             self._release(found.reply.lease_id)
-            self._metrics.early_reads["used"].inc()
-            self._count_hit(place.size, started)
+            outcomes["used"].inc()
+            self._count_hit(size, started)
+            self._places.note(key, found.replicas[0], self._channel.epoch)
             return EarlyRead(out)
-        self._metrics.early_reads["read_again"].inc()
+        outcomes["read_again"].inc()
         return found

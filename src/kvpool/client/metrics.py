@@ -76,6 +76,14 @@ class ClientMetrics:
             t + ["outcome"],
             registry=registry,
         )
+        self.tag_reads = Counter(
+            "kvpool_client_tag_reads",
+            "Plain gets of values this client never saw that read the node's tag while GetValue "
+            "travelled (transfer/lane_tags.py), by outcome: used, read_again (not the value), "
+            "unknown (the node knew no such tag), failed (the read broke)",
+            t + ["outcome"],
+            registry=registry,
+        )
         self.latency_s = Histogram(
             "kvpool_client_op_seconds",
             "Latency of client calls, master round trip and transfers included",
@@ -106,6 +114,7 @@ class TenantMetrics:
         self.transfer_failures = _Bound(metrics.transfer_failures, tenant)  # by op
         self.latency_s = _Bound(metrics.latency_s, tenant)  # by op
         self.early_reads = _Bound(metrics.early_reads, tenant)  # by outcome
+        self.tag_reads = _Bound(metrics.tag_reads, tenant)  # by outcome
         self.put_bytes = metrics.put_bytes.labels(tenant)
         self.get_keys = metrics.get_keys.labels(tenant)
         self.hit_keys = metrics.hit_keys.labels(tenant)

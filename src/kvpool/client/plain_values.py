@@ -45,6 +45,7 @@ from kvpool.client.statuses import PUT_FAILED, PUT_STATUS_NAMES
 from kvpool.core import protocol
 from kvpool.core.errors import CapacityError, KVPoolError, ProtocolError, TransferError, UsageError
 from kvpool.core.protocol import PUT_ALLOCATED, PUT_EXISTS, PUT_NO_SPACE
+from kvpool.transfer.lane_tags import tag_of
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class PlainValues:
             ending = self._send_ending(end, size) if later else None
             failed, in_flight = self._run_round("WRITE", choices, [[addr]], [[size]],
                                                 max(1e-3, slot.deadline_s - time.monotonic()), unregistered=unregistered,
-                                                sent=sent if ending is not None else None)
+                                                sent=sent if ending is not None else None, tags=[tag_of(tenant, key)])
         except BaseException:
             if ending is not None:
                 self._abandon_ending(ending, names, tokens)
@@ -281,14 +282,22 @@ class PlainValues:
         """GetValue: the value's bytes (held by the master), or where it is on nodes (leased: read
         it with _read_found, which releases the lease), or None on a miss. With `make` (size ->
         (a new output, its address)) and a place this client knows for the key, the value is read
-        there while GetValue travels (known_places.py): EarlyRead when those bytes were it."""
+        there while GetValue travels (known_places.py): EarlyRead when those bytes were it; for a
+        key it knows no place of, what a node holds under the key's tag (lane_tags.py), alike."""
         self._check_keys([key], unique=False)
         started = time.perf_counter()
-        if make is not None and self.config.known_places and self.config.checksums and self._max_inline >= 0:
-            place = self._places.get(key, self._channel.epoch)
+        cold = False  # a get of a value this client has no place for, that may read by tag
+        if make is not None and self.config.checksums and self._max_inline >= 0:
+            place = self._places.get(key, self._channel.epoch) if self.config.known_places else None
             if place is not None and place.size > self._max_inline:
                 found = self._read_early(key, place, make, started)
                 if found is not NotImplemented:
+                    return found
+            elif place is None and self.config.read_by_tag:
+                cold = True
+                found = self._read_by_tag(key, make, started)
+                if found is not NotImplemented:
+                    self._tag_guesses.record(isinstance(found, (_Found, EarlyRead)))
                     return found
         t0 = time.monotonic()  # before sending: our lease deadline is never later than the master's
         answer = None
@@ -301,7 +310,10 @@ class PlainValues:
             answer = protocol.ValueReply(False, b"", self._call(
                 protocol.LookupPrefix(self.config.tenant, [key], lease=True), protocol.LookupReply),
                 max_inline_bytes=self._max_inline)
-        return self._value_answered(key, answer, t0, started)
+        found = self._value_answered(key, answer, t0, started)
+        if cold:
+            self._tag_guesses.record(isinstance(found, _Found))
+        return found
 
     def _value_answered(self, key: str, answer: protocol.ValueReply, t0: float,
                         started: float) -> "bytes | _Found | None":

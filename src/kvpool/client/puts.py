@@ -21,6 +21,7 @@ from kvpool.core import protocol
 from kvpool.core.errors import KVPoolError, ProtocolError, UsageError
 from kvpool.core.protocol import PUT_ALLOCATED, Replica
 from kvpool.transfer.fence import all_of
+from kvpool.transfer.lane_tags import tag_of
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,7 @@ class Puts:
                 failed, in_flight = self._run_round(
                     "WRITE", choices, addrs, sizes, max(1e-3, write_deadline - time.monotonic()),
                     (during, [1] * len(keys)) if during is not None else None, unregistered=unregistered,
+                    tags=[tag_of(tenant, keys[0])] if len(keys) == 1 else None,  # a plain get may come by tag
                 )
             if beside is not None:
                 checksums = beside.result()

@@ -29,7 +29,7 @@ class Rounds:
     def _run_round(
         self, op: str, choices: list[tuple[int, Replica]], addrs, sizes, timeout_s: float | None = None,
         checksum_into: tuple[dict, list[int]] | None = None, *, unregistered: bool = False, before_landing=None,
-        sent=None,
+        sent=None, tags: list | None = None,
     ) -> tuple[set[int], dict]:
         """One round of transfers, one job per segment; returns (the object indices that failed,
         object index -> the data plane's StuckTransfer for failed ones whose transfer may still land).
@@ -37,7 +37,8 @@ class Rounds:
         more checksums each object with a non-zero expected checksum right after its copy, into
         digests[object index] (a smaller job is still in the CPU's last-level cache after its copy:
         checksummed after it in one call, without a call per object). `sent`: the data plane's
-        hook, called once a WRITE's bytes are on their way (it must not raise)."""
+        hook, called once a WRITE's bytes are on their way (it must not raise). `tags[object
+        index]`: a WRITE's lane tag for that object (lane_tags.py), sent where its job holds it alone."""
         in_flight: dict = {}
         if not choices:
             return set(), in_flight
@@ -53,6 +54,7 @@ class Rounds:
             [checksum_after(j.object_indices, addrs, sizes, *checksum_into)
              if sum(j.sizes) >= CHECKSUM_DURING_COPY_BYTES else None for j in jobs] if checksum_into else None,
             unregistered=unregistered, before_landing=before_landing, sent=sent,
+            tags=[tags[j.object_indices[0]] if len(j.object_indices) == 1 else None for j in jobs] if tags else None,
         )
         broken_segments = []
         for job, error in zip(jobs, errors):

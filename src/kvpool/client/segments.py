@@ -68,3 +68,10 @@ class SegmentCache:
         """Cached segments on this host (reachable through the shared-memory path)."""
         with self._lock:
             return {s for s, info in self._by_id.items() if info.host_id == self._host_id}
+
+    def lane_segments(self, include_local: bool = False) -> list[SegmentInfo]:
+        """Cached segments that serve a segment lane, by id: those on other hosts, or all with
+        `include_local` (a client whose path is "lane"); a tag read's candidates."""
+        with self._lock:
+            return [info for _, info in sorted(self._by_id.items())
+                    if info.lane_address and (include_local or info.host_id != self._host_id)]

@@ -47,13 +47,14 @@ os.register_at_fork(after_in_child=_forget_half_runner_after_fork)
 
 
 def run_on_lane(op: str, lane, conn, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
-                split_bytes: int, deadline: float, before_landing=None, sent=None) -> None:
+                split_bytes: int, deadline: float, before_landing=None, sent=None, tag=None) -> None:
     """The job on `conn` (a connection of `lane`, segment_lane.py), in two halves when the rules
-    above allow; TransferError if it did not complete."""
+    above allow; TransferError if it did not complete. `tag`: a WRITE's (tag, offset, size), sent
+    after the first half's bytes (lane_tags.py)."""
     total = sum(sizes) if split_bytes else 0
     second = lane.try_acquire() if split_bytes and total >= split_bytes else None
     if second is None:  # whole on this thread: it may spin (segment_lane.py)
-        conn.transfer(op, local_addrs, remote_offsets, sizes, deadline, before_landing, sent, lane.spin)
+        conn.transfer(op, local_addrs, remote_offsets, sizes, deadline, before_landing, sent, lane.spin, tag)
         return
     first_half, second_half = halves(local_addrs, remote_offsets, sizes, total // 2)
     try:
@@ -63,7 +64,7 @@ def run_on_lane(op: str, lane, conn, local_addrs: Sequence[int], remote_offsets:
         raise
     first_error = None
     try:
-        conn.transfer(op, *first_half, deadline, before_landing, sent)
+        conn.transfer(op, *first_half, deadline, before_landing, sent, tag=tag)
     except TransferError as e:
         first_error = e
     finally:

@@ -304,7 +304,7 @@ class DataPlane:
 
     def transfer_many(self, op: str, jobs: Sequence[Job], timeout_s: float,
                       after_objects: Sequence | None = None, *, unregistered: bool = False,
-                      before_landing=None, sent=None) -> list[TransferError | None]:
+                      before_landing=None, sent=None, tags: Sequence | None = None) -> list[TransferError | None]:
         """Run jobs (usually one per segment) concurrently: NIXL requests are all posted first,
         shared-memory copies run while they progress. Returns one error or None per job.
         `after_objects[i]`, None or (counts, after): job i's regions are objects of counts[n]
@@ -313,7 +313,9 @@ class DataPlane:
         never call it.
         `sent()`: called at most once, from this thread, as soon as a WRITE's bytes are on their
         way (NIXL requests posted, or a lane request's bytes handed to the kernel), before waiting
-        for them to land; never for shared-memory copies, nor if nothing was sent."""
+        for them to land; never for shared-memory copies, nor if nothing was sent.
+        `tags[i]`, None or a 16-byte tag: WRITE job i is one value in one region, and if it goes
+        over the segment lane the node records the tag for it (lane_tags.py, `read_tagged`)."""
         if op not in OPS:
             raise UsageError(f"op must be READ or WRITE, got {op!r}")
         if op == "WRITE" and self.read_only:
@@ -349,13 +351,14 @@ class DataPlane:
                     errors[i] = TransferError(f"segment {job.segment.segment_id}: a job from unregistered memory "
                                               "goes by shared memory or the segment lane only, not NIXL")
             return self._run_jobs(op, checked, errors, on_lane, deadline, after_objects, before_landing,
-                                  _once(sent) if sent is not None and op == "WRITE" else None)
+                                  _once(sent) if sent is not None and op == "WRITE" else None,
+                                  tags if op == "WRITE" else None)
         finally:
             for lane, conn in held.values():
                 lane.release(conn)
 
     def _run_jobs(self, op: str, checked: list[_Checked], errors: list, on_lane: list, deadline: float,
-                  after_objects: Sequence | None = None, before_landing=None, sent=None) -> list:
+                  after_objects: Sequence | None = None, before_landing=None, sent=None, tags=None) -> list:
         posted, posted_idx = [], []
         for i, job in enumerate(checked):
             if errors[i] is None and on_lane[i] is None and job.route.peer is not None and len(job.sizes):
@@ -381,7 +384,9 @@ class DataPlane:
         for i, job in enumerate(checked):
             if on_lane[i] is not None:
                 try:
-                    self._lane_transfer(op, job, on_lane[i], deadline, before_landing, sent)
+                    tag = tags[i] if tags is not None and tags[i] is not None and len(job.sizes) == 1 else None
+                    self._lane_transfer(op, job, on_lane[i], deadline, before_landing, sent,
+                                        None if tag is None else (tag, job.remote_offsets[0], job.sizes[0]))
                     self.jobs_by_path["lane"] += 1
                 except TransferError as e:
                     errors[i] = e
@@ -391,12 +396,32 @@ class DataPlane:
         return errors
 
     def _lane_transfer(self, op: str, job: _Checked, conn, deadline: float, before_landing=None,
-                       sent=None) -> None:
+                       sent=None, tag=None) -> None:
         """A job on its lane connection; one of lane_split_bytes or more (READ or WRITE) as two
         halves at once (lane_halves.py). `sent`: called by this thread's half once its bytes are out."""
         split = self.lane_read_split_bytes if op == "READ" else self.lane_split_bytes
         run_on_lane(op, job.route.lane, conn, job.local_addrs, job.remote_offsets, job.sizes, split, deadline,
-                    before_landing, sent)
+                    before_landing, sent, tag)
+
+    def read_tagged(self, segment: SegmentInfo, tag: bytes, make, timeout_s: float, before_landing=None):
+        """What the segment's node holds where `tag` was last written (lane_tags.py), read over its
+        lane into `make(size)`'s (output, address): (offset, size, output, address); None when the node
+        knows no such tag, the segment has no lane route (shared memory, nixl only) or every
+        connection of its lane is in use. TransferError if the read failed."""
+        self._check_open()
+        route = self._route(segment)
+        if route.lane is None or route.mapping is not None:
+            return None
+        conn = route.lane.try_acquire()
+        if conn is None:
+            return None
+        try:
+            got = conn.read_tagged(tag, make, time.monotonic() + timeout_s, before_landing, route.lane.spin)
+        finally:
+            route.lane.release(conn)
+        if got is not None:
+            self.jobs_by_path["lane"] += 1
+        return got
 
     def _takes_lane(self, op: str, job: _Checked) -> bool:
         """Whether the job should go over its segment's lane (path "lane": every job; auto: a host-

@@ -10,6 +10,7 @@ Wire format (little endian), one request and one reply at a time per connection:
     request: b"KVSL" | u8 op (1 READ, 2 WRITE) | u32 regions | regions x (u64 offset, u64 size)
              | WRITE only: the regions' bytes, in order
     reply:   u8 status (0 ok, 1 refused) | u64 length | READ ok: the bytes | refused: a UTF-8 reason
+    ops 3 TAG and 4 READ_TAG: where values were last written, by a digest of their name (lane_tags.py)
 Rules:
 - Served by the segment's owner (SegmentMemory with `lane_host`) only where nothing is
   authenticated: the lane has no encryption or keys, like the master's lane (lane.py). It exposes
@@ -62,7 +63,9 @@ import time
 from collections.abc import Sequence
 
 from kvpool.core.errors import TransferError
+from kvpool.transfer import lane_tags
 from kvpool.transfer.fence import StuckTransfer
+from kvpool.transfer.lane_tags import READ_TAG, TAG, TAG_BYTES, TagIndex
 from kvpool.transfer.spin import SpinPolicy, spin_from_env
 from kvpool.transfer.timeouts import KernelTimeouts
 
@@ -128,6 +131,7 @@ class SegmentLaneServer:
     def __init__(self, base_addr: int, size_bytes: int, host: str) -> None:
         self._segment = _view(base_addr, size_bytes)
         self._size = size_bytes
+        self.tags = TagIndex()  # where values were last written, by tag (lane_tags.py)
         self._max_regions, self._max_bytes, self._max_connections = MAX_REGIONS, MAX_REQUEST_BYTES, MAX_CONNECTIONS
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -191,8 +195,10 @@ class SegmentLaneServer:
         """One request, whose first `got` bytes (>= its head) are in `first`; the reason it was
         refused, or None once it was answered."""
         magic, op, count = _HEAD.unpack_from(first)
-        if magic != MAGIC or op not in (READ, WRITE):
+        if magic != MAGIC or op not in (READ, WRITE, TAG, READ_TAG):
             return "not a segment-lane request"
+        if op in (TAG, READ_TAG):
+            return self._serve_tag(conn, op, count, first, got)
         if not 0 < count <= self._max_regions:
             return f"{count} regions (1..{self._max_regions} allowed)"
         table = bytearray(count * _REGION.size)
@@ -214,6 +220,30 @@ class SegmentLaneServer:
         else:  # scattered straight into the regions, many per receive (not one receive loop per region)
             _recv_all(conn, [segment[o : o + s] for o, s in regions], 0)
             conn.sendall(_REPLY.pack(0, 0))
+        return None
+
+    def _serve_tag(self, conn: socket.socket, op: int, count: int, first: bytearray, got: int) -> str | None:
+        """A TAG (recorded, no reply) or a READ_TAG (answered) request (lane_tags.py)."""
+        if count != 1:
+            return f"a tag request names one tag, not {count}"
+        body = bytearray(_REGION.size + TAG_BYTES if op == TAG else TAG_BYTES)
+        have = min(got - _HEAD.size, len(body))
+        body[:have] = first[_HEAD.size : _HEAD.size + have]
+        if have < len(body):
+            _recv_all(conn, [memoryview(body)[have:]], 0)
+        if op == TAG:
+            offset, size = _REGION.unpack_from(body)
+            if size == 0 or offset + size > self._size or size > self._max_bytes:
+                return f"a tag for {size} bytes at offset {offset}: outside the {self._size}-byte segment or over a request"
+            self.tags.note(bytes(body[_REGION.size :]), offset, size)
+            return None
+        place = self.tags.find(bytes(body))
+        if place is None:
+            conn.sendall(_REPLY.pack(lane_tags.NOT_KNOWN, 0))
+            return None
+        offset, size = place
+        _send_all(conn, [memoryview(_REPLY.pack(lane_tags.KNOWN, size) + lane_tags.OFFSET.pack(offset)),
+                         self._segment[offset : offset + size]])
         return None
 
     def close(self) -> None:
@@ -306,19 +336,24 @@ class LaneConnection:
         self._timeouts: KernelTimeouts | None = None  # the socket's (timeouts.py: no poll() per receive)
 
     def transfer(self, op: str, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
-                 deadline_s: float, before_landing=None, sent=None, spin: SpinPolicy | None = None) -> None:
+                 deadline_s: float, before_landing=None, sent=None, spin: SpinPolicy | None = None,
+                 tag: tuple[bytes, int, int] | None = None) -> None:
         """One job, in as many requests as the limits need; TransferError if it did not complete
         (the connection is then closed, and made again by the next job). `before_landing(addr,
         size)`: called for each local region of a READ request once it is sent (plane.py).
         `sent()`: called once a WRITE request's bytes are all handed to the kernel, before its
         reply is awaited (it must not raise: the request is then still unanswered). `spin`: the
-        lane's policy, for a job that may spin (see the module rules)."""
+        lane's policy, for a job that may spin (see the module rules). `tag` (tag, offset, size):
+        a WRITE's last request is followed by a TAG request recording it (lane_tags.py)."""
         began = time.monotonic()
         spin_s = spin.spin_s if spin is not None and spin.spins else None
         aside = 0.0  # seconds of the job spent connecting and in the callbacks, not moving bytes
+        tag_request = _tag_request(*tag) if tag is not None and op == "WRITE" else None
         try:
-            for addrs, offsets, lengths in _requests(local_addrs, remote_offsets, sizes):
-                aside += self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s, before_landing, sent, spin_s)
+            requests = list(_requests(local_addrs, remote_offsets, sizes))
+            for n, (addrs, offsets, lengths) in enumerate(requests):
+                aside += self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s, before_landing, sent, spin_s,
+                                        tag_request if n == len(requests) - 1 else None)
         except TransferError:  # refused, or a wrong answer: the node has stopped reading this request
             self._close()
             raise
@@ -348,21 +383,25 @@ class LaneConnection:
                          daemon=True).start()
         return stuck
 
-    def _transfer(self, op: int, local_addrs, remote_offsets, sizes, deadline_s: float, before_landing=None,
-                  sent=None, spin_s: float | None = None) -> float:
-        """One request; returns the seconds it spent connecting and in `sent` / `before_landing`.
-        `spin_s`: its sends and receives spin for that plus 1 ns per byte, not counting those."""
-        started = time.monotonic()
-        remaining = deadline_s - started
+    def _connected(self, deadline_s: float) -> tuple[socket.socket, KernelTimeouts]:
+        """The connection (made now if there is none) and its timeouts; TimeoutError past `deadline_s`."""
+        remaining = deadline_s - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
-        sock = self._sock
-        if sock is None:
+        if self._sock is None:
             sock = socket.create_connection((self.host, self.port), timeout=min(remaining, 2.0))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._timeouts = KernelTimeouts(sock)
             self._sock = sock
-        timeouts = self._timeouts
+        return self._sock, self._timeouts
+
+    def _transfer(self, op: int, local_addrs, remote_offsets, sizes, deadline_s: float, before_landing=None,
+                  sent=None, spin_s: float | None = None, tag_request: bytes | None = None) -> float:
+        """One request; returns the seconds it spent connecting and in `sent` / `before_landing`.
+        `spin_s`: its sends and receives spin for that plus 1 ns per byte, not counting those.
+        `tag_request`: a WRITE's TAG, sent right after its bytes (no reply)."""
+        started = time.monotonic()
+        sock, timeouts = self._connected(deadline_s)
         now = time.monotonic()
         aside = now - started
         timeouts.arm(deadline_s - now)
@@ -375,7 +414,8 @@ class LaneConnection:
         views = [_view(a, s) for a, s in zip(local_addrs, sizes)]
         reply = bytearray(_REPLY.size)
         if op == WRITE:
-            _send_all(sock, [memoryview(request)] + views, timeouts, deadline_s, spin_until)
+            tail = [memoryview(tag_request)] if tag_request is not None else []
+            _send_all(sock, [memoryview(request)] + views + tail, timeouts, deadline_s, spin_until)
             if sent is not None:  # while the node receives
                 took, spin_until = _aside(spin_until, deadline_s, sent)
                 aside += took
@@ -403,6 +443,56 @@ class LaneConnection:
             raise TransferError(f"segment lane {self.address} answered {length} bytes, expected {expected}")
         return aside
 
+    def read_tagged(self, tag: bytes, make, deadline_s: float, before_landing=None,
+                    spin: SpinPolicy | None = None) -> tuple[int, int, object, int] | None:
+        """READ_TAG (lane_tags.py): (offset, size, output, its address) with the bytes the node holds
+        where `tag` was last written, read into `make(size)`'s (output, address); None if the node
+        knows no such tag. `before_landing(addr, size)`: called once the size is known, while
+        the node sends. TransferError (the connection closed) if it failed."""
+        began = time.monotonic()
+        try:
+            sock, timeouts = self._connected(deadline_s)
+            aside = time.monotonic() - began
+            timeouts.arm(deadline_s - time.monotonic())
+            spin_s = spin.spin_s if spin is not None and spin.spins else None
+            spin_until = min(deadline_s, time.monotonic() + spin_s) if spin_s is not None else 0.0
+            _send_all(sock, [memoryview(_HEAD.pack(MAGIC, READ_TAG, 1) + tag)], timeouts, deadline_s, spin_until)
+            head = bytearray(_REPLY.size + lane_tags.OFFSET.size)
+            got = _recv_all(sock, [memoryview(head)], _REPLY.size, timeouts=timeouts, deadline_s=deadline_s,
+                            spin_until=spin_until)
+            status, size = _REPLY.unpack_from(head)
+            if status == lane_tags.NOT_KNOWN and size == 0 and got == _REPLY.size:
+                return None
+            if status != lane_tags.KNOWN:
+                reason = bytes(head[_REPLY.size : got])
+                raise TransferError(f"segment lane {self.address} refused the READ_TAG: "
+                                    f"{reason.decode(errors='replace')}...")
+            if not 0 < size <= MAX_REQUEST_BYTES:
+                raise TransferError(f"segment lane {self.address} answered a tag of {size} bytes")
+            (offset,) = lane_tags.OFFSET.unpack_from(head, _REPLY.size)
+            out, addr = make(size)
+            if before_landing is not None:  # while the node sends
+                took, spin_until = _aside(spin_until, deadline_s, before_landing, addr, size)
+                aside += took
+            if spin_until:
+                spin_until = min(deadline_s, spin_until + size * _SPIN_S_PER_BYTE)
+            _recv_all(sock, [_view(addr, size)], 0, timeouts=timeouts, deadline_s=deadline_s, spin_until=spin_until)
+        except TransferError:
+            self._close()
+            raise
+        except (TimeoutError, BlockingIOError):
+            self._close()
+            raise TransferError(f"segment lane {self.address}: READ_TAG timed out") from None
+        except OSError as e:
+            self._close()
+            raise TransferError(f"segment lane {self.address}: READ_TAG failed: {e}") from None
+        except BaseException:  # e.g. `make` failed: the reply is still coming, so the connection goes
+            self._close()
+            raise
+        if spin is not None:
+            spin.record(time.monotonic() - began - aside - size * _SPIN_S_PER_BYTE)
+        return offset, size, out, addr
+
     def _close(self) -> None:
         if self._sock is not None:
             self._sock.close()
@@ -425,6 +515,13 @@ def _wait_for_close(sock: socket.socket, timeouts: KernelTimeouts, stuck: StuckT
     finally:
         sock.close()
         stuck.finish(outcome)
+
+
+def _tag_request(tag: bytes, offset: int, size: int) -> bytes:
+    """A TAG request (lane_tags.py): `tag` names the `size` bytes at `offset`."""
+    if len(tag) != TAG_BYTES:
+        raise ValueError(f"a tag is {TAG_BYTES} bytes, not {len(tag)}")
+    return _HEAD.pack(MAGIC, TAG, 1) + _REGION.pack(offset, size) + tag
 
 
 def _requests(local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
