@@ -18,7 +18,7 @@ import uuid
 from kvpool.core.protocol import MountSegment, SegmentInfo
 from kvpool.transfer.hostinfo import host_id
 from kvpool.transfer.nixlio import NixlEndpoint
-from kvpool.transfer.segment_lane import SegmentLaneServer
+from kvpool.transfer.segment_lane_server import SegmentLaneServer
 from kvpool.transfer.shm import SharedSegmentFile
 
 

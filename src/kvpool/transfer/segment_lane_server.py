@@ -1,0 +1,164 @@
+"""The segment lane's server: the segment's owner serving READ / WRITE (and tags) to lane clients.
+
+The wire format and the rules are segment_lane.py's (and lane_tags.py's for ops 3 and 4); this is
+the node's side of it: one thread per connection, requests checked against the segment before a
+byte moves, at most MAX_CONNECTIONS connections.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+from kvpool.transfer import lane_tags
+from kvpool.transfer.lane_tags import READ_TAG, TAG, TAG_BYTES, TagIndex
+from kvpool.transfer.segment_lane import (
+    _HEAD, _REGION, _REPLY, MAGIC, MAX_REGIONS, MAX_REQUEST_BYTES, READ, WRITE, _recv_all, _send_all, _view,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 256  # per segment: each is a thread; more are closed at once (clients then use NIXL)
+
+
+class SegmentLaneServer:
+    """Serves READ/WRITE of [base_addr, base_addr + size_bytes) to lane clients."""
+
+    def __init__(self, base_addr: int, size_bytes: int, host: str) -> None:
+        self._segment = _view(base_addr, size_bytes)
+        self._size = size_bytes
+        self.tags = TagIndex()  # where values were last written, by tag (lane_tags.py)
+        self._max_regions, self._max_bytes, self._max_connections = MAX_REGIONS, MAX_REQUEST_BYTES, MAX_CONNECTIONS
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+        self._listener.listen(256)
+        self.address = f"[{host}]:{self._listener.getsockname()[1]}" if ":" in host else \
+            f"{host}:{self._listener.getsockname()[1]}"
+        self._lock = threading.Lock()
+        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._closed = False
+        self._acceptor = threading.Thread(target=self._accept_loop, name="kvpool-segment-lane", daemon=True)
+        self._acceptor.start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                if self._closed:
+                    return
+                time.sleep(0.05)  # e.g. out of file descriptors: keep serving the others
+                continue
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            thread = threading.Thread(target=self._serve, args=(conn,), name="kvpool-segment-lane-conn", daemon=True)
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                if len(self._connections) >= self._max_connections:
+                    log.warning("segment lane: %d connections open, refusing another", len(self._connections))
+                    conn.close()
+                    continue
+                self._connections[conn] = thread
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        first = bytearray(_HEAD.size + _REGION.size)  # a request's head and its first region, usually one recv
+        view = memoryview(first)
+        try:
+            while True:
+                got = 0
+                while got < _HEAD.size:
+                    n = conn.recv_into(view[got:])
+                    if n == 0:
+                        return  # the client went away (between requests, or mid-head)
+                    got += n
+                refusal = self._serve_one(conn, first, got)
+                if refusal is not None:
+                    log.warning("segment lane: refused a request (%s); connection closed", refusal)
+                    conn.sendall(_REPLY.pack(1, len(refusal)) + refusal.encode())
+                    return
+        except OSError:
+            return  # reset, or close() shut the connection
+        finally:
+            with self._lock:
+                self._connections.pop(conn, None)
+            conn.close()
+
+    def _serve_one(self, conn: socket.socket, first: bytearray, got: int) -> str | None:
+        """One request, whose first `got` bytes (>= its head) are in `first`; the reason it was
+        refused, or None once it was answered."""
+        magic, op, count = _HEAD.unpack_from(first)
+        if magic != MAGIC or op not in (READ, WRITE, TAG, READ_TAG):
+            return "not a segment-lane request"
+        if op in (TAG, READ_TAG):
+            return self._serve_tag(conn, op, count, first, got)
+        if not 0 < count <= self._max_regions:
+            return f"{count} regions (1..{self._max_regions} allowed)"
+        table = bytearray(count * _REGION.size)
+        have = got - _HEAD.size
+        table[:have] = first[_HEAD.size : got]
+        if have < len(table):
+            _recv_all(conn, [memoryview(table)[have:]], 0)
+        regions = list(_REGION.iter_unpack(table))
+        total = 0
+        for offset, size in regions:
+            if size == 0 or offset + size > self._size:
+                return f"region at offset {offset} of {size} bytes is outside the {self._size}-byte segment"
+            total += size
+        if total > self._max_bytes:
+            return f"{total} bytes in one request (at most {self._max_bytes})"
+        segment = self._segment
+        if op == READ:
+            _send_all(conn, [memoryview(_REPLY.pack(0, total))] + [segment[o : o + s] for o, s in regions])
+        else:  # scattered straight into the regions, many per receive (not one receive loop per region)
+            _recv_all(conn, [segment[o : o + s] for o, s in regions], 0)
+            conn.sendall(_REPLY.pack(0, 0))
+        return None
+
+    def _serve_tag(self, conn: socket.socket, op: int, count: int, first: bytearray, got: int) -> str | None:
+        """A TAG (recorded, no reply) or a READ_TAG (answered) request (lane_tags.py)."""
+        if count != 1:
+            return f"a tag request names one tag, not {count}"
+        body = bytearray(_REGION.size + TAG_BYTES if op == TAG else TAG_BYTES)
+        have = min(got - _HEAD.size, len(body))
+        body[:have] = first[_HEAD.size : _HEAD.size + have]
+        if have < len(body):
+            _recv_all(conn, [memoryview(body)[have:]], 0)
+        if op == TAG:
+            offset, size = _REGION.unpack_from(body)
+            if size == 0 or offset + size > self._size or size > self._max_bytes:
+                return f"a tag for {size} bytes at offset {offset}: outside the {self._size}-byte segment or over a request"
+            self.tags.note(bytes(body[_REGION.size :]), offset, size)
+            return None
+        place = self.tags.find(bytes(body))
+        if place is None:
+            conn.sendall(_REPLY.pack(lane_tags.NOT_KNOWN, 0))
+            return None
+        offset, size = place
+        _send_all(conn, [memoryview(_REPLY.pack(lane_tags.KNOWN, size) + lane_tags.OFFSET.pack(offset)),
+                         self._segment[offset : offset + size]])
+        return None
+
+    def close(self) -> None:
+        """Stop serving; returns once no connection thread can touch the segment any more."""
+        with self._lock:
+            self._closed = True
+            connections = dict(self._connections)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for thread in connections.values():
+            thread.join(5.0)
+        self._acceptor.join(5.0)
