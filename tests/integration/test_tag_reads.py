@@ -126,3 +126,16 @@ def test_with_read_by_tag_off_or_without_checksums_no_get_reads_by_tag(make_pool
                 assert b.get("x") == pattern("x", SIZE).tobytes()  # now b knows the segment
                 assert b.get("y") == pattern("y", SIZE).tobytes()
         assert sum(_tags(a, o) for o in ("used", "read_again", "unknown", "failed")) == 0
+
+
+def test_with_several_nodes_every_known_node_is_asked_and_the_holder_read(make_pool):
+    pool = make_pool(num_nodes=3, node_memory="4MiB")
+    with Client(pool.address, "nodes", path="lane") as a, Client(pool.address, "nodes", path="lane") as b:
+        keys = [f"n{i}" for i in range(12)]
+        for key in keys:
+            assert a.put(key, pattern(key, SIZE)) is True
+        ids = {r.segment_id for k in keys[1:] for r in a._places.get(k, a._channel.epoch).replicas}
+        assert len(ids) == 3  # placed by free ratio: spread over the three nodes
+        assert len(b._segments.get(ids)) == 3  # b knows the three segments (as after reading from each)
+        assert [b.get(k) for k in keys] == [pattern(k, SIZE).tobytes() for k in keys]
+        assert _tags(b, "used") == len(keys) and _tags(b, "unknown") == 0

@@ -53,12 +53,12 @@ def test_a_tagged_write_is_read_back_by_tag_from_another_client(info, size):
     with _plane(data, path="lane") as writer, _plane(path="lane") as reader:
         assert writer.transfer_many("WRITE", [(info, [data.ctypes.data], [offset], [size])], 5.0,
                                     tags=[tag]) == [None]
-        got = reader.read_tagged(info, tag, _new_array, 5.0)
+        got = reader.read_tagged([info], tag, _new_array, 5.0)
         assert got is not None
-        at, length, out, addr = got
-        assert (at, length) == (offset, size) and addr == out.ctypes.data
+        where, at, length, out, addr = got
+        assert where is info and (at, length) == (offset, size) and addr == out.ctypes.data
         assert np.array_equal(out, data)
-        assert reader.read_tagged(info, tag_of("tenant", "never-written"), _new_array, 5.0) is None
+        assert reader.read_tagged([info], tag_of("tenant", "never-written"), _new_array, 5.0) is None
         # the same connection serves a plain READ after both answers
         back = np.zeros(size, dtype=np.uint8)
         reader.register(back.ctypes.data, size)
@@ -72,7 +72,7 @@ def test_a_write_without_a_tag_or_of_several_regions_records_none(info):
     with _plane(data, path="lane") as plane:
         plane.transfer_many("WRITE", [(info, [data.ctypes.data, data.ctypes.data + 4096], [0, 65536],
                                        [4096, 4096])], 5.0, tags=[tag])
-        assert plane.read_tagged(info, tag, _new_array, 5.0) is None
+        assert plane.read_tagged([info], tag, _new_array, 5.0) is None
 
 
 def test_the_bytes_read_by_tag_are_whatever_is_there_now(info):
@@ -83,7 +83,7 @@ def test_the_bytes_read_by_tag_are_whatever_is_there_now(info):
     with _plane(first, second, path="lane") as plane:
         plane.transfer_many("WRITE", [(info, [first.ctypes.data], [40960], [4096])], 5.0, tags=[tag])
         plane.transfer("WRITE", info, [second.ctypes.data], [40960], [4096], 5.0)
-        _, _, out, _ = plane.read_tagged(info, tag, _new_array, 5.0)
+        _, _, _, out, _ = plane.read_tagged([info], tag, _new_array, 5.0)
         assert np.array_equal(out, second)
 
 
@@ -100,9 +100,6 @@ def _raw(segment, request: bytes) -> bytes:
 
 @pytest.mark.parametrize("request_bytes, reason", [
     (sl._HEAD.pack(sl.MAGIC, lane_tags.TAG, 2) + b"\0" * 16, b"one tag"),
-    (sl._HEAD.pack(sl.MAGIC, lane_tags.TAG, 1) + struct.pack("<QQ", test_segment_lane.SEGMENT_BYTES - 10, 4096)
-     + b"t" * 16, b"outside"),
-    (sl._HEAD.pack(sl.MAGIC, lane_tags.TAG, 1) + struct.pack("<QQ", 0, 0) + b"t" * 16, b"outside"),
     (sl._HEAD.pack(sl.MAGIC, lane_tags.READ_TAG, 0), b"one tag"),
 ])
 def test_bad_tag_requests_are_refused_and_the_lane_keeps_serving(segment, info, request_bytes, reason):
@@ -116,7 +113,30 @@ def test_bad_tag_requests_are_refused_and_the_lane_keeps_serving(segment, info, 
     tag = tag_of("tenant", "after-a-refusal")
     with _plane(data, path="lane") as plane:
         plane.transfer_many("WRITE", [(info, [data.ctypes.data], [0], [4096])], 5.0, tags=[tag])
-        assert np.array_equal(plane.read_tagged(info, tag, _new_array, 5.0)[2], data)
+        assert np.array_equal(plane.read_tagged([info], tag, _new_array, 5.0)[3], data)
+
+
+@pytest.mark.parametrize("offset, size", [(test_segment_lane.SEGMENT_BYTES - 10, 4096), (0, 0), (2**64 - 1, 1)])
+def test_a_tag_outside_the_segment_is_not_recorded_nor_answered_and_the_connection_goes_on(segment, offset, size):
+    tag = b"o" * 16
+    answer = _raw(segment, sl._HEAD.pack(sl.MAGIC, lane_tags.TAG, 1) + struct.pack("<QQ", offset, size) + tag
+                  + sl._HEAD.pack(sl.MAGIC, lane_tags.READ_TAG, 1) + tag)
+    assert answer == sl._REPLY.pack(lane_tags.NOT_KNOWN, 0)  # only the READ_TAG's answer
+
+
+def test_a_tagged_write_of_more_than_one_request_is_tagged_and_read_back_the_usual_way(segment, info, monkeypatch):
+    """A value over one request's bytes: its tag is recorded, the write's answer is the only one
+    the writer reads, and a READ_TAG answers "not known" (one reply is at most a request's bytes)."""
+    monkeypatch.setattr(sl, "MAX_REQUEST_BYTES", 64 << 10)  # the client cuts the job into requests of 64 KiB
+    monkeypatch.setattr(segment._lane, "_max_bytes", 64 << 10)  # and the node takes no more per request
+    data = np.random.default_rng(3).integers(0, 256, 200 << 10, dtype=np.uint8)
+    tag = tag_of("tenant", "large")
+    with _plane(data, path="lane") as plane:
+        for _ in range(2):  # the second write on the same connection: no stray answer in between
+            assert plane.transfer_many("WRITE", [(info, [data.ctypes.data], [0], [data.nbytes])], 5.0,
+                                       tags=[tag]) == [None]
+        assert segment._lane.tags.find(tag) == (0, data.nbytes)
+        assert plane.read_tagged([info], tag, _new_array, 5.0) is None
 
 
 def test_a_tag_request_alone_records_and_read_tag_answers_not_known_in_one_short_reply(segment):
@@ -129,3 +149,28 @@ def test_a_tag_request_alone_records_and_read_tag_answers_not_known_in_one_short
     assert (status, length) == (lane_tags.KNOWN, 100)
     assert lane_tags.OFFSET.unpack_from(answer, sl._REPLY.size) == (8192,)
     assert len(answer) == sl._REPLY.size + 8 + 100
+
+
+def test_several_segments_are_asked_at_once_and_the_one_that_knows_is_read(info):
+    """Two segments (two nodes' lanes): the tag is known by the second only, then by both (a
+    replica): the first that knows is read, the other's answer drained, and the connections
+    serve the next job."""
+    from kvpool.transfer import SegmentMemory
+    import msgspec
+
+    data = np.random.default_rng(7).integers(0, 256, 1 << 16, dtype=np.uint8)
+    tag = tag_of("tenant", "on-the-second")
+    with SegmentMemory(1 << 20, name="lane-unit-2", lane_host="127.0.0.1") as other:
+        second = msgspec.structs.replace(other.segment_info(segment_id=2, node_id="n2"), host_id="another-host")
+        with _plane(data, path="lane") as plane:
+            plane.transfer_many("WRITE", [(second, [data.ctypes.data], [4096], [data.nbytes])], 5.0, tags=[tag])
+            where, offset, size, out, _ = plane.read_tagged([info, second], tag, _new_array, 5.0)
+            assert where is second and (offset, size) == (4096, data.nbytes) and np.array_equal(out, data)
+            plane.transfer_many("WRITE", [(info, [data.ctypes.data], [8192], [data.nbytes])], 5.0, tags=[tag])
+            where, offset, _, out, _ = plane.read_tagged([info, second], tag, _new_array, 5.0)
+            assert where is info and offset == 8192 and np.array_equal(out, data)
+            assert plane.read_tagged([info, second], tag_of("tenant", "nowhere"), _new_array, 5.0) is None
+            back = np.zeros_like(data)
+            plane.register(back.ctypes.data, back.nbytes)
+            plane.transfer("READ", second, [back.ctypes.data], [4096], [data.nbytes], 5.0)
+            assert np.array_equal(back, data)

@@ -5,7 +5,10 @@ to the master (~100-140 us across hosts here), then the read from the node; Redi
 one. Values a client wrote or read lately are often read again by it (a connector reading back
 what its instance stored, a retry), and it knows where they were put. Such a get sends its
 GetValue and, without waiting for the answer, reads the value from where it was; the master's
-answer, taken after the read, says whether those bytes are the value.
+answer, taken after the read, says whether those bytes are the value. A get of a value the
+client never saw (another instance wrote it) does the same with what the nodes hold under the
+key's tag, where its writer last wrote it (transfer/lane_tags.py): across hosts a cold 256 KiB -
+1 MiB get took 1.25-1.28x less time (benchmarks/results/peers/ab_tag_reads.txt).
 
 Rules:
 - The bytes are taken only when the master's leased answer lists the place read among the
@@ -21,7 +24,16 @@ Rules:
 - Places are noted after a plain put into an allocation held ahead (ahead.py) and after a plain
   get read from a node, forgotten on `remove` and on a miss; a place noted under another master
   incarnation is never used. At most MAX_PLACES keys, the least recently used forgotten first.
-- `KnownPlaces` is bookkeeping with a lock, no I/O; `EarlyReads` (a mixin of the Client) does the
+- Tag reads, under the same rule (metric `kvpool_client_tag_reads{outcome}`: also `unknown`, no
+  node asked knew the tag, and `failed`): a get with no known place asks the segments this
+  client knows on other hosts (all of them with path "lane"), at most MAX_TAG_ASKS, at once over
+  their lanes; it learns segments from the replies that name them. Only while at least one of
+  the last 16 such gets found its value on a node (TagGuesses): values the master holds (up to
+  its inline limit, 64 KiB by default) would pay a node's round trip for nothing. Writes tag a
+  put of one object on its lane (a plain put, a put_from of one key); values written by NIXL
+  (large jobs where RDMA is present) carry no tag and are read the usual way.
+- `KnownPlaces` and `TagGuesses` are bookkeeping, no I/O (TagGuesses without a lock: a lost
+  update between threads only shifts a guess); `EarlyReads` (a mixin of the Client) does the
   read and the round trip, with the Client's channel, plane and metrics.
 """
 
@@ -41,6 +53,7 @@ from kvpool.core.protocol import Replica
 from kvpool.transfer.lane_tags import tag_of
 
 MAX_PLACES = 4096
+MAX_TAG_ASKS = 4  # nodes a get of a value its client never saw asks for the value's tag at once
 
 
 @dataclass(frozen=True)
@@ -114,11 +127,10 @@ class TagGuesses:
 
     def __init__(self) -> None:
         self._recent: deque[bool] = deque(maxlen=self.WINDOW)
-        self._on_nodes = 0  # True entries in _recent
         self._skipped = 0
 
     def should_try(self) -> bool:
-        if self._on_nodes or len(self._recent) < self.WINDOW:
+        if len(self._recent) < self.WINDOW or any(self._recent):
             return True
         self._skipped += 1
         if self._skipped >= self.WINDOW:
@@ -127,10 +139,7 @@ class TagGuesses:
         return False
 
     def record(self, on_node: bool) -> None:
-        if len(self._recent) == self.WINDOW and self._recent[0]:
-            self._on_nodes -= 1
         self._recent.append(on_node)
-        self._on_nodes += on_node
 
 
 # what a read beside GetValue did: (the replica read, or None if the read failed; the output; its
@@ -165,28 +174,30 @@ class EarlyReads:
         return self._beside_get_value(key, read, started, self._metrics.early_reads)
 
     def _read_by_tag(self, key: str, make: MakeOutput, started: float):
-        """A get of a value this client has no place for: GetValue, and meanwhile what the node a
-        tag guess picks holds under the key's tag (lane_tags.py), kept under _read_early's rule.
-        The node is one of the segments this client knows on other hosts, picked by the tag (with
-        one node, always the right one); one that knows no such tag answers at once, and the get
-        goes on as usual. NotImplemented when no guess is made (no such segment known, or recent
-        gets found their values held by the master: TagGuesses)."""
+        """A get of a value this client has no place for: GetValue, and meanwhile what the nodes
+        hold under the key's tag (lane_tags.py), kept under _read_early's rule. Asked: the
+        segments this client knows on other hosts, at most MAX_TAG_ASKS of them (picked by the
+        tag); a node that knows no such tag answers at once, and with none the get goes on as
+        usual. NotImplemented when none is asked (no such segment known, or recent gets found
+        their values held by the master: TagGuesses)."""
         segments = self._segments.lane_segments(include_local=self.config.path == "lane")
         if not segments or not self._tag_guesses.should_try():
             return NotImplemented
         tag = tag_of(self.config.tenant, key)
-        segment = segments[int.from_bytes(tag[:8], "little") % len(segments)]
+        if len(segments) > MAX_TAG_ASKS:
+            first = int.from_bytes(tag[:8], "little") % len(segments)
+            segments = (segments[first:] + segments[:first])[:MAX_TAG_ASKS]
 
         def read() -> _Beside | None:
             try:
-                got = self.plane.read_tagged(segment, tag, make, self.config.timeout_s, fresh_memory.prefault)
+                got = self.plane.read_tagged(segments, tag, make, self.config.timeout_s, fresh_memory.prefault)
             except TransferError:
                 self._metrics.tag_reads["failed"].inc()
                 return None
             if got is None:
                 self._metrics.tag_reads["unknown"].inc()
                 return None
-            offset, size, out, addr = got
+            segment, offset, size, out, addr = got
             return Replica(segment.segment_id, offset, size), out, addr, size
 
         return self._beside_get_value(key, read, started, self._metrics.tag_reads)

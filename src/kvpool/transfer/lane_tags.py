@@ -18,8 +18,10 @@ Rules:
   another value's (freed and reused, half written, a hostile writer's). The reader trusts nothing of
   it: the client keeps the bytes only when the master's leased answer places the value at that
   (segment, offset, size) and they match the checksum the master recorded (known_places.py).
-- A node keeps at most MAX_TAGS tags, the least recently written or read forgotten first; a tag
-  whose range is outside the segment or over one request's bytes is refused like any request.
+- A node keeps at most MAX_TAGS tags, the least recently written or read forgotten first. A TAG
+  naming a range outside the segment is not recorded (a log line; still no reply, so the writer's
+  next request is answered as it expects); a malformed tag request is refused like any request.
+  A READ_TAG of a tag over one request's bytes (64 MiB) is answered "not known".
   Tags live in the node's memory only: a restarted node knows none (readers then ask the master
   first, as before).
 - Pure bookkeeping and wire helpers: the lane's server and connections (segment_lane.py) do the I/O.

@@ -39,6 +39,7 @@ Rules:
 from __future__ import annotations
 
 import bisect
+import ctypes
 import operator
 import os
 import threading
@@ -403,25 +404,56 @@ class DataPlane:
         run_on_lane(op, job.route.lane, conn, job.local_addrs, job.remote_offsets, job.sizes, split, deadline,
                     before_landing, sent, tag)
 
-    def read_tagged(self, segment: SegmentInfo, tag: bytes, make, timeout_s: float, before_landing=None):
-        """What the segment's node holds where `tag` was last written (lane_tags.py), read over its
-        lane into `make(size)`'s (output, address): (offset, size, output, address); None when the node
-        knows no such tag, the segment has no lane route (shared memory, nixl only) or every
-        connection of its lane is in use. TransferError if the read failed."""
+    def read_tagged(self, segments: Sequence[SegmentInfo], tag: bytes, make, timeout_s: float,
+                    before_landing=None):
+        """What a node holds where `tag` was last written (lane_tags.py), read over its segment's
+        lane into `make(size)`'s (output, address): (segment, offset, size, output, address).
+        Every one of `segments` whose route has a lane (not shared memory) with a connection free
+        now is asked at once; the first that knows the tag is read, another that knows it too (a
+        replica) is drained. None when none knows it or none could be asked; TransferError when
+        none knew it and an ask failed."""
         self._check_open()
-        route = self._route(segment)
-        if route.lane is None or route.mapping is not None:
-            return None
-        conn = route.lane.try_acquire()
-        if conn is None:
-            return None
+        deadline = time.monotonic() + timeout_s
+        asked: list[tuple[SegmentInfo, SegmentLane, object, bool]] = []  # (segment, lane, connection, sent)
+        found = failure = None
         try:
-            got = conn.read_tagged(tag, make, time.monotonic() + timeout_s, before_landing, route.lane.spin)
+            for segment in segments:
+                try:
+                    route = self._route(segment)
+                except TransferError as e:
+                    failure = e
+                    continue
+                if route.lane is None or route.mapping is not None:
+                    continue
+                conn = route.lane.try_acquire()
+                if conn is None:
+                    continue
+                try:
+                    conn.ask_tag(tag, deadline)
+                    asked.append((segment, route.lane, conn, True))
+                except TransferError as e:
+                    asked.append((segment, route.lane, conn, False))
+                    failure = e
+            for segment, lane, conn, sent in asked:
+                if not sent:
+                    continue
+                first = found is None
+                try:
+                    got = conn.take_tagged(make if first else _throwaway, deadline,
+                                           before_landing if first else None, lane.spin if first else None)
+                except TransferError as e:
+                    failure = e
+                    continue
+                if got is not None and first:
+                    found = (segment, *got)
         finally:
-            route.lane.release(conn)
-        if got is not None:
+            for _, lane, conn, _ in asked:
+                lane.release(conn)
+        if found is None and failure is not None:
+            raise failure
+        if found is not None:
             self.jobs_by_path["lane"] += 1
-        return got
+        return found
 
     def _takes_lane(self, op: str, job: _Checked) -> bool:
         """Whether the job should go over its segment's lane (path "lane": every job; auto: a host-
@@ -557,6 +589,12 @@ class DataPlane:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _throwaway(size: int):
+    """Memory a second answer to a tag read lands in (read_tagged): (its buffer, its address)."""
+    buf = (ctypes.c_char * size)()
+    return buf, ctypes.addressof(buf)
 
 
 def _path_of(route: _Route) -> str:

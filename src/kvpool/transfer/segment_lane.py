@@ -298,50 +298,74 @@ class LaneConnection:
 
     def read_tagged(self, tag: bytes, make, deadline_s: float, before_landing=None,
                     spin: SpinPolicy | None = None) -> tuple[int, int, object, int] | None:
-        """READ_TAG (lane_tags.py): (offset, size, output, its address) with the bytes the node holds
-        where `tag` was last written, read into `make(size)`'s (output, address); None if the node
-        knows no such tag. `before_landing(addr, size)`: called once the size is known, while
-        the node sends. TransferError (the connection closed) if it failed."""
-        began = time.monotonic()
+        """READ_TAG (lane_tags.py): ask_tag, then take_tagged."""
+        self.ask_tag(tag, deadline_s)
+        return self.take_tagged(make, deadline_s, before_landing, spin)
+
+    def ask_tag(self, tag: bytes, deadline_s: float) -> None:
+        """Send a READ_TAG for `tag`; take_tagged receives its answer. TransferError (the
+        connection closed) if it could not be sent."""
+        self._guarded("READ_TAG", self._ask_tag, tag, deadline_s)
+
+    def take_tagged(self, make, deadline_s: float, before_landing=None,
+                    spin: SpinPolicy | None = None) -> tuple[int, int, object, int] | None:
+        """The answer to ask_tag: (offset, size, output, its address) with the bytes the node
+        holds where the tag was last written, read into `make(size)`'s (output, address); None
+        if the node knows no such tag. `before_landing(addr, size)`: called once the size is
+        known, while the node sends. TransferError (the connection closed) if it failed."""
+        return self._guarded("READ_TAG", self._take_tagged, make, deadline_s, before_landing, spin)
+
+    def _guarded(self, op: str, fn, *args):
+        """fn(*args); any failure closes the connection (an answer may still be on its way) and
+        is a TransferError, but for errors not of I/O (e.g. `make`'s), raised as they are."""
         try:
-            sock, timeouts = self._connected(deadline_s)
-            aside = time.monotonic() - began
-            timeouts.arm(deadline_s - time.monotonic())
-            spin_s = spin.spin_s if spin is not None and spin.spins else None
-            spin_until = min(deadline_s, time.monotonic() + spin_s) if spin_s is not None else 0.0
-            _send_all(sock, [memoryview(_HEAD.pack(MAGIC, READ_TAG, 1) + tag)], timeouts, deadline_s, spin_until)
-            head = bytearray(_REPLY.size + lane_tags.OFFSET.size)
-            got = _recv_all(sock, [memoryview(head)], _REPLY.size, timeouts=timeouts, deadline_s=deadline_s,
-                            spin_until=spin_until)
-            status, size = _REPLY.unpack_from(head)
-            if status == lane_tags.NOT_KNOWN and size == 0 and got == _REPLY.size:
-                return None
-            if status != lane_tags.KNOWN:
-                reason = bytes(head[_REPLY.size : got])
-                raise TransferError(f"segment lane {self.address} refused the READ_TAG: "
-                                    f"{reason.decode(errors='replace')}...")
-            if not 0 < size <= MAX_REQUEST_BYTES:
-                raise TransferError(f"segment lane {self.address} answered a tag of {size} bytes")
-            (offset,) = lane_tags.OFFSET.unpack_from(head, _REPLY.size)
-            out, addr = make(size)
-            if before_landing is not None:  # while the node sends
-                took, spin_until = _aside(spin_until, deadline_s, before_landing, addr, size)
-                aside += took
-            if spin_until:
-                spin_until = min(deadline_s, spin_until + size * _SPIN_S_PER_BYTE)
-            _recv_all(sock, [_view(addr, size)], 0, timeouts=timeouts, deadline_s=deadline_s, spin_until=spin_until)
+            return fn(*args)
         except TransferError:
             self._close()
             raise
         except (TimeoutError, BlockingIOError):
             self._close()
-            raise TransferError(f"segment lane {self.address}: READ_TAG timed out") from None
+            raise TransferError(f"segment lane {self.address}: {op} timed out") from None
         except OSError as e:
             self._close()
-            raise TransferError(f"segment lane {self.address}: READ_TAG failed: {e}") from None
-        except BaseException:  # e.g. `make` failed: the reply is still coming, so the connection goes
+            raise TransferError(f"segment lane {self.address}: {op} failed: {e}") from None
+        except BaseException:
             self._close()
             raise
+
+    def _ask_tag(self, tag: bytes, deadline_s: float) -> None:
+        sock, timeouts = self._connected(deadline_s)
+        timeouts.arm(deadline_s - time.monotonic())
+        _send_all(sock, [memoryview(_HEAD.pack(MAGIC, READ_TAG, 1) + tag)], timeouts, deadline_s)
+
+    def _take_tagged(self, make, deadline_s: float, before_landing, spin: SpinPolicy | None):
+        began = time.monotonic()
+        sock, timeouts = self._sock, self._timeouts
+        if sock is None:
+            raise TransferError(f"segment lane {self.address}: no READ_TAG was asked on this connection")
+        timeouts.arm(deadline_s - began)
+        spin_s = spin.spin_s if spin is not None and spin.spins else None
+        spin_until = min(deadline_s, began + spin_s) if spin_s is not None else 0.0
+        head = bytearray(_REPLY.size + lane_tags.OFFSET.size)
+        got = _recv_all(sock, [memoryview(head)], _REPLY.size, timeouts=timeouts, deadline_s=deadline_s,
+                        spin_until=spin_until)
+        status, size = _REPLY.unpack_from(head)
+        if status == lane_tags.NOT_KNOWN and size == 0 and got == _REPLY.size:
+            return None
+        if status != lane_tags.KNOWN:
+            reason = bytes(head[_REPLY.size : got])
+            raise TransferError(f"segment lane {self.address} refused the READ_TAG: "
+                                f"{reason.decode(errors='replace')}...")
+        if not 0 < size <= MAX_REQUEST_BYTES:
+            raise TransferError(f"segment lane {self.address} answered a tag of {size} bytes")
+        (offset,) = lane_tags.OFFSET.unpack_from(head, _REPLY.size)
+        out, addr = make(size)
+        aside = 0.0
+        if before_landing is not None:  # while the node sends
+            aside, spin_until = _aside(spin_until, deadline_s, before_landing, addr, size)
+        if spin_until:
+            spin_until = min(deadline_s, spin_until + size * _SPIN_S_PER_BYTE)
+        _recv_all(sock, [_view(addr, size)], 0, timeouts=timeouts, deadline_s=deadline_s, spin_until=spin_until)
         if spin is not None:
             spin.record(time.monotonic() - began - aside - size * _SPIN_S_PER_BYTE)
         return offset, size, out, addr

@@ -129,14 +129,16 @@ class SegmentLaneServer:
         body[:have] = first[_HEAD.size : _HEAD.size + have]
         if have < len(body):
             _recv_all(conn, [memoryview(body)[have:]], 0)
-        if op == TAG:
+        if op == TAG:  # no reply (a refusal would be read as the answer to the writer's next request)
             offset, size = _REGION.unpack_from(body)
-            if size == 0 or offset + size > self._size or size > self._max_bytes:
-                return f"a tag for {size} bytes at offset {offset}: outside the {self._size}-byte segment or over a request"
-            self.tags.note(bytes(body[_REGION.size :]), offset, size)
+            if size == 0 or offset + size > self._size:
+                log.warning("segment lane: a tag for %d bytes at offset %d is outside the %d-byte segment: not "
+                            "recorded", size, offset, self._size)
+            else:
+                self.tags.note(bytes(body[_REGION.size :]), offset, size)
             return None
         place = self.tags.find(bytes(body))
-        if place is None:
+        if place is None or place[1] > self._max_bytes:  # too large for one reply: read the usual way
             conn.sendall(_REPLY.pack(lane_tags.NOT_KNOWN, 0))
             return None
         offset, size = place
