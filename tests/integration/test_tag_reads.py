@@ -139,3 +139,20 @@ def test_with_several_nodes_every_known_node_is_asked_and_the_holder_read(make_p
         assert len(b._segments.get(ids)) == 3  # b knows the three segments (as after reading from each)
         assert [b.get(k) for k in keys] == [pattern(k, SIZE).tobytes() for k in keys]
         assert _tags(b, "used") == len(keys) and _tags(b, "unknown") == 0
+
+
+def test_the_node_reports_its_tags_and_tag_reads(make_pool):
+    import urllib.request
+
+    pool = make_pool(num_nodes=0)
+    node = pool.add_node("4MiB", "--metrics-port", "0")
+    with Client(pool.address, "metrics", path="lane") as a, Client(pool.address, "metrics", path="lane") as b:
+        for key in ("m0", "m1", "m2"):
+            assert a.put(key, pattern(key, SIZE)) is True
+        _warm(b, "m0")
+        assert b.get("m1") == pattern("m1", SIZE).tobytes()
+        assert b.get("absent") is None  # asked, not known
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{node.info['metrics_port']}/metrics", timeout=5).read().decode()
+    assert "kvpool_node_lane_tags 3.0" in metrics
+    assert 'kvpool_node_lane_tag_reads_total{outcome="known"} 1.0' in metrics
+    assert 'kvpool_node_lane_tag_reads_total{outcome="not_known"} 1.0' in metrics

@@ -33,6 +33,7 @@ from pathlib import Path
 import msgspec
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from kvpool.core.errors import KVPoolError, UnavailableError, UsageError
 from kvpool.core.protocol import AnnounceObjects, AnnounceReply, Heartbeat, HeartbeatReply, MountReply, UnmountSegment
@@ -64,6 +65,27 @@ class NodeMetrics:
             "kvpool_node_announced_objects", "Directory entries announced to a master, by outcome (accepted, rejected)",
             ["outcome"], registry=registry,
         )
+        self.lane_tags = _LaneTags()
+        registry.register(self.lane_tags)
+
+
+class _LaneTags:
+    """The segment lane's tags (transfer/lane_tags.py), read from its TagIndex when scraped."""
+
+    def __init__(self) -> None:
+        self.index = None  # the segment's TagIndex, once it has one
+
+    def collect(self):
+        index = self.index
+        held = GaugeMetricFamily("kvpool_node_lane_tags", "Tags the segment lane holds: where values were last "
+                                 "written, for readers that never saw them")
+        held.add_metric([], len(index) if index is not None else 0)
+        yield held
+        reads = CounterMetricFamily("kvpool_node_lane_tag_reads", "READ_TAG requests answered, by outcome "
+                                    "(known: the bytes sent, not_known)", labels=["outcome"])
+        reads.add_metric(["known"], index.found if index is not None else 0)
+        reads.add_metric(["not_known"], index.not_found if index is not None else 0)
+        yield reads
 
 
 class StorageNode:
@@ -118,6 +140,7 @@ class StorageNode:
             log.info("node %s serves its segment lane (plain TCP, small transfers) on %s", self.node_id,
                      self._segment.lane_address)
         self.metrics.segment_bytes.set(self.config.memory_bytes)
+        self.metrics.lane_tags.index = self._segment.lane_tags
         self._channel = MasterChannel(self.config.master_address, timeout_s=self.config.timeout_s,
                                       credential=credential)
         try:
@@ -303,6 +326,7 @@ class StorageNode:
             self._channel.close()
             self._channel = None
         if self._segment is not None:
+            self.metrics.lane_tags.index = None
             self._segment.close()
             self._segment = None
 

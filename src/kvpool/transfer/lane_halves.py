@@ -50,7 +50,7 @@ def run_on_lane(op: str, lane, conn, local_addrs: Sequence[int], remote_offsets:
                 split_bytes: int, deadline: float, before_landing=None, sent=None, tag=None) -> None:
     """The job on `conn` (a connection of `lane`, segment_lane.py), in two halves when the rules
     above allow; TransferError if it did not complete. `tag`: a WRITE's (tag, offset, size), sent
-    after the first half's bytes (lane_tags.py)."""
+    just before the first half (lane_tags.py)."""
     total = sum(sizes) if split_bytes else 0
     second = lane.try_acquire() if split_bytes and total >= split_bytes else None
     if second is None:  # whole on this thread: it may spin (segment_lane.py)

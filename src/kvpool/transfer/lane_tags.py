@@ -7,9 +7,10 @@ from the node; Redis answers a GET in one. A writer that knows where its value w
 already reads there while GetValue travels; a tag lets any client do the same.
 
 Wire (after segment_lane.py's head b"KVSL" | u8 op | u32 count; little endian):
-    TAG (3), count 1:       (u64 offset, u64 size) | 16-byte tag. No reply. A writer sends it right
-                            after a WRITE's bytes on the same connection, so the node records it
-                            once those bytes are in the segment.
+    TAG (3), count 1:       (u64 offset, u64 size) | 16-byte tag. No reply. A writer sends it in
+                            the same send just before its WRITE, on the same connection, so the
+                            node has recorded it by the time that WRITE is answered (a reader
+                            that comes between reads half-written bytes: see the first rule).
     READ_TAG (4), count 1:  16-byte tag. Reply: u8 status | u64 length, then for status 0 (known):
                             u64 offset | the `length` bytes at that offset now; status 2: not known
                             here (length 0); status 1: refused, its reason follows (as any request).
@@ -54,6 +55,7 @@ class TagIndex:
         self._max = max_tags
         self._lock = threading.Lock()
         self._places: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
+        self.found = self.not_found = 0  # finds so far, by outcome (the node's metrics read them)
 
     def note(self, tag: bytes, offset: int, size: int) -> None:
         with self._lock:
@@ -67,6 +69,9 @@ class TagIndex:
             place = self._places.get(tag)
             if place is not None:
                 self._places.move_to_end(tag)
+                self.found += 1
+            else:
+                self.not_found += 1
             return place
 
     def __len__(self) -> int:

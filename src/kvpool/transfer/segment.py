@@ -42,6 +42,11 @@ class SegmentMemory:
         self._lane = SegmentLaneServer(self.base_addr, size_bytes, lane_host) if lane_host is not None else None
         self.lane_address: str | None = self._lane.address if self._lane is not None else None
 
+    @property
+    def lane_tags(self):
+        """The lane's TagIndex (lane_tags.py), or None without a lane."""
+        return self._lane.tags if self._lane is not None else None
+
     def mount_request(self, node_id: str, recovering: bool = False) -> MountSegment:
         return MountSegment(
             node_id=node_id,

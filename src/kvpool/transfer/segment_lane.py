@@ -197,7 +197,7 @@ class LaneConnection:
         `sent()`: called once a WRITE request's bytes are all handed to the kernel, before its
         reply is awaited (it must not raise: the request is then still unanswered). `spin`: the
         lane's policy, for a job that may spin (see the module rules). `tag` (tag, offset, size):
-        a WRITE's last request is followed by a TAG request recording it (lane_tags.py)."""
+        a TAG request recording it goes just before the WRITE's first request (lane_tags.py)."""
         began = time.monotonic()
         spin_s = spin.spin_s if spin is not None and spin.spins else None
         aside = 0.0  # seconds of the job spent connecting and in the callbacks, not moving bytes
@@ -206,7 +206,7 @@ class LaneConnection:
             requests = list(_requests(local_addrs, remote_offsets, sizes))
             for n, (addrs, offsets, lengths) in enumerate(requests):
                 aside += self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s, before_landing, sent, spin_s,
-                                        tag_request if n == len(requests) - 1 else None)
+                                        tag_request if n == 0 else None)
         except TransferError:  # refused, or a wrong answer: the node has stopped reading this request
             self._close()
             raise
@@ -252,7 +252,7 @@ class LaneConnection:
                   sent=None, spin_s: float | None = None, tag_request: bytes | None = None) -> float:
         """One request; returns the seconds it spent connecting and in `sent` / `before_landing`.
         `spin_s`: its sends and receives spin for that plus 1 ns per byte, not counting those.
-        `tag_request`: a WRITE's TAG, sent right after its bytes (no reply)."""
+        `tag_request`: a WRITE's TAG, sent in the same send just before it (no reply)."""
         started = time.monotonic()
         sock, timeouts = self._connected(deadline_s)
         now = time.monotonic()
@@ -267,8 +267,8 @@ class LaneConnection:
         views = [_view(a, s) for a, s in zip(local_addrs, sizes)]
         reply = bytearray(_REPLY.size)
         if op == WRITE:
-            tail = [memoryview(tag_request)] if tag_request is not None else []
-            _send_all(sock, [memoryview(request)] + views + tail, timeouts, deadline_s, spin_until)
+            head = [memoryview(tag_request)] if tag_request is not None else []
+            _send_all(sock, head + [memoryview(request)] + views, timeouts, deadline_s, spin_until)
             if sent is not None:  # while the node receives
                 took, spin_until = _aside(spin_until, deadline_s, sent)
                 aside += took
