@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import mmap
 import os
 import statistics
 import sys
@@ -32,16 +33,26 @@ PLAIN_SWEEP = [4 * KiB, 64 * KiB, 1 * MiB, 4 * MiB]  # value sizes of the plain 
 
 def registered_buffer(store, nbytes: int) -> np.ndarray:
     """A zeroed byte buffer the store can move to and from without a copy: the adapter's own
-    `buffer()` where the store hands out its memory (Mooncake IPC), else numpy memory registered."""
+    `buffer()` where the store hands out its memory (Mooncake IPC), else page-aligned memory
+    registered (`aligned_zeros`)."""
     own = getattr(store, "buffer", None)
     if own is not None:
         buf = own(nbytes)
         buf[:] = 0
     else:
-        buf = np.zeros(nbytes, dtype=np.uint8)
+        buf = aligned_zeros(nbytes)
         store.register(buf)
     _KEEP.append(buf)
     return buf
+
+
+def aligned_zeros(nbytes: int) -> np.ndarray:
+    """Zeroed, page-aligned memory (an anonymous mapping) as a numpy byte array. What an engine's
+    buffers are (a torch tensor is 64-byte aligned at least, a pinned or mapped KV cache
+    page-aligned) and what Mooncake IPC's own pool gives; numpy's large arrays sit 16 bytes past a
+    page boundary (malloc's header), where glibc copies 64 KiB regions at half speed (fixes.md 38,
+    40). Since stop 42 every store without memory of its own gets this."""
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
 
 
 def random_buffer(store, nbytes: int, seed: int) -> np.ndarray:
