@@ -81,15 +81,15 @@ def wait_port(host: hosts.Host, address: str, port: int, proc: procs.ManagedProc
     raise PeerUnavailable(f"{proc.name} not listening on {address}:{port} after {timeout_s:.0f} s:\n{proc.tail_log()}")
 
 
-def _kvpool(master_host: str, node_host: str, client_host: str, **client_options):
+def _kvpool(master_host: str, node_host: str, client_host: str, master_args: tuple[str, ...] = (), **client_options):
     def start(net: hosts.HostNetwork, workdir: Path, storage_bytes: int, python: str) -> Running:
         running = Running(net[client_host], {}, python)
         try:
             m = net[master_host]
             # A removed object keeps its space until its read lease ends: short leases (store_bench.py)
             argv = procs.kvpool_argv("master", "--insecure", "--host", m.address, "--port", "0", "--lease-ttl-s", "2",
-                                     "--max-lease-hold-s", "10")  # fmt: skip
-            tag = "-".join([master_host, *client_options])
+                                     "--max-lease-hold-s", "10", *master_args)  # fmt: skip
+            tag = "-".join([master_host, *client_options, *(a.strip("-") for a in master_args)])
             master = procs.ManagedProcess(f"{tag}-master", m.wrap(pinned(argv)), workdir)
             running.processes.append(master.start(30))
             argv = procs.kvpool_argv("node", "--master", master.info["address"], "--memory", str(storage_bytes),
@@ -255,6 +255,9 @@ PEERS: dict[str, Peer] = {
         # master round trips over ZMQ instead of the lane (A/B for the lane, issue 14)
         Peer("kvpool-nixl-zmq", "kvpool NIXL cross-host, ZMQ control (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", lane=False)),
+        # values of 16-64 KiB on the node, not held by the master (A/B for the master's inline limit)
+        Peer("kvpool-nixl-inline16k", "kvpool cross-host, master holds values up to 16 KiB", "cross-host",
+             _kvpool("kvmaster", "kvnode", "client", master_args=("--max-inline", "16KiB"))),
         Peer("mooncake-tcp", "Mooncake TCP cross-host", "cross-host", _mooncake_tcp, needs=("mooncake",)),
         Peer("mooncake-ipc", "Mooncake IPC same-host", "same-host", _mooncake_ipc, needs=("mooncake",)),
         Peer("redis", "Redis cross-host", "cross-host", _redis, needs=("redis",)),
