@@ -90,6 +90,15 @@ def test_a_tag_naming_other_bytes_is_read_again_and_the_right_value_returned(mak
         _send_tag(segment.lane_address, lane_tags.tag_of("hostile", "victim"), decoy.offset, decoy.size)
         assert b.get("victim") == pattern("victim", SIZE).tobytes()
         assert _tags(b, "read_again") == 1 and _tags(b, "used") == used
+        # a tag naming another range that holds the very same bytes (another key's copy): the
+        # checksum matches, the place does not: read again
+        assert a.put("twin", pattern("victim", SIZE)) is True
+        twin = a._places.get("twin", a._channel.epoch).replicas[0]
+        _send_tag(segment.lane_address, lane_tags.tag_of("hostile", "victim"), twin.offset, twin.size)
+        with Client(pool.address, "hostile", path="lane") as d:
+            _warm(d)
+            assert d.get("victim") == pattern("victim", SIZE).tobytes()
+            assert _tags(d, "read_again") == 2 and _tags(d, "used") == used
         # a tag at the right place whose bytes were changed under it: the checksum catches it
         victim = b._places.get("victim", b._channel.epoch)  # where b read it
         assert victim is not None
@@ -101,7 +110,7 @@ def test_a_tag_naming_other_bytes_is_read_again_and_the_right_value_returned(mak
             _send_tag(segment.lane_address, lane_tags.tag_of("hostile", "victim"), right.offset, right.size)
             _flip_bits(a, ["victim"], 0, 100, 0x01)
             assert c.get("victim") is None  # read by tag, mismatched; read again under the lease: mismatched
-            assert _tags(c, "read_again") == 2 and _tags(c, "used") == used
+            assert _tags(c, "read_again") == 3 and _tags(c, "used") == used
 
 
 def test_gets_of_values_the_master_holds_stop_reading_by_tag(make_pool):

@@ -11,6 +11,7 @@ import struct
 import numpy as np
 import pytest
 
+from kvpool.core.errors import TransferError
 from kvpool.transfer import lane_tags
 from kvpool.transfer import segment_lane as sl
 from kvpool.transfer.lane_tags import TagIndex, tag_of
@@ -108,7 +109,6 @@ def test_bad_tag_requests_are_refused_and_the_lane_keeps_serving(segment, info, 
         status, body = test_segment_lane._reply(sock)
         assert status == 1 and reason in body
         assert sock.recv(1) == b""  # closed after the refusal
-    assert len(segment._lane.tags) < lane_tags.MAX_TAGS  # nothing recorded beyond what the others wrote
     data = np.arange(4096, dtype=np.uint8)
     tag = tag_of("tenant", "after-a-refusal")
     with _plane(data, path="lane") as plane:
@@ -174,3 +174,87 @@ def test_several_segments_are_asked_at_once_and_the_one_that_knows_is_read(info)
             plane.register(back.ctypes.data, back.nbytes)
             plane.transfer("READ", second, [back.ctypes.data], [4096], [data.nbytes], 5.0)
             assert np.array_equal(back, data)
+
+
+def _second_segment(name: str):
+    from kvpool.transfer import SegmentMemory
+    import msgspec
+
+    memory = SegmentMemory(1 << 20, name=name, lane_host="127.0.0.1")
+    return memory, msgspec.structs.replace(memory.segment_info(segment_id=3, node_id="n3"), host_id="another-host")
+
+
+def _all_back(plane, info) -> bool:
+    """Every connection the segment's lane made is idle in it again (none held by a tag read)."""
+    lane = plane._routes[info.segment_id].lane
+    return lane._open == len(lane._idle)
+
+
+def test_a_failing_make_closes_every_unread_answer_and_the_connections_serve_the_next_jobs(info):
+    """`make` raises with two answers pending: both connections are closed before they go back,
+    so the next READ on each gets its own answer, not the tag's (no shifted bytes)."""
+    data = np.random.default_rng(11).integers(0, 256, 1 << 16, dtype=np.uint8)
+    tag = tag_of("tenant", "make-fails")
+    memory, other = _second_segment("lane-unit-make")
+    with memory, _plane(data, path="lane") as plane:
+        for where in (info, other):
+            plane.transfer_many("WRITE", [(where, [data.ctypes.data], [0], [data.nbytes])], 5.0, tags=[tag])
+
+        def failing(size):
+            raise MemoryError("no memory for the value")
+
+        for _ in range(3):
+            with pytest.raises(MemoryError):
+                plane.read_tagged([info, other], tag, failing, 5.0)
+        for where in (info, other):
+            back = np.zeros_like(data)
+            plane.register(back.ctypes.data, back.nbytes)
+            plane.transfer("READ", where, [back.ctypes.data], [0], [data.nbytes], 5.0)
+            assert np.array_equal(back, data)
+            plane.unregister(back.ctypes.data)
+            assert _all_back(plane, where)
+
+
+def test_a_replica_that_knows_the_tag_is_not_drained_and_its_connection_is_remade(info):
+    data = np.random.default_rng(12).integers(0, 256, 1 << 16, dtype=np.uint8)
+    tag = tag_of("tenant", "replicated")
+    memory, other = _second_segment("lane-unit-replica")
+    with memory, _plane(data, path="lane") as plane:
+        for where in (info, other):
+            plane.transfer_many("WRITE", [(where, [data.ctypes.data], [4096], [data.nbytes])], 5.0, tags=[tag])
+        for _ in range(3):
+            where, offset, _, out, _ = plane.read_tagged([info, other], tag, _new_array, 5.0)
+            assert where is info and offset == 4096 and np.array_equal(out, data)
+        assert memory._lane.tags.known == 3  # the replica answered each time; its bytes were not read
+        back = np.zeros_like(data)
+        plane.register(back.ctypes.data, back.nbytes)
+        plane.transfer("READ", other, [back.ctypes.data], [4096], [data.nbytes], 5.0)
+        assert np.array_equal(back, data)
+
+
+def test_a_dead_segment_among_those_asked_costs_one_short_connect_then_is_skipped(info):
+    """A segment whose lane refuses connections: the others are still read; it is skipped for a
+    while after the failure, and its connection goes back to its lane (no leak, no hang)."""
+    import msgspec
+    import time
+
+    data = np.arange(1 << 12, dtype=np.uint16).view(np.uint8)
+    tag = tag_of("tenant", "beside-a-dead-one")
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead = msgspec.structs.replace(info, segment_id=9, agent_name="dead",
+                                   lane_address=f"127.0.0.1:{closed.getsockname()[1]}")
+    closed.close()  # nothing listens there now: connections are refused
+    with _plane(data, path="lane") as plane:
+        plane.transfer_many("WRITE", [(info, [data.ctypes.data], [0], [data.nbytes])], 5.0, tags=[tag])
+        started = time.monotonic()
+        for _ in range(8):
+            where, _, _, out, _ = plane.read_tagged([dead, info], tag, _new_array, 5.0)
+            assert where is info and np.array_equal(out, data)
+        assert time.monotonic() - started < 5.0
+        assert _all_back(plane, dead) and _all_back(plane, info)
+        with pytest.raises(TransferError) as failure:
+            plane._tag_reader._failed_until.clear()
+            plane.read_tagged([dead], tag, _new_array, 5.0)
+        assert failure.value.segment_ids == [9]
+        assert plane.read_tagged([dead], tag, _new_array, 5.0) is None  # skipped now: nothing asked

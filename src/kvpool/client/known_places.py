@@ -28,8 +28,9 @@ Rules:
   node asked knew the tag, and `failed`): a get with no known place asks the segments this
   client knows on other hosts (all of them with path "lane"), at most MAX_TAG_ASKS, at once over
   their lanes; it learns segments from the replies that name them. Only while at least one of
-  the last 16 such gets found its value on a node (TagGuesses): values the master holds (up to
-  its inline limit, 64 KiB by default) would pay a node's round trip for nothing. Writes tag a
+  the last 16 tag reads found a node that knew the tag, else once in 16 gets (TagGuesses): values
+  the master holds (up to its inline limit, 64 KiB by default) or written without a tag would pay
+  the nodes' round trips for nothing. Writes tag a
   put of one object on its lane (a plain put, a put_from of one key); values written by NIXL
   (large jobs where RDMA is present) carry no tag and are read the usual way.
 - `KnownPlaces` and `TagGuesses` are bookkeeping, no I/O (TagGuesses without a lock: a lost
@@ -119,9 +120,9 @@ MakeOutput = Callable[[int], tuple[object, int]]  # size -> (the object returned
 
 class TagGuesses:
     """Whether a get of a value this client never saw should read by tag meanwhile: while at least
-    one of the last WINDOW such gets found its value on a node (not held by the master, not a
-    miss), and otherwise once every WINDOW gets, to notice when that changes. Small values
-    (held by the master) gain nothing from a node's read and would pay its round trip."""
+    one of the last WINDOW tag reads found a node that knew the tag, and otherwise once every
+    WINDOW gets, to notice when that changes. Values the master holds (small ones) and values
+    written without a tag (by NIXL) gain nothing from the asks and would pay their round trips."""
 
     WINDOW = 16
 
@@ -178,8 +179,9 @@ class EarlyReads:
         hold under the key's tag (lane_tags.py), kept under _read_early's rule. Asked: the
         segments this client knows on other hosts, at most MAX_TAG_ASKS of them (picked by the
         tag); a node that knows no such tag answers at once, and with none the get goes on as
-        usual. NotImplemented when none is asked (no such segment known, or recent gets found
-        their values held by the master: TagGuesses)."""
+        usual. NotImplemented when none is asked (no such segment known, or no node knew the tags
+        of recent such gets: TagGuesses). A segment whose node failed to answer is asked about at
+        the master after the get (a dead node's is forgotten once the master dropped it)."""
         segments = self._segments.lane_segments(include_local=self.config.path == "lane")
         if not segments or not self._tag_guesses.should_try():
             return NotImplemented
@@ -188,19 +190,32 @@ class EarlyReads:
             first = int.from_bytes(tag[:8], "little") % len(segments)
             segments = (segments[first:] + segments[:first])[:MAX_TAG_ASKS]
 
+        failed: list[int] = []
+
         def read() -> _Beside | None:
             try:
                 got = self.plane.read_tagged(segments, tag, make, self.config.timeout_s, fresh_memory.prefault)
-            except TransferError:
+            except TransferError as e:
+                failed.extend(getattr(e, "segment_ids", ()))
                 self._metrics.tag_reads["failed"].inc()
-                return None
+                got = None
+            else:
+                if got is None:
+                    self._metrics.tag_reads["unknown"].inc()
+            self._tag_guesses.record(got is not None)
             if got is None:
-                self._metrics.tag_reads["unknown"].inc()
                 return None
             segment, offset, size, out, addr = got
             return Replica(segment.segment_id, offset, size), out, addr, size
 
-        return self._beside_get_value(key, read, started, self._metrics.tag_reads)
+        try:
+            return self._beside_get_value(key, read, started, self._metrics.tag_reads)
+        finally:
+            if failed:
+                try:
+                    self._segments.recheck(failed)
+                except KVPoolError:  # the master unreachable now: asked again after the next failure
+                    pass
 
     def _beside_get_value(self, key: str, read, started: float, outcomes):
         """Send GetValue, call `read()` while it travels, take the answer and keep what was read

@@ -286,7 +286,6 @@ class PlainValues:
         key it knows no place of, what a node holds under the key's tag (lane_tags.py), alike."""
         self._check_keys([key], unique=False)
         started = time.perf_counter()
-        cold = False  # a get of a value this client has no place for, that may read by tag
         if make is not None and self.config.checksums and self._max_inline >= 0:
             place = self._places.get(key, self._channel.epoch) if self.config.known_places else None
             if place is not None and place.size > self._max_inline:
@@ -294,10 +293,8 @@ class PlainValues:
                 if found is not NotImplemented:
                     return found
             elif place is None and self.config.read_by_tag:
-                cold = True
                 found = self._read_by_tag(key, make, started)
                 if found is not NotImplemented:
-                    self._tag_guesses.record(isinstance(found, (_Found, EarlyRead)))
                     return found
         t0 = time.monotonic()  # before sending: our lease deadline is never later than the master's
         answer = None
@@ -310,10 +307,7 @@ class PlainValues:
             answer = protocol.ValueReply(False, b"", self._call(
                 protocol.LookupPrefix(self.config.tenant, [key], lease=True), protocol.LookupReply),
                 max_inline_bytes=self._max_inline)
-        found = self._value_answered(key, answer, t0, started)
-        if cold:
-            self._tag_guesses.record(isinstance(found, _Found))
-        return found
+        return self._value_answered(key, answer, t0, started)
 
     def _value_answered(self, key: str, answer: protocol.ValueReply, t0: float,
                         started: float) -> "bytes | _Found | None":

@@ -83,8 +83,8 @@ class _LaneTags:
         yield held
         reads = CounterMetricFamily("kvpool_node_lane_tag_reads", "READ_TAG requests answered, by outcome "
                                     "(known: the bytes sent, not_known)", labels=["outcome"])
-        reads.add_metric(["known"], index.found if index is not None else 0)
-        reads.add_metric(["not_known"], index.not_found if index is not None else 0)
+        reads.add_metric(["known"], index.known if index is not None else 0)
+        reads.add_metric(["not_known"], index.not_known if index is not None else 0)
         yield reads
 
 

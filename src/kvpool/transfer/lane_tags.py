@@ -38,7 +38,7 @@ from collections import OrderedDict
 TAG, READ_TAG = 3, 4
 TAG_BYTES = 16
 KNOWN, NOT_KNOWN = 0, 2
-MAX_TAGS = 1 << 16  # ~100 bytes each: ~6.5 MiB per segment at most
+MAX_TAGS = 1 << 16  # ~250 bytes each (key, tuple, dict and order entries): ~16 MiB per segment at most
 OFFSET = struct.Struct("<Q")  # a known tag's offset, between the reply's head and its bytes
 
 
@@ -55,7 +55,7 @@ class TagIndex:
         self._max = max_tags
         self._lock = threading.Lock()
         self._places: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
-        self.found = self.not_found = 0  # finds so far, by outcome (the node's metrics read them)
+        self.known = self.not_known = 0  # READ_TAG answers so far, by outcome (the lane server counts them)
 
     def note(self, tag: bytes, offset: int, size: int) -> None:
         with self._lock:
@@ -69,9 +69,6 @@ class TagIndex:
             place = self._places.get(tag)
             if place is not None:
                 self._places.move_to_end(tag)
-                self.found += 1
-            else:
-                self.not_found += 1
             return place
 
     def __len__(self) -> int:

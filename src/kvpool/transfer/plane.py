@@ -39,7 +39,6 @@ Rules:
 from __future__ import annotations
 
 import bisect
-import ctypes
 import operator
 import os
 import threading
@@ -56,6 +55,7 @@ from kvpool.transfer.hostinfo import host_id
 from kvpool.transfer.lane_halves import run_on_lane
 from kvpool.transfer.segment_lane import SegmentLane, lane_spin_s, rdma_available
 from kvpool.transfer.shm import PeerMapping
+from kvpool.transfer.tag_reads import TagReader
 
 PATHS = ("auto", "nixl", "shm", "lane")
 LANE_MAX_BYTES_ENV = "KVPOOL_SEGMENT_LANE_MAX_BYTES"
@@ -154,6 +154,7 @@ class DataPlane:
         self._has_gpu_memory = False
         self._endpoint = None  # NixlEndpoint, created on first need
         self._routes: dict[int, _Route] = {}
+        self._tag_reader = TagReader(self._tag_lane)  # reads by tag (tag_reads.py)
         self._closed = False
 
     # ---- local memory ------------------------------------------------------------------------
@@ -407,53 +408,20 @@ class DataPlane:
     def read_tagged(self, segments: Sequence[SegmentInfo], tag: bytes, make, timeout_s: float,
                     before_landing=None):
         """What a node holds where `tag` was last written (lane_tags.py), read over its segment's
-        lane into `make(size)`'s (output, address): (segment, offset, size, output, address).
-        Every one of `segments` whose route has a lane (not shared memory) with a connection free
-        now is asked at once; the first that knows the tag is read, another that knows it too (a
-        replica) is drained. None when none knows it or none could be asked; TransferError when
-        none knew it and an ask failed."""
+        lane into `make(size)`'s (output, address): (segment, offset, size, output, address);
+        None when none of `segments` knows it (or none could be asked); TransferError, with the
+        failed `segment_ids`, when none knew it and an ask failed (tag_reads.py)."""
         self._check_open()
-        deadline = time.monotonic() + timeout_s
-        asked: list[tuple[SegmentInfo, SegmentLane, object, bool]] = []  # (segment, lane, connection, sent)
-        found = failure = None
-        try:
-            for segment in segments:
-                try:
-                    route = self._route(segment)
-                except TransferError as e:
-                    failure = e
-                    continue
-                if route.lane is None or route.mapping is not None:
-                    continue
-                conn = route.lane.try_acquire()
-                if conn is None:
-                    continue
-                try:
-                    conn.ask_tag(tag, deadline)
-                    asked.append((segment, route.lane, conn, True))
-                except TransferError as e:
-                    asked.append((segment, route.lane, conn, False))
-                    failure = e
-            for segment, lane, conn, sent in asked:
-                if not sent:
-                    continue
-                first = found is None
-                try:
-                    got = conn.take_tagged(make if first else _throwaway, deadline,
-                                           before_landing if first else None, lane.spin if first else None)
-                except TransferError as e:
-                    failure = e
-                    continue
-                if got is not None and first:
-                    found = (segment, *got)
-        finally:
-            for _, lane, conn, _ in asked:
-                lane.release(conn)
-        if found is None and failure is not None:
-            raise failure
+        found = self._tag_reader.read(segments, tag, make, timeout_s, before_landing)
         if found is not None:
             self.jobs_by_path["lane"] += 1
         return found
+
+    def _tag_lane(self, segment: SegmentInfo) -> SegmentLane | None:
+        """The segment lane a tag read asks (None: shared memory or no lane); TransferError if
+        no route can be made."""
+        route = self._route(segment)
+        return route.lane if route.mapping is None else None
 
     def _takes_lane(self, op: str, job: _Checked) -> bool:
         """Whether the job should go over its segment's lane (path "lane": every job; auto: a host-
@@ -589,12 +557,6 @@ class DataPlane:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _throwaway(size: int):
-    """Memory a second answer to a tag read lands in (read_tagged): (its buffer, its address)."""
-    buf = (ctypes.c_char * size)()
-    return buf, ctypes.addressof(buf)
 
 
 def _path_of(route: _Route) -> str:

@@ -139,8 +139,10 @@ class SegmentLaneServer:
             return None
         place = self.tags.find(bytes(body))
         if place is None or place[1] > self._max_bytes:  # too large for one reply: read the usual way
+            self.tags.not_known += 1
             conn.sendall(_REPLY.pack(lane_tags.NOT_KNOWN, 0))
             return None
+        self.tags.known += 1
         offset, size = place
         _send_all(conn, [memoryview(_REPLY.pack(lane_tags.KNOWN, size) + lane_tags.OFFSET.pack(offset)),
                          self._segment[offset : offset + size]])
