@@ -72,8 +72,10 @@ def test_auto_sends_jobs_up_to_the_limit_over_the_lane_and_larger_ones_to_nixl(i
         assert plane.path_for(info) == "nixl"  # the route; its small jobs take the lane
         plane.transfer("WRITE", info, [buf.ctypes.data], [0], [64 << 10], 5)
         assert plane.jobs_by_path["lane"] == 1
+        assert plane._endpoint is None  # NIXL is loaded only for the first job that needs it
         plane.transfer("READ", info, [out.ctypes.data], [0], [512 << 10], 5)  # over the limit
         assert plane.jobs_by_path == {"shm": 0, "nixl": 1, "lane": 1}
+        assert plane._endpoint is not None
     np.testing.assert_array_equal(out[: 64 << 10], buf[: 64 << 10])
 
 

@@ -87,8 +87,13 @@ Job = tuple[SegmentInfo, Sequence[int], Sequence[int], Sequence[int]]
 class _Route:
     agent_name: str
     mapping: PeerMapping | None = None  # the shm path
-    peer: str | None = None  # the nixl path: remote agent name
+    peer: str | None = None  # the nixl path: remote agent name, once a NIXL job needed it (DataPlane._peer)
     lane: SegmentLane | None = None  # the segment lane, for small jobs (or all, with path "lane")
+    metadata: bytes | None = None  # the remote agent's NIXL metadata: the route has a nixl path
+
+    @property
+    def nixl(self) -> bool:
+        return self.peer is not None or self.metadata is not None
 
 
 @dataclass
@@ -247,9 +252,23 @@ class DataPlane:
             if lane is None:
                 raise TransferError(f"segment {segment.segment_id} of node {segment.node_id} serves no segment lane")
             return _Route(segment.agent_name, lane=lane)
-        endpoint = self._nixl()
-        shared = next((r.peer for r in self._routes.values() if r.peer and r.agent_name == segment.agent_name), None)
-        return _Route(segment.agent_name, peer=shared or endpoint.add_peer(segment.agent_metadata), lane=lane)
+        # the NIXL agent and its peer are made by the first job that needs them (_peer): without
+        # RDMA the lane carries every host-memory job, and loading NIXL cost a new client's first
+        # transfer ~0.5 s (fixes.md 40)
+        return _Route(segment.agent_name, lane=lane, metadata=segment.agent_metadata)
+
+    def _peer(self, route: _Route) -> str:
+        """The route's NIXL peer, made now (and the NIXL agent with it) if no job needed it yet;
+        TransferError if it cannot be made."""
+        if route.peer is None:
+            with self._lock:
+                self._check_open()
+                if route.peer is None:
+                    endpoint = self._nixl()
+                    shared = next((r.peer for r in self._routes.values() if r.peer and r.agent_name == route.agent_name),
+                                  None)
+                    route.peer = shared or endpoint.add_peer(route.metadata)
+        return route.peer
 
     def _nixl(self):
         if self._endpoint is None:
@@ -339,13 +358,13 @@ class DataPlane:
                 if errors[i] is not None:
                     continue
                 lane = job.route.lane
-                if job.route.peer is None and job.route.mapping is None and job.device is not None:
+                if not job.route.nixl and job.route.mapping is None and job.device is not None:
                     errors[i] = TransferError("the segment lane moves host memory only: GPU memory needs the nixl path")
                 elif lane is not None and id(lane) in held:
-                    if job.route.peer is None or unregistered:  # after the other job, on its connection
+                    if not job.route.nixl or unregistered:  # after the other job, on its connection
                         on_lane[i] = held[id(lane)][1]
                 elif self._takes_lane(op, job):
-                    conn = lane.acquire() if job.route.peer is None or unregistered else lane.try_acquire()
+                    conn = lane.acquire() if not job.route.nixl or unregistered else lane.try_acquire()
                     if conn is not None:
                         held[id(lane)] = (lane, conn)
                         on_lane[i] = conn
@@ -363,7 +382,7 @@ class DataPlane:
                   after_objects: Sequence | None = None, before_landing=None, sent=None, tags=None) -> list:
         posted, posted_idx = [], []
         for i, job in enumerate(checked):
-            if errors[i] is None and on_lane[i] is None and job.route.peer is not None and len(job.sizes):
+            if errors[i] is None and on_lane[i] is None and job.route.nixl and len(job.sizes):
                 try:
                     posted.append(self._post(op, job))
                     posted_idx.append(i)
@@ -433,7 +452,7 @@ class DataPlane:
     def _lane_wanted(self, op: str, route: _Route, sizes: Sequence[int], device: int | None) -> bool:
         if route.lane is None or not len(sizes):
             return False
-        if route.peer is None:
+        if not route.nixl:
             return True
         total = sum(sizes)
         if device is not None:
@@ -447,9 +466,10 @@ class DataPlane:
     def _post(self, op: str, job: _Checked):
         from kvpool.transfer.nixlio import descriptors
 
+        peer = self._peer(job.route)
         local = descriptors(job.local_addrs, job.sizes, job.device or 0)
         remote = descriptors(np.array(job.remote_offsets, dtype=np.int64) + job.segment.base_addr, job.sizes)
-        return self._endpoint.post(op, local, remote, job.route.peer, local_vram=job.device is not None)
+        return self._endpoint.post(op, local, remote, peer, local_vram=job.device is not None)
 
     def _check(
         self, segment: SegmentInfo, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
@@ -560,7 +580,7 @@ class DataPlane:
 
 
 def _path_of(route: _Route) -> str:
-    return "shm" if route.mapping is not None else "nixl" if route.peer is not None else "lane"
+    return "shm" if route.mapping is not None else "nixl" if route.nixl else "lane"
 
 
 def _once(callback):
