@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 CLIENT = r'''
 import json, sys, time
 sys.path.insert(0, sys.argv[5])
-import clients
+import adapters, clients
 import kvpool.transfer.shm as shm
 address, worker, start, loops = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 shm._CHUNK = int(sys.argv[6])
@@ -49,7 +49,7 @@ if sys.argv[7] == "1":  # --calls: the client's steps timed (by request type for
     timed(Client, "_checksums", "client: put checksums", calls)
     timed(Client, "_verified", "client: get checksums", calls)
     timed(shm.PeerMapping, "_populate", "client: segment chunks mapped (_populate)", calls)
-store = clients.KvpoolAdapter({"master": address, "tenant": "peers"})
+store = adapters.KvpoolAdapter({"master": address, "tenant": "peers"})
 chunk, prefix, tail, sessions = 256 << 10, 8, 2, 8
 slots = prefix + tail
 src, dst, chains = clients.agent_sessions(store, f"w{worker}", worker, chunk, prefix, tail, sessions)

@@ -7,8 +7,8 @@ what its instance stored, a retry), and it knows where they were put. Such a get
 GetValue and, without waiting for the answer, reads the value from where it was; the master's
 answer, taken after the read, says whether those bytes are the value. A get of a value the
 client never saw (another instance wrote it) does the same with what the nodes hold under the
-key's tag, where its writer last wrote it (transfer/lane_tags.py): across hosts a cold 256 KiB -
-1 MiB get took 1.25-1.28x less time (benchmarks/results/peers/ab_tag_reads.txt).
+key's tag, where its writer last wrote it (transfer/lane_tags.py): across hosts a cold 256 KiB /
+1 MiB get took 1.40x / 1.29x less time (benchmarks/results/peers/ab_tag_reads_final.txt).
 
 Rules:
 - The bytes are taken only when the master's leased answer lists the place read among the

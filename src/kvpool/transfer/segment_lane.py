@@ -203,8 +203,7 @@ class LaneConnection:
         aside = 0.0  # seconds of the job spent connecting and in the callbacks, not moving bytes
         tag_request = _tag_request(*tag) if tag is not None and op == "WRITE" else None
         try:
-            requests = list(_requests(local_addrs, remote_offsets, sizes))
-            for n, (addrs, offsets, lengths) in enumerate(requests):
+            for n, (addrs, offsets, lengths) in enumerate(_requests(local_addrs, remote_offsets, sizes)):
                 aside += self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s, before_landing, sent, spin_s,
                                         tag_request if n == 0 else None)
         except TransferError:  # refused, or a wrong answer: the node has stopped reading this request
@@ -295,12 +294,6 @@ class LaneConnection:
         if length != expected:
             raise TransferError(f"segment lane {self.address} answered {length} bytes, expected {expected}")
         return aside
-
-    def read_tagged(self, tag: bytes, make, deadline_s: float, before_landing=None,
-                    spin: SpinPolicy | None = None) -> tuple[int, int, object, int] | None:
-        """READ_TAG (lane_tags.py): ask_tag, then take_tagged."""
-        self.ask_tag(tag, deadline_s)
-        return self.take_tagged(make, deadline_s, before_landing, spin)
 
     def ask_tag(self, tag: bytes, deadline_s: float) -> None:
         """Send a READ_TAG for `tag`; take_tagged receives its answer. TransferError (the
