@@ -201,11 +201,14 @@ class Client(PlainValues, Landings, EarlyReads, Puts, Reads, Rounds):
         self._metrics.latency_s["lookup"].observe(time.perf_counter() - started)
         return reply.num_hit
 
-    def exists(self, keys: list[str]) -> list[bool]:
+    def exists(self, keys: list[str], *, namespace: str | None = None) -> list[bool]:
+        """Complete or not, per key, in one round trip (nothing leased, recency untouched), in this
+        client's namespace or in `namespace`."""
         self._check_keys(keys, unique=False)
         if not keys:
             return []
-        return list(self._call(protocol.Exists(self.config.tenant, list(keys)), protocol.ExistsReply).exists)
+        tenant = self.config.tenant if namespace is None else namespace
+        return list(self._call(protocol.Exists(tenant, list(keys)), protocol.ExistsReply).exists)
 
     def remove(self, keys: list[str]) -> int:
         self._check_keys(keys, unique=False)

@@ -22,6 +22,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
     KVConnectorTransferResults,
+    SupportsHMA,
 )
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -48,7 +49,7 @@ def pool_namespace(
     from vllm.platforms import current_platform
 
     model, cache, parallel = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
-    group = kv_cache_config.kv_cache_groups[0]
+    groups = kv_cache_config.kv_cache_groups
     attention = getattr(vllm_config, "attention_config", None)
     identity = {
         "format": NAMESPACE_FORMAT,
@@ -58,8 +59,9 @@ def pool_namespace(
         "hf_config": json.dumps(model.hf_config.to_dict(), sort_keys=True, default=str),
         "model_dtype": str(model.dtype),
         "cache_dtype": str(cache.cache_dtype),
-        "kv_spec": repr(group.kv_cache_spec),
-        "layers": list(group.layer_names),
+        # a hybrid model's groups each name their spec and layers (an object is one group's block)
+        "kv_spec": repr(groups[0].kv_cache_spec) if len(groups) == 1 else [repr(g.kv_cache_spec) for g in groups],
+        "layers": list(groups[0].layer_names) if len(groups) == 1 else [list(g.layer_names) for g in groups],
         "kv_cache_layout": kv_cache_config.kv_cache_layout,
         "device": current_platform.device_type,
         "attention_backend": str(getattr(attention, "backend", None)),
@@ -74,7 +76,7 @@ def pool_namespace(
     return derive_namespace(readable_model_name(model.model), identity)
 
 
-class KVPoolConnector(KVConnectorBase_V1):
+class KVPoolConnector(KVConnectorBase_V1, SupportsHMA):
     # The pool is DRAM (local or one network hop away): vLLM's per-tier hit metrics call it host.
     _cache_hit_source = CacheHitSource.HOST
 
@@ -86,10 +88,27 @@ class KVPoolConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         cfg = ConnectorConfig.from_extra_config(dict(self._kv_transfer_config.kv_connector_extra_config or {}))
         groups = kv_cache_config.kv_cache_groups
-        if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, FullAttentionSpec):
-            raise ValueError("KVPoolConnector supports models whose KV cache is one full-attention group")
-        block_size = groups[0].kv_cache_spec.block_size
         hash_block_size = kv_cache_config.hash_block_size or vllm_config.cache_config.block_size
+        self._group_rules = None  # hybrid models (several KV-cache groups): groups.py
+        if len(groups) > 1:
+            from kvpool.connector.hit_rule import kv_group_rules
+
+            self._group_rules = kv_group_rules(kv_cache_config, hash_block_size)
+            if cfg.tokens_per_object not in (None, hash_block_size):
+                raise ValueError(
+                    f"KVPoolConnector: a hybrid model's pool objects are single blocks; remove tokens_per_object "
+                    f"({cfg.tokens_per_object}) or set it to the block size ({hash_block_size})"
+                )
+            if cfg.load_async is False:
+                log.warning("kvpool: load_async is false, but vLLM reports failed loads of hybrid models only "
+                            "for asynchronous loads: loading asynchronously")
+            cfg = dataclasses.replace(cfg, load_async=True)
+        elif not isinstance(groups[0].kv_cache_spec, FullAttentionSpec):
+            raise ValueError(
+                f"KVPoolConnector: this model's one KV-cache group is {type(groups[0].kv_cache_spec).__name__}; "
+                "the pool serves full attention, and sliding-window / Mamba layers beside full attention"
+            )
+        block_size = groups[0].kv_cache_spec.block_size
         if hash_block_size != block_size:
             raise ValueError(
                 f"KVPoolConnector needs vLLM's hash block size ({hash_block_size}) == block size ({block_size})"
@@ -136,7 +155,8 @@ class KVPoolConnector(KVConnectorBase_V1):
                 lookup_cache_ttl_s=cfg.lookup_cache_ttl_s, lookup_answer_wait_s=cfg.lookup_wait_ms / 1000,
                 lookup_give_up_s=cfg.lookup_timeout_s, max_pinned_fraction=cfg.max_pinned_fraction,
                 rank_namespaces=self.rank_namespaces, lookup_on_arrival=cfg.lookup_on_arrival,
-                touch_waiting_s=cfg.touch_waiting_s,
+                touch_waiting_s=cfg.touch_waiting_s, group_rules=self._group_rules,
+                hit_rule=self._make_hit_rule(vllm_config, kv_cache_config, hash_block_size),
             )
         else:
             self.namespace = None  # known once the worker's ranks are (register_kv_caches)
@@ -146,6 +166,13 @@ class KVPoolConnector(KVConnectorBase_V1):
                 load_async=cfg.load_async, load_wait_s=cfg.load_wait_ms / 1000,
                 sync_lookup_timeout_s=cfg.lookup_timeout_s,
             )
+
+    def _make_hit_rule(self, vllm_config, kv_cache_config, hash_block_size: int):
+        if self._group_rules is None:
+            return None
+        from kvpool.connector.hit_rule import HitRule
+
+        return HitRule(vllm_config, kv_cache_config, hash_block_size)
 
     def _make_client(self, timeout_s: float):
         from kvpool.client import Client
@@ -163,7 +190,11 @@ class KVPoolConnector(KVConnectorBase_V1):
         self.namespace = pool_namespace(
             self._vllm_config, self._kv_cache_config, self.config, self.geom, tp_rank, pp_rank
         )
-        self._worker.attach(self._make_client(self.config.timeout_s), kv_caches, self._num_blocks)
+        groups = self._kv_cache_config.kv_cache_groups
+        group_layers = [list(g.layer_names) for g in groups] if self._group_rules else None
+        group_kinds = [self._group_rules[g].kind for g in range(len(groups))] if self._group_rules else None
+        self._worker.attach(self._make_client(self.config.timeout_s), kv_caches, self._num_blocks,
+                            group_layers, group_kinds)
         if self.config.pool_memory_bytes is not None:
             from kvpool.connector.embedded import EmbeddedNode
 
@@ -189,7 +220,8 @@ class KVPoolConnector(KVConnectorBase_V1):
         self._worker.wait_for_save(self._connector_metadata)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
-        return KVConnectorTransferResults(finished_recving=self._worker.take_finished_loads())
+        return KVConnectorTransferResults(finished_recving=self._worker.take_finished_loads(),
+                                          failed_recving=self._worker.take_failed_recving())
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_load_errors()
@@ -230,6 +262,10 @@ class KVPoolConnector(KVConnectorBase_V1):
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler.request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request, block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        """vLLM's hybrid KV cache manager stays on with this connector (SupportsHMA)."""
+        return self._scheduler.request_finished(request, block_ids if self._group_rules else block_ids[0])
 
     def has_pending_push_work(self) -> bool:
         return self._scheduler is not None and self._scheduler.has_pending_saves()

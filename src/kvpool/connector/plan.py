@@ -51,6 +51,7 @@ class LoadSpec:
     req_id: str
     keys: list[str]
     block_ids: list[list[int | None]]
+    groups: list[int] | None = None  # hybrid models: object i is one block of KV-cache group groups[i]
 
     @property
     def real_block_ids(self) -> list[int]:
@@ -99,6 +100,7 @@ class SaveSpec:
     keys: list[str]
     parents: list[str | None]
     block_ids: list[list[int]]
+    groups: list[int] | None = None  # hybrid models: object i is one block of KV-cache group groups[i]
 
 
 def savable_objects(
@@ -118,3 +120,4 @@ class RequestTracker:
     req_id: str
     next_save: int = 0
     pending_jobs: set[int] = field(default_factory=set)
+    saved_until: dict[int, int] = field(default_factory=dict)  # hybrid models: per group (groups.py)

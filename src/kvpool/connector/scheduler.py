@@ -44,6 +44,15 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from kvpool.connector.groups import (
+    GroupRule,
+    blocks_to_load,
+    blocks_to_save,
+    group_block_key,
+    intersect_present,
+    lookup_keys,
+    present_blocks,
+)
 from kvpool.connector.health import PoolHealth
 from kvpool.connector.keys import object_keys
 from kvpool.connector.lookups import ASK_AGAIN, DEFERRED, GIVEN_UP, REUSED, AsyncLookups
@@ -75,7 +84,21 @@ class SchedulerSide:
         lookup_answer_wait_s: float = 0.002, lookup_give_up_s: float = 0.5, max_pinned_fraction: float = 0.25,
         clock: Callable[[], float] = time.monotonic, rank_namespaces: Sequence[str] = (),
         lookup_on_arrival: bool = False, touch_waiting_s: float = 0.0,
+        group_rules: dict[int, GroupRule] | None = None, hit_rule=None,
     ) -> None:
+        # hybrid models (several KV-cache groups): one object per (group, block), groups.py; the
+        # hit every group can serve is vLLM's own rule (hit_rule.py)
+        self._group_rules = group_rules if group_rules and len(group_rules) > 1 else None
+        if self._group_rules is not None:
+            if geom.blocks_per_object != 1:
+                raise ValueError("a hybrid model's pool objects are single blocks: leave tokens_per_object unset")
+            if hit_rule is None:
+                raise ValueError("a hybrid model needs vLLM's hit rule")
+            # full-attention groups first: a load's leading objects are the prefix
+            self._group_order = sorted(self._group_rules, key=lambda g: self._group_rules[g].kind != "full")
+            self._full_rules = {g: r for g, r in self._group_rules.items() if r.kind == "full"}
+            self._first_full = next(iter(self._full_rules), None)
+        self._hit_rule = hit_rule
         self._lookup_on_arrival = lookup_on_arrival
         self._waiting = WaitingRequests(touch_waiting_s) if touch_waiting_s > 0 else None
         # TP/PP > 1: each rank stores its shard under its own namespace; a prefix is a hit only
@@ -151,6 +174,9 @@ class SchedulerSide:
 
     def _keys_of(self, request, window: int):
         """The keys of the request's first `window` objects, made only if a lookup is sent."""
+        if self._group_rules is not None:
+            return lambda: _GroupQuery(request.block_hashes[:window], lookup_keys(
+                request.block_hashes, self._group_order, window), self._group_order)
         return lambda: object_keys(request.block_hashes, self.geom.blocks_per_object, 0, window)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
@@ -181,9 +207,11 @@ class SchedulerSide:
         """On the lookup thread, before any lookup: make the client and its connection."""
         self._lookup_client().ping()
 
-    def _lookup_now(self, keys: list[str]) -> int:
+    def _lookup_now(self, keys) -> int:
         """On the lookup thread: one round trip."""
         client = self._lookup_client()
+        if isinstance(keys, _GroupQuery):
+            return self._lookup_groups(client, keys)
         # keys on a node's disk are promoted to DRAM meanwhile: wait for them within the budget the
         # request may wait for its answer anyway (vLLM asks again every step until then)
         wait = self._promotion_wait_s
@@ -193,6 +221,15 @@ class SchedulerSide:
         for namespace in self._rank_namespaces:  # each asks only about what every earlier rank has
             num_hit = client.lookup_prefix(keys[:num_hit], namespace=namespace, promotion_wait_s=wait) if num_hit else 0
         return num_hit
+
+    def _lookup_groups(self, client, query: "_GroupQuery") -> int:
+        """Hybrid models: which (group, block) objects exist, in one round trip per rank namespace;
+        then the hit every group can serve, in blocks, by vLLM's rule."""
+        num_blocks = len(query.hashes)
+        answers = [present_blocks(query.groups, num_blocks, client.exists(query.keys, namespace=namespace))
+                   for namespace in (self._rank_namespaces or [None])]
+        hit_tokens = self._hit_rule.longest_hit(query.hashes, num_blocks, intersect_present(answers))
+        return hit_tokens // self.geom.block_size
 
     def _lookup_done(self, ok: bool, error: BaseException | None, latency_s: float) -> None:
         if ok:
@@ -228,6 +265,9 @@ class SchedulerSide:
         tracker.next_save = max(tracker.next_save, num_hit)  # objects [0, num_hit) are in the pool
         if num_external_tokens <= 0:
             return
+        if self._group_rules is not None:
+            self._plan_group_load(request, blocks.get_block_ids(), num_local, num_external_tokens)
+            return
         k = self.geom.blocks_per_object
         first_object = num_local // self.geom.block_size // k
         end_object = (num_local + num_external_tokens) // self.geom.tokens_per_object
@@ -236,6 +276,17 @@ class SchedulerSide:
         self._pending_loads.append(
             plan_load(self.geom, rid, keys, first_object, num_local, num_external_tokens, list(block_ids))
         )
+        self.stats.add(lookup_hit_tokens=num_external_tokens)
+
+    def _plan_group_load(self, request, block_tables, num_local: int, num_external_tokens: int) -> None:
+        """Hybrid models: read every block vLLM allocated between the local hit and the pool hit."""
+        bs = self.geom.block_size
+        objects = blocks_to_load(block_tables, self._group_order, num_local // bs,
+                                 (num_local + num_external_tokens) // bs)
+        hashes = request.block_hashes
+        self._pending_loads.append(LoadSpec(
+            request.request_id, [group_block_key(o.group, hashes[o.index]) for o in objects],
+            [[o.block_id] for o in objects], [o.group for o in objects]))
         self.stats.add(lookup_hit_tokens=num_external_tokens)
 
     # ---- saves ---------------------------------------------------------------------------------
@@ -265,7 +316,14 @@ class SchedulerSide:
                     continue
                 ready = min(ready, tracker.next_save + room)  # the rest in a later step
                 block_table = block_state.get_block_ids(rid)
-                if block_table:
+                if block_table and self._group_rules is not None:
+                    # windows and states are stored at the end of prefill chunks, and at the finish
+                    prefill = computed_before[rid] < request.num_prompt_tokens
+                    spec = self._plan_group_save(request, tracker, ready, block_table,
+                                                 self._group_rules if prefill else self._full_rules)
+                    if spec is not None:
+                        meta.saves.append(spec)
+                elif block_table:
                     spec = self._plan_save(request, tracker, ready, list(block_table[0]))
                     if spec is not None:
                         meta.saves.append(spec)
@@ -290,14 +348,39 @@ class SchedulerSide:
         keys = object_keys(request.block_hashes, k, max(start - 1, 0), stop)
         parents: list[str | None] = keys[:-1] if start > 0 else [None, *keys[:-1]]
         keys = keys[1:] if start > 0 else keys
+        tracker.next_save = stop
+        return self._pin_save(request, tracker, keys, parents, per_object, [b for blocks in per_object for b in blocks])
+
+    def _plan_group_save(self, request, tracker: RequestTracker, boundary: int, block_tables,
+                         rules: dict[int, GroupRule]) -> SaveSpec | None:
+        """Hybrid models: each group's blocks for a save at `boundary` blocks (groups.py)."""
+        for g in self._group_rules:
+            tracker.saved_until.setdefault(g, 0)
+        objects, saved_until = blocks_to_save(block_tables, rules, tracker.saved_until, boundary)
+        tracker.saved_until.update(saved_until)
+        if self._first_full is not None:
+            tracker.next_save = saved_until[self._first_full]
+        if not objects:
+            return None
+        hashes = request.block_hashes
+        keys = [group_block_key(o.group, hashes[o.index]) for o in objects]
+        parents: list[str | None] = []
+        for o in objects:
+            if self._group_rules[o.group].kind == "full":
+                parents.append(group_block_key(o.group, hashes[o.index - 1]) if o.index else None)
+            else:  # evicted before the prefix it extends
+                parents.append(group_block_key(self._first_full, hashes[o.index]) if self._first_full is not None
+                               else None)
+        flat = [o.block_id for o in objects]
+        return self._pin_save(request, tracker, keys, parents, [[b] for b in flat], flat, [o.group for o in objects])
+
+    def _pin_save(self, request, tracker: RequestTracker, keys, parents, per_object, flat, groups=None) -> SaveSpec:
         job_id, self._next_job_id = self._next_job_id, self._next_job_id + 1
-        flat = [b for blocks in per_object for b in blocks]
         self._block_pool.touch([self._block_pool.blocks[b] for b in flat])
         self._pinned[job_id] = (flat, self._num_workers)
         self._num_pinned_blocks += len(flat)
-        tracker.next_save = stop
         tracker.pending_jobs.add(job_id)
-        return SaveSpec(job_id, request.request_id, list(keys), parents, per_object)
+        return SaveSpec(job_id, request.request_id, list(keys), parents, per_object, groups)
 
     def update_connector_output(self, connector_output) -> None:
         meta = connector_output.kv_connector_worker_meta
@@ -318,7 +401,8 @@ class SchedulerSide:
             # tail first, so vLLM evicts a prefix's end before its start
             self._block_pool.free_blocks(self._block_pool.blocks[b] for b in reversed(block_ids))
 
-    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, None]:
+    def request_finished(self, request, block_ids) -> tuple[bool, None]:
+        """`block_ids`: the request's blocks, a list; for a hybrid model, one list per group."""
         rid = request.request_id
         tracker = self._trackers.pop(rid, None)
         self._requests.pop(rid, None)
@@ -333,7 +417,11 @@ class SchedulerSide:
             # them now, while the blocks are still the request's; the references keep them alive.
             limit = None if self._save_decode else request.num_prompt_tokens
             ready = savable_objects(self.geom, request.num_computed_tokens, len(request.block_hashes), limit)
-            if ready > tracker.next_save and self._save_room() < ready - tracker.next_save:
+            if self._group_rules is not None:  # the last boundary's windows and states too
+                spec = self._plan_group_save(request, tracker, ready, block_ids, self._group_rules)
+                if spec is not None:
+                    self._late_saves.append(spec)
+            elif ready > tracker.next_save and self._save_room() < ready - tracker.next_save:
                 self.stats.add(saves_dropped=1)  # its blocks go back to vLLM now rather than wait
             elif ready > tracker.next_save:
                 spec = self._plan_save(request, tracker, ready, list(block_ids))
@@ -349,3 +437,15 @@ class SchedulerSide:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+class _GroupQuery:
+    """A hybrid model's lookup: the window's block hashes and every group's keys for them."""
+
+    __slots__ = ("hashes", "keys", "groups")
+
+    def __init__(self, hashes, keys: list[str], groups: list[int]) -> None:
+        self.hashes, self.keys, self.groups = list(hashes), keys, groups
+
+    def __len__(self) -> int:
+        return len(self.hashes)

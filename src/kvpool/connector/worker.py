@@ -55,6 +55,8 @@ class WorkerSide:
         self._shutdown_timeout_s = shutdown_timeout_s
         self._client = None
         self._layout: device.KVLayout | None = None
+        self._group_layouts: list[device.KVLayout] = []  # hybrid models: one per KV-cache group
+        self._group_kinds: list[str] = []
         self._scratch = None
         self._device = None  # torch.device of the KV cache, known at attach
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="kvpool-load")
@@ -67,12 +69,21 @@ class WorkerSide:
         self._done_saves: dict[int, int] = {}
         self._failed_loads: set[str] = set()
         self._errors_to_report: set[int] = set()
+        self._failed_recving: set[str] = set()
         self._inflight: set[Future] = set()
 
     # ---- set-up --------------------------------------------------------------------------------
 
-    def attach(self, client, kv_caches: dict, num_blocks: int) -> None:
-        """Register vLLM's KV memory with the data plane, once."""
+    def attach(self, client, kv_caches: dict, num_blocks: int, group_layers: list[list[str]] | None = None,
+               group_kinds: list[str] | None = None) -> None:
+        """Register vLLM's KV memory with the data plane, once. `group_layers`: a hybrid model's
+        layer names per KV-cache group (an object is then one block of one group's layers), and
+        `group_kinds` what each group keeps (groups.GroupRule.kind), for metrics."""
+        if group_layers is not None and len(group_layers) > 1:
+            self._group_kinds = list(group_kinds or ["full"] * len(group_layers))
+            self._group_layouts = [
+                device.describe_kv_caches({n: kv_caches[n] for n in names}, num_blocks) for names in group_layers
+            ]
         self._layout = device.describe_kv_caches(kv_caches, num_blocks)
         self._device = device.kv_device(kv_caches)
         registered = device.register_kv_memory(client, kv_caches)
@@ -85,7 +96,15 @@ class WorkerSide:
             registered, len(self._layout.layer_names), self._layout.block_bytes, self.geom.blocks_per_object,
         )
 
-    def _regions(self, block_ids: list[list[int | None]]) -> tuple[list[list[int]], list[list[int]]]:
+    def _regions(self, block_ids: list[list[int | None]], groups: list[int] | None = None
+                 ) -> tuple[list[list[int]], list[list[int]]]:
+        if groups is not None:  # hybrid: object i is block block_ids[i][0] of group groups[i]
+            addrs, sizes = [], []
+            for (block_id,), g in zip(block_ids, groups):
+                layout = self._group_layouts[g]
+                addrs.append(layout.block_addrs(block_id))
+                sizes.append([layout.region_bytes] * layout.regions_per_block)
+            return addrs, sizes
         layout = self._layout
         scratch_addrs = None
         addrs, sizes = [], []
@@ -123,7 +142,7 @@ class WorkerSide:
         try:
             if self._client is None or not self._health.should_try():
                 raise _NoPool
-            addrs, sizes = self._regions(spec.block_ids)
+            addrs, sizes = self._regions(spec.block_ids, spec.groups)
             num_loaded = self._client.get_into(
                 spec.keys, addrs, sizes, lookup_timeout_s=None if self._load_async else self._sync_lookup_timeout_s
             )
@@ -139,10 +158,11 @@ class WorkerSide:
             log.exception("kvpool: unexpected error loading %s; vLLM recomputes it", spec.req_id)
         num_blocks_read = sum(1 for blocks in spec.block_ids[:num_loaded] for b in blocks if b is not None)
         failed = failed_block_ids(spec, num_loaded)
-        self.stats.add(
-            loads=1, loaded_blocks=num_blocks_read, load_failed_blocks=len(failed),
-            loaded_bytes=num_blocks_read * (self._layout.block_bytes if self._layout else 0),
-        )
+        if spec.groups is not None:
+            loaded_bytes = sum(self._group_layouts[g].block_bytes for g in spec.groups[:num_loaded])
+        else:
+            loaded_bytes = num_blocks_read * (self._layout.block_bytes if self._layout else 0)
+        self.stats.add(loads=1, loaded_blocks=num_blocks_read, load_failed_blocks=len(failed), loaded_bytes=loaded_bytes)
         self.stats.observe("load_latency_s", time.perf_counter() - started)
         if self._load_async:
             with self._lock:
@@ -164,10 +184,21 @@ class WorkerSide:
                 self._loads_changed.wait(self._load_wait_s)
             done, self._done_loads = self._done_loads, []
             for spec, num_loaded in done:
-                self._errors_to_report |= failed_block_ids(spec, num_loaded)
                 if num_loaded < len(spec.keys):
                     self._failed_loads.add(spec.req_id)
+                    if spec.groups is not None:
+                        # vLLM maps failed block ids to tokens for one group only: a hybrid model's
+                        # failed load is the request's, and vLLM recomputes all of it
+                        self._failed_recving.add(spec.req_id)
+                        continue
+                self._errors_to_report |= failed_block_ids(spec, num_loaded)
         return {spec.req_id for spec, _ in done}
+
+    def take_failed_recving(self) -> set[str]:
+        """Requests (hybrid models) whose load failed, for this pass's `failed_recving`."""
+        with self._lock:
+            failed, self._failed_recving = self._failed_recving, set()
+        return failed
 
     def take_load_errors(self) -> set[int]:
         with self._lock:
@@ -187,6 +218,7 @@ class WorkerSide:
         started = time.perf_counter()
         k = self.geom.blocks_per_object
         stored = existing = 0
+        statuses: list = []
         released = False
 
         def release_blocks() -> None:  # the copy is done: vLLM may reuse the blocks before PutEnd
@@ -199,7 +231,7 @@ class WorkerSide:
         try:
             if self._client is None or not self._health.should_try():
                 raise _NoPool
-            addrs, sizes = self._regions(spec.block_ids)
+            addrs, sizes = self._regions(spec.block_ids, spec.groups)
             fence.wait()  # this step's KV writes are in memory (a CUDA event on GPUs)
             statuses = self._client.put_from(spec.keys, addrs, sizes, spec.parents, on_written=release_blocks)
             self._health.record_success()
@@ -220,8 +252,16 @@ class WorkerSide:
         self.stats.add(
             saves=1, saved_blocks=stored * k, save_existing_blocks=existing * k,
             save_failed_blocks=(num_objects - stored - existing) * k,
-            saved_bytes=stored * k * (self._layout.block_bytes if self._layout else 0),
         )
+        if spec.groups is None:
+            self.stats.add(saved_bytes=stored * k * (self._layout.block_bytes if self._layout else 0))
+        else:  # per group kind: what a token costs the pool in each (pool bytes per token by group)
+            by_kind: dict[str, int] = {}
+            for g, status in zip(spec.groups, statuses):
+                if status == PUT_ALLOCATED:
+                    name = f"saved_{self._group_kinds[g]}_bytes"
+                    by_kind[name] = by_kind.get(name, 0) + self._group_layouts[g].block_bytes
+            self.stats.add(saved_bytes=sum(by_kind.values()), **by_kind)
         self.stats.observe("save_latency_s", time.perf_counter() - started)
 
     def take_worker_meta(self) -> KVPoolWorkerMetadata | None:
