@@ -8,7 +8,10 @@ MultiConnector after ExampleConnector writing there), "block_size", "max_num_bat
 "corrupt_prompt": [ids] (overwrite that prompt's pooled objects with random bytes first),
 "flip_prompt": [ids] (flip one bit inside each of that prompt's objects in the node's memory, under
 the checksum the writer stored),
-"wait_file" (wait for it before the phase), "signal_file" (create it after the phase)}],
+"wait_file" (wait for it before the phase), "signal_file" (create it after the phase),
+"continue_with": [ids] (the prompt is the previous phase's first prompt + its output + these ids: the
+next turn of an agent's session), "group" (a hybrid model's KV-cache group whose objects corrupt_prompt
+/ flip_prompt change; the others stay intact)}],
 "tensor_parallel_size" (> 1: vLLM's multiprocess executor, one worker process per rank),
 "enforce_eager" (default true: torch.compile costs ~27 s more per fresh process here, warm caches
 and all; the tests that need the compiled model say false)}
@@ -80,7 +83,9 @@ def _drain_saves(spec: dict, prompts: list[list[int]]) -> None:
         return
     from kvpool.client import Client  # TP > 1: wait until every rank's objects are in the pool
 
-    keys = [k for p in prompts for k in _object_keys(spec, p)]
+    rules = ours._group_rules  # a hybrid model: wait for its first full-attention group's blocks
+    full = next((g for g, rule in (rules or {}).items() if rule.kind == "full"), None)
+    keys = [k for p in prompts for k in (_full_group_keys(spec, p, full) if rules else _object_keys(spec, p))]
     deadline = time.monotonic() + 60
     for namespace in ours.rank_namespaces:
         with Client(spec["master"], namespace) as client:
@@ -90,21 +95,48 @@ def _drain_saves(spec: dict, prompts: list[list[int]]) -> None:
                 time.sleep(0.1)
 
 
-def _object_keys(spec: dict, prompt: list[int]) -> list[str]:
+def _object_keys(spec: dict, prompt: list[int], group: int | None = None) -> list[str]:
+    """The prompt's object keys; for a hybrid model, those of `group` that the pool holds."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
 
+    from kvpool.client import Client
+    from kvpool.connector.groups import group_block_key
+
     ours = _our_connector(spec)
+    init_none_hash(sha256)
+    bs, parent, hashes = spec["block_size"], None, []
+    for start in range(0, len(prompt) - bs + 1, bs):
+        parent = hash_block_tokens(sha256, parent, prompt[start : start + bs], None)
+        hashes.append(parent)
+    if group is None:
+        k = ours.geom.blocks_per_object
+        return [h.hex() for h in hashes[k - 1 :: k]]
+    keys = [group_block_key(group, h) for h in hashes]
+    with Client(spec["master"], ours.namespace) as client:
+        return [key for key, held in zip(keys, client.exists(keys)) if held]
+
+
+def _full_group_keys(spec: dict, prompt: list[int], group: int) -> list[str]:
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
+
+    from kvpool.connector.groups import group_block_key
+
     init_none_hash(sha256)
     bs, parent, keys = spec["block_size"], None, []
     for start in range(0, len(prompt) - bs + 1, bs):
         parent = hash_block_tokens(sha256, parent, prompt[start : start + bs], None)
-        keys.append(parent.hex())
-    k = ours.geom.blocks_per_object
-    return keys[k - 1 :: k]
+        keys.append(group_block_key(group, parent))
+    return keys
 
 
-def _flip(spec: dict, prompt: list[int]) -> int:
+def _group_layout(spec: dict, group: int | None):
+    worker = _our_connector(spec)._worker
+    return worker._layout if group is None else worker._group_layouts[group]
+
+
+def _flip(spec: dict, prompt: list[int], group: int | None = None) -> int:
     """Flip one bit in the middle of each of `prompt`'s objects, in the segment itself."""
     import ctypes
 
@@ -112,7 +144,7 @@ def _flip(spec: dict, prompt: list[int]) -> int:
     from kvpool.transfer.shm import PeerMapping
 
     ours = _our_connector(spec)
-    keys = _object_keys(spec, prompt)
+    keys = _object_keys(spec, prompt, group)
     with Client(spec["master"], ours.namespace) as client:
         _, reply, replicas = client._lookup_leased(keys)
         client._release(reply.lease_id)
@@ -128,15 +160,15 @@ def _flip(spec: dict, prompt: list[int]) -> int:
     return len(replicas)
 
 
-def _corrupt(spec: dict, prompt: list[int]) -> int:
+def _corrupt(spec: dict, prompt: list[int], group: int | None = None) -> int:
     """Overwrite the pool objects of `prompt`'s full blocks with random bytes of the same size."""
     import numpy as np
 
     from kvpool.client import Client
 
     ours = _our_connector(spec)
-    keys = _object_keys(spec, prompt)
-    size = ours._worker._layout.block_bytes * ours.geom.blocks_per_object
+    keys = _object_keys(spec, prompt, group)
+    size = _group_layout(spec, group).block_bytes * ours.geom.blocks_per_object
     rng = np.random.default_rng(0)
     with Client(spec["master"], ours.namespace) as client:
         client.remove(keys)
@@ -177,9 +209,16 @@ def main(spec_path: str, out_path: str) -> int:
                 time.sleep(0.05)
         if phase.get("reset_prefix_cache"):
             llm.reset_prefix_cache()
-        corrupted = _corrupt(spec, phase["corrupt_prompt"]) if phase.get("corrupt_prompt") else 0
+        if phase.get("continue_with") is not None:
+            previous = result["phases"][-1]
+            phase["prompts"] = [previous["prompts"][0] + previous["outputs"][0]["token_ids"] + phase["continue_with"]]
+        group = phase.get("group")
+        if isinstance(group, str):  # a kind: the first group that keeps it
+            rules = _our_connector(spec)._group_rules
+            group = next(g for g, rule in sorted(rules.items()) if rule.kind == group)
+        corrupted = _corrupt(spec, phase["corrupt_prompt"], group) if phase.get("corrupt_prompt") else 0
         if phase.get("flip_prompt"):
-            corrupted = _flip(spec, phase["flip_prompt"])
+            corrupted = _flip(spec, phase["flip_prompt"], group)
         params = SamplingParams(max_tokens=phase.get("max_tokens", 8), temperature=0.0, ignore_eos=True,
                                 logprobs=spec.get("logprobs", 1))
         outputs = []
@@ -196,7 +235,8 @@ def main(spec_path: str, out_path: str) -> int:
         _drain_saves(spec, phase["prompts"])  # background saves must land before the next phase looks them up
         for _ in range(3):  # engine steps deliver the worker's completions and stats to the scheduler
             llm.llm_engine.step()
-        result["phases"].append({"outputs": outputs, "counters": _counters(llm), "corrupted_objects": corrupted})
+        result["phases"].append({"outputs": outputs, "counters": _counters(llm), "corrupted_objects": corrupted,
+                                 "prompts": phase["prompts"]})
         if phase.get("signal_file"):
             open(phase["signal_file"], "w").close()
     with open(out_path, "w") as f:

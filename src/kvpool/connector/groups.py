@@ -10,9 +10,11 @@ Rules:
   for that prefix, in any process. Objects are single blocks: a hybrid deployment's
   `tokens_per_object` is its block size.
 - A full-attention group stores every block: a hit of L tokens needs blocks [0, L).
-- A sliding-window group stores, at each save boundary B (in blocks), only the blocks a hit of B
-  blocks needs: the last `blocks_for_hit` blocks before B (vLLM's rule: cdiv(window - 1, block
-  size)). Blocks that fall out of the window between boundaries are never stored.
+- A sliding-window group stores, at each save boundary B (in blocks), only what hits of B and of
+  B - 1 blocks need: the last `blocks_for_hit` + 1 blocks before B (vLLM's rule: a hit needs
+  cdiv(window - 1, block size) blocks). B - 1 is the hit of a request that re-sends a prompt of
+  exactly B blocks (its last token is always computed). Blocks that fall out of the window
+  between boundaries are never stored.
 - A Mamba group (align mode) stores, at each boundary B, block B - 1: the state after B blocks.
 - Which hit length every group can serve is vLLM's decision (hit_rule.py asks vLLM's hybrid
   coordinator); what a load reads is what vLLM allocated for it: every non-null block of each
@@ -55,7 +57,8 @@ class GroupRule:
         blocks [.., saved_until) are stored or on their way."""
         if self.blocks_for_hit is None:
             return range(saved_until, boundary)
-        return range(max(saved_until, boundary - self.blocks_for_hit), boundary)
+        span = self.blocks_for_hit + 1 if self.kind == "window" else self.blocks_for_hit
+        return range(max(saved_until, boundary - span), boundary)
 
 
 def group_block_key(group: int, block_hash: object) -> ObjectKey:

@@ -41,8 +41,9 @@ def kv_group_rules(kv_cache_config, hash_block_size: int) -> dict[int, GroupRule
     for g, group in enumerate(kv_cache_config.kv_cache_groups):
         spec = group.kv_cache_spec
         name = f"KV-cache group {g} ({type(spec).__name__}, layers {group.layer_names[:2]}...)"
-        if not spec.prefix_cacheable:
-            raise ValueError(f"KVPoolConnector: {name} is outside vLLM's prefix caching; the pool cannot serve it")
+        if not spec.prefix_cacheable or not group.enable_kv_transfer:
+            raise ValueError(f"KVPoolConnector: {name} is outside vLLM's prefix caching or KV transfer; the pool "
+                             "cannot serve it (run this model without --kv-transfer-config KVPoolConnector)")
         if spec.block_size != hash_block_size:
             raise ValueError(
                 f"KVPoolConnector: {name} has block size {spec.block_size}, vLLM hashes blocks of "

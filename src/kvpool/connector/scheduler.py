@@ -257,12 +257,12 @@ class SchedulerSide:
         # again would only cost a round trip per step (PUT_EXISTS). If the pool evicted it since,
         # it stays evicted: the pool's choice, not ours to undo.
         num_local_objects = self._local_hits.pop(rid, 0) // self.geom.tokens_per_object
-        tracker.next_save = max(tracker.next_save, num_local_objects)
+        self._mark_saved(tracker, num_local_objects)
         lookup = self._lookups.pop(rid, None)
         if lookup is None:
             return
         num_local, num_hit = lookup
-        tracker.next_save = max(tracker.next_save, num_hit)  # objects [0, num_hit) are in the pool
+        self._mark_saved(tracker, num_hit)  # objects [0, num_hit) are in the pool
         if num_external_tokens <= 0:
             return
         if self._group_rules is not None:
@@ -277,6 +277,14 @@ class SchedulerSide:
             plan_load(self.geom, rid, keys, first_object, num_local, num_external_tokens, list(block_ids))
         )
         self.stats.add(lookup_hit_tokens=num_external_tokens)
+
+    def _mark_saved(self, tracker: RequestTracker, num_objects: int) -> None:
+        """Objects [0, num_objects) need no save (a hybrid model: nor the groups' windows or
+        states at that boundary, which the hit needed)."""
+        tracker.next_save = max(tracker.next_save, num_objects)
+        if self._group_rules is not None:
+            for g in self._group_rules:
+                tracker.saved_until[g] = max(tracker.saved_until.get(g, 0), num_objects)
 
     def _plan_group_load(self, request, block_tables, num_local: int, num_external_tokens: int) -> None:
         """Hybrid models: read every block vLLM allocated between the local hit and the pool hit."""
