@@ -173,7 +173,11 @@ def _corrupt(spec: dict, prompt: list[int], group: int | None = None) -> int:
     with Client(spec["master"], ours.namespace) as client:
         client.remove(keys)
         for i, key in enumerate(keys):
-            client.put(key, rng.standard_normal(size // 4).astype(np.float32).tobytes(), keys[i - 1] if i else None)
+            parent = keys[i - 1] if i else None
+            if group is not None:  # as the connector writes a hybrid model's blocks (groups.py)
+                full = next(g for g, rule in sorted(ours._group_rules.items()) if rule.kind == "full")
+                parent = f"g{full}-{key.split('-', 1)[1]}"
+            client.put(key, rng.standard_normal(size // 4).astype(np.float32).tobytes(), parent)
     return len(keys)
 
 

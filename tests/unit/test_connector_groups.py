@@ -23,6 +23,7 @@ from kvpool.connector.groups import (
     intersect_present,
     lookup_keys,
     present_blocks,
+    state_saves,
 )
 from kvpool.connector.health import PoolHealth
 from kvpool.connector.hit_rule import HitRule, kv_group_rules
@@ -82,15 +83,23 @@ def test_a_window_group_stores_what_hits_at_the_boundary_and_one_block_before_ne
     assert [(o.group, o.index, o.block_id) for o in objects] == [
         *((0, i, 10 + i) for i in range(9)),  # every full-attention block
         (1, 6, 26), (1, 7, 27), (1, 8, 28),  # the window of a 9-block hit (7, 8) and of an 8-block one (6, 7)
-        (2, 8, 38),  # the state after 9 blocks
-    ]
-    assert after == {0: 9, 1: 9, 2: 9}
+    ]  # never a state from the table: they come from vLLM's hand-offs (state_saves)
+    assert after == {0: 9, 1: 9, 2: 0}
     # the next boundary stores only what is new; a window with a hole (a null block) stores nothing
     objects, after = blocks_to_save(tables, rules, after, boundary=10)
-    assert [(o.group, o.index) for o in objects] == [(0, 9), (1, 9), (2, 9)]
+    assert [(o.group, o.index) for o in objects] == [(0, 9), (1, 9)]
     holes = [list(range(10, 20)), [0, 0, 0, 0, 0, 0, 0, 0, 28, 29], [0] * 10]
     objects, after = blocks_to_save(holes, rules, {0: 9, 1: 0, 2: 0}, boundary=10)
     assert [(o.group, o.index) for o in objects] == [(0, 9)] and after == {0: 10, 1: 0, 2: 0}
+
+
+def test_states_are_saved_from_vllms_hand_offs_at_whole_block_boundaries():
+    rules = {0: GroupRule("full"), 1: GroupRule("window", 2), 2: GroupRule("state", 1)}
+    offloads = [(2, 40, 36), (2, 41, 30), (2, 0, 32), (1, 42, 36), (2, 43, 48), (2, 44, 4)]
+    # the state after 9 blocks sits in block 40 and is keyed by block 8's hash; a partial tail (30
+    # tokens), the null block, another kind's block and a boundary past the known hashes are not
+    assert [(o.group, o.index, o.block_id) for o in state_saves(offloads, rules, BS, 10)] == [
+        (2, 8, 40), (2, 0, 44)]
 
 
 def test_a_load_reads_every_block_vllm_allocated_between_local_and_pool_hit():
@@ -203,3 +212,29 @@ def test_hybrid_lookup_load_and_save_plans():
     assert save.parents == [group_block_key(0, HASHES[4]), group_block_key(0, HASHES[5]),
                             group_block_key(0, HASHES[5]), group_block_key(0, HASHES[6])]
     assert all(pool.blocks[b].ref_cnt == 1 for b in (6, 7, 16, 17))  # pinned until the worker reports
+
+
+def test_hybrid_state_hand_offs_are_pinned_and_saved_under_the_boundary_blocks_key():
+    client = Exists(set())
+    rules = {0: GroupRule("full"), 1: GroupRule("state", 1)}
+    side = SchedulerSide(Geometry(BS, 1), make_client=lambda: client, health=PoolHealth("test", 60.0, 60.0),
+                         num_workers=1, save_decode=True, load_async=True, lookup_answer_wait_s=5.0,
+                         group_rules=rules, hit_rule=rule_for(full(), mamba()))  # fmt: skip
+    pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=BS)
+    side.bind_block_pool(pool)
+    r = req(18)
+    assert side.get_num_new_matched_tokens(r, 0) == (0, False)
+    tables = (list(range(1, 6)), [0, 0, 0, 0, 30])
+    side.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: tables), 0)
+    meta = side.build_connector_meta(SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id="r", num_computed_tokens=0)],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[], num_computed_tokens=[]),
+        num_scheduled_tokens={"r": 18}, scheduled_spec_decode_tokens={},
+        kv_connector_block_state=SimpleNamespace(get_block_ids=lambda rid: tables,
+                                                 boundary_state_offloads={"r": [(1, 22, 16)], "gone": [(1, 23, 8)]})))
+    full_save, state_save = meta.saves
+    assert full_save.keys == [group_block_key(0, HASHES[i]) for i in range(4)] and full_save.groups == [0] * 4
+    # the state after 16 tokens (block 22) under block 3's key, its parent the full block at its place
+    assert state_save.keys == [group_block_key(1, HASHES[3])] and state_save.block_ids == [[22]]
+    assert state_save.groups == [1] and state_save.parents == [group_block_key(0, HASHES[3])]
+    assert pool.blocks[22].ref_cnt == 1 and pool.blocks[23].ref_cnt == 0

@@ -149,6 +149,29 @@ def write_tiny_gemma3(
     )
 
 
+def write_tiny_gemma3_full(
+    model_dir: Path | str,
+    config: TinyHybridConfig = TinyHybridConfig(),
+    sliding_window: int = 64,
+) -> Path:
+    """`write_tiny_gemma3`'s full-attention twin: the same weights, every layer full attention."""
+    return _write(
+        model_dir,
+        "Gemma3ForCausalLM",
+        "gemma3_text",
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "intermediate_size": 256,
+            "sliding_window": sliding_window,
+            "layer_types": ["full_attention"] * 4,
+        },
+        config,
+    )
+
+
 def write_tiny_nemotron_h(
     model_dir: Path | str, config: TinyHybridConfig = TinyHybridConfig()
 ) -> Path:
@@ -256,7 +279,10 @@ def write_tiny_mamba2(
 def write_tiny_qwen3_next(
     model_dir: Path | str, config: TinyHybridConfig = GDN_CONFIG
 ) -> Path:
-    """Qwen3Next: 3 Gated DeltaNet layers + 1 full-attention layer, dense MLPs. Needs bfloat16."""
+    """Qwen3Next: 3 Gated DeltaNet layers + 1 full-attention layer, MoE MLPs. Needs bfloat16.
+
+    vLLM's Qwen3Next requires at least one MoE layer ("No Qwen3Next layer found").
+    """
     return _write(
         model_dir,
         "Qwen3NextForCausalLM",
@@ -278,7 +304,7 @@ def write_tiny_qwen3_next(
             "moe_intermediate_size": 64,
             "shared_expert_intermediate_size": 64,
             "decoder_sparse_step": 1,
-            "mlp_only_layers": [0, 1, 2, 3],
+            "mlp_only_layers": [],
         },
         config,
     )
@@ -286,6 +312,7 @@ def write_tiny_qwen3_next(
 
 WRITERS = {
     "gemma3": write_tiny_gemma3,
+    "gemma3_full": write_tiny_gemma3_full,
     "nemotron_h": write_tiny_nemotron_h,
     "granite_hybrid": write_tiny_granite_hybrid,
     "falcon_h1": write_tiny_falcon_h1,

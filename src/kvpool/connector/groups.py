@@ -15,7 +15,10 @@ Rules:
   cdiv(window - 1, block size) blocks). B - 1 is the hit of a request that re-sends a prompt of
   exactly B blocks (its last token is always computed). Blocks that fall out of the window
   between boundaries are never stored.
-- A Mamba group (align mode) stores, at each boundary B, block B - 1: the state after B blocks.
+- A Mamba group (align mode) stores the states vLLM commits at block boundaries, as vLLM hands
+  them over (`boundary_state_offloads`: group, block id, boundary), under the key of the block
+  that ends at the boundary: its block table is not append-only (interior states are nulled and
+  blocks relocated), so states are never read from it by position.
 - Which hit length every group can serve is vLLM's decision (hit_rule.py asks vLLM's hybrid
   coordinator); what a load reads is what vLLM allocated for it: every non-null block of each
   group between the local hit and the pool hit (vLLM pads blocks outside a window with its null
@@ -55,6 +58,8 @@ class GroupRule:
     def blocks_to_store(self, saved_until: int, boundary: int) -> range:
         """Block indices to store for a save boundary of `boundary` blocks, given that this group's
         blocks [.., saved_until) are stored or on their way."""
+        if self.kind == "state":
+            return range(0)  # from vLLM's hand-offs (state_saves), never from the block table
         if self.blocks_for_hit is None:
             return range(saved_until, boundary)
         span = self.blocks_for_hit + 1 if self.kind == "window" else self.blocks_for_hit
@@ -102,6 +107,21 @@ def blocks_to_load(block_tables: Sequence[Sequence[int]], groups: Sequence[int],
         if len(table) < end_block:
             raise ValueError(f"group {g} has {len(table)} blocks, the load needs {end_block}")
         out.extend(BlockObject(g, i, table[i]) for i in range(first_block, end_block) if table[i] != NULL_BLOCK_ID)
+    return out
+
+
+def state_saves(offloads: Sequence[tuple[int, int, int]], rules: dict[int, GroupRule], block_size: int,
+                num_block_hashes: int) -> list[BlockObject]:
+    """The states of vLLM's hand-offs (group, block id, boundary tokens) the pool can key: a state
+    group's, at a whole block boundary whose block hash exists (a partial tail has none)."""
+    out: list[BlockObject] = []
+    for g, block_id, boundary in offloads:
+        rule = rules.get(g)
+        if rule is None or rule.kind != "state" or block_id == NULL_BLOCK_ID or boundary <= 0:
+            continue
+        if boundary % block_size or boundary // block_size > num_block_hashes:
+            continue
+        out.append(BlockObject(g, boundary // block_size - 1, block_id))
     return out
 
 

@@ -49,6 +49,7 @@ from kvpool.connector.groups import (
     blocks_to_load,
     blocks_to_save,
     group_block_key,
+    state_saves,
     intersect_present,
     lookup_keys,
     present_blocks,
@@ -335,7 +336,27 @@ class SchedulerSide:
                     spec = self._plan_save(request, tracker, ready, list(block_table[0]))
                     if spec is not None:
                         meta.saves.append(spec)
+        if self._group_rules is not None:
+            self._plan_state_saves(getattr(block_state, "boundary_state_offloads", None) or {}, meta)
         return meta
+
+    def _plan_state_saves(self, offloads: dict, meta: KVPoolMetadata) -> None:
+        """Mamba states vLLM committed at block boundaries this step (groups.state_saves); their
+        blocks are pinned like any save's, since vLLM keeps them only until this pass ends."""
+        for rid, entries in offloads.items():
+            request, tracker = self._requests.get(rid), self._trackers.get(rid)
+            if request is None or tracker is None:
+                continue
+            objects = state_saves(entries, self._group_rules, self.geom.block_size, len(request.block_hashes))
+            if not objects:
+                continue
+            hashes = request.block_hashes
+            keys = [group_block_key(o.group, hashes[o.index]) for o in objects]
+            parents = [group_block_key(self._first_full, hashes[o.index]) if self._first_full is not None else None
+                       for o in objects]
+            flat = [o.block_id for o in objects]
+            meta.saves.append(self._pin_save(request, tracker, keys, parents, [[b] for b in flat], flat,
+                                             [o.group for o in objects]))
 
     def _save_room(self) -> int:
         """How many more objects' blocks may be pinned for saves now."""

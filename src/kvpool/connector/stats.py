@@ -34,7 +34,7 @@ COUNTERS = {
     "saves": "Save jobs (one per request per step with new full objects)",
     "saved_blocks": "vLLM blocks written to the pool",
     "saved_bytes": "Bytes written to the pool",
-    "saved_full_bytes": "Bytes written to the pool for full-attention KV-cache groups (hybrid models)",
+    "saved_full_bytes": "Bytes written to the pool for full-attention KV-cache groups",
     "saved_window_bytes": "Bytes written to the pool for sliding-window KV-cache groups (hybrid models)",
     "saved_state_bytes": "Bytes written to the pool for Mamba / linear-attention state groups (hybrid models)",
     "save_existing_blocks": "vLLM blocks already in the pool (not written again)",

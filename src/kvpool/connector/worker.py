@@ -84,7 +84,9 @@ class WorkerSide:
             self._group_layouts = [
                 device.describe_kv_caches({n: kv_caches[n] for n in names}, num_blocks) for names in group_layers
             ]
-        self._layout = device.describe_kv_caches(kv_caches, num_blocks)
+            self._layout = self._group_layouts[0]  # groups differ in bytes per block (Mamba pages, windows)
+        else:
+            self._layout = device.describe_kv_caches(kv_caches, num_blocks)
         self._device = device.kv_device(kv_caches)
         registered = device.register_kv_memory(client, kv_caches)
         if self.geom.blocks_per_object > 1:
@@ -254,7 +256,8 @@ class WorkerSide:
             save_failed_blocks=(num_objects - stored - existing) * k,
         )
         if spec.groups is None:
-            self.stats.add(saved_bytes=stored * k * (self._layout.block_bytes if self._layout else 0))
+            saved = stored * k * (self._layout.block_bytes if self._layout else 0)
+            self.stats.add(saved_bytes=saved, saved_full_bytes=saved)  # one full-attention group
         else:  # per group kind: what a token costs the pool in each (pool bytes per token by group)
             by_kind: dict[str, int] = {}
             for g, status in zip(spec.groups, statuses):
