@@ -13,7 +13,7 @@ the checksum the writer stored),
 next turn of an agent's session), "group" (a hybrid model's KV-cache group whose objects corrupt_prompt
 / flip_prompt change; the others stay intact)}],
 "tensor_parallel_size" (> 1: vLLM's multiprocess executor, one worker process per rank),
-"enforce_eager" (default true: torch.compile costs ~27 s more per fresh process here, warm caches
+"llm_kwargs" (more vllm.LLM arguments), "enforce_eager" (default true: torch.compile costs ~27 s more per fresh process here, warm caches
 and all; the tests that need the compiled model say false)}
 OUT: per phase, per prompt {"token_ids", "logprobs"}; plus metric counters after each phase.
 Prefix-cache resets between phases make a phase see only the pool, like a fresh process would.
@@ -198,6 +198,7 @@ def main(spec_path: str, out_path: str) -> int:
         enable_prefix_caching=True, disable_log_stats=False, seed=0,
         prefix_caching_hash_algo=spec.get("prefix_caching_hash_algo", "sha256"),
         kv_transfer_config=_kv_transfer_config(spec), enforce_eager=spec.get("enforce_eager", True), **parallel,
+        **spec.get("llm_kwargs", {}),
     )
     result = {"phases": []}
     if spec.get("wait_embedded_node_s"):

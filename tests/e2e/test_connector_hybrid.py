@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from kvpool.bench.tiny_hybrid import write_tiny_gemma3, write_tiny_nemotron_h
+from kvpool.bench.tiny_hybrid import write_tiny_gemma3, write_tiny_nemotron_h, write_tiny_qwen3_next
 
 pytestmark = pytest.mark.vllm
 
@@ -54,24 +54,43 @@ def on_core(core: int) -> dict:
     return {"set_env": {"VLLM_CPU_OMP_THREADS_BIND": str(core)}}
 
 
-def test_sliding_window_hits_at_every_length_answer_like_recompute(make_pool, run_vllm, tiny_gemma3):
+def session(seed: int) -> list[dict]:
+    """Three turns of an agent's session: each prompt is the last one, its output and new tokens.
+    Turn 1 computes 210 + 24 tokens (233 with KV): 7 blocks, the 7th holding output tokens."""
+    return [{"prompts": [prompt(210, seed=seed)], "max_tokens": 24, "reset_prefix_cache": True},
+            {"continue_with": prompt(90, seed=seed + 1), "max_tokens": 24, "reset_prefix_cache": True},
+            {"continue_with": prompt(60, seed=seed + 2), "max_tokens": 8, "reset_prefix_cache": True}]
+
+
+def assert_session_hits_prompt_and_output(result: dict, ref: dict, first: int, ref_first: int) -> None:
+    turns = [only(result, first + t) for t in range(3)]
+    assert [t["num_cached_tokens"] for t in turns] == [0, 7 * BLOCK_SIZE, 10 * BLOCK_SIZE]  # 324 + 24 - 1: 10
+    for t in range(3):
+        assert result["phases"][first + t]["prompts"] == ref["phases"][ref_first + t]["prompts"]
+        assert_same_answer(turns[t], only(ref, ref_first + t))
+
+
+def test_sliding_window_model_answers_like_recompute_at_every_hit(make_pool, run_vllm, tiny_gemma3):
     pool = make_pool(num_nodes=1)
     w, w2, short = prompt(300, seed=21), prompt(200, seed=22), prompt(40, seed=23)
     # hit lengths: on the writer's last boundary (a re-sent prompt of whole blocks, 8 blocks),
     # one token past a boundary (9 blocks), several windows long, shorter than the window (1 block)
     cases = [(w[:288], 8), (w[:289], 9), (w, 9), (short, 1), (w2, 6)]
-    reference = run_vllm.start("recompute", None, [{"prompts": [c for c, _ in cases], "max_tokens": 8}],
-                               model_dir=tiny_gemma3, **on_core(0))
+    reference = run_vllm.start("recompute", None, [{"prompts": [c for c, _ in cases], "max_tokens": 8},
+                                                   *session(31)], model_dir=tiny_gemma3, **on_core(0))
     a = run_vllm("writer", pool.address, [{"prompts": [w, short, w2], "max_tokens": 8}], model_dir=tiny_gemma3,
                  **on_core(1))
     assert counters(a, 0)["vllm:kvpool_saved_window_bytes"] > 0
+    # the reader prefills in chunks of 128 tokens: its windows are stored at every chunk's end,
+    # the other blocks of its sliding-window groups leave vLLM's cache before the prompt ends
     b = run_vllm("reader", pool.address, [
         *({"prompts": [c], "max_tokens": 8, "reset_prefix_cache": True} for c, _ in cases),
         # noise in one sliding-window group's objects: the load succeeds and the answer changes (the
         # window's KV is used); flipped bits fail the checksum: vLLM recomputes and answers right
         {"prompts": [w], "max_tokens": 8, "reset_prefix_cache": True, "corrupt_prompt": w, "group": "window"},
         {"prompts": [w2], "max_tokens": 8, "reset_prefix_cache": True, "flip_prompt": w2, "group": "window"},
-    ], model_dir=tiny_gemma3)  # fmt: skip
+        *session(31),
+    ], model_dir=tiny_gemma3, max_num_batched_tokens=128)  # fmt: skip
     ref = reference()
     for phase, (_, hit_blocks) in enumerate(cases):
         got = only(b, phase)
@@ -88,27 +107,8 @@ def test_sliding_window_hits_at_every_length_answer_like_recompute(make_pool, ru
     assert counters(b, 6)["vllm:kvpool_load_failed_blocks"] > counters(b, 5).get("vllm:kvpool_load_failed_blocks", 0)
     assert flipped["num_cached_tokens"] == 0  # the whole request was recomputed
     assert_same_answer(flipped, only(ref, 0, 4))
-
-
-def test_three_turn_session_hits_prompt_and_output_with_chunked_prefill(make_pool, run_vllm, tiny_gemma3):
-    pool = make_pool(num_nodes=1)
-    # turn 1: 210 + 24 output tokens, 233 computed: 7 blocks, the 7th holding output tokens
-    turns = [{"prompts": [prompt(210, seed=31)], "max_tokens": 24},
-             {"continue_with": prompt(90, seed=32), "max_tokens": 24, "reset_prefix_cache": True},
-             {"continue_with": prompt(60, seed=33), "max_tokens": 8, "reset_prefix_cache": True}]
-    reference = run_vllm.start("recompute", None, turns, model_dir=tiny_gemma3, **on_core(0))
-    # chunks of 128 tokens: windows are stored at every chunk's end; the other blocks of the
-    # sliding-window groups have left vLLM's cache before the prompt ends
-    result = run_vllm("session", pool.address, turns, model_dir=tiny_gemma3, max_num_batched_tokens=128,
-                      **on_core(1))
-    ref = reference()
-    assert only(result, 0)["num_cached_tokens"] == 0
-    assert only(result, 1)["num_cached_tokens"] == 7 * BLOCK_SIZE  # turn 1's prompt and output
-    assert only(result, 2)["num_cached_tokens"] == 10 * BLOCK_SIZE  # 324 + 24 - 1 computed: 10 blocks
-    for turn in range(3):
-        assert result["phases"][turn]["prompts"] == ref["phases"][turn]["prompts"]
-        assert_same_answer(only(result, turn), only(ref, turn))
-    full, window = (counters(result, 2)[f"vllm:kvpool_saved_{kind}_bytes"] for kind in ("full", "window"))
+    assert_session_hits_prompt_and_output(b, ref, first=7, ref_first=1)
+    full, window = (counters(b, 9)[f"vllm:kvpool_saved_{kind}_bytes"] for kind in ("full", "window"))
     assert window < 3 * full  # the 3 window layers store fewer blocks than 3 full-context layers would
 
 
@@ -134,10 +134,10 @@ def test_tp2_hybrid_model_loads_every_ranks_groups(make_pool, run_vllm, tiny_gem
     assert_same_answer(only(b, 0), only(a, 0))
 
 
-def test_mamba2_hybrid_loads_the_state_at_the_hit_and_answers_like_recompute(make_pool, run_vllm, tiny_nemotron_h):
+def test_mamba2_hybrid_answers_like_recompute_from_the_state_at_the_hit(make_pool, run_vllm, tiny_nemotron_h):
     pool = make_pool(num_nodes=1)
     p, p2 = prompt(300, seed=51), prompt(200, seed=52)
-    reference = run_vllm.start("recompute", None, [{"prompts": [p, p2], "max_tokens": 8}],
+    reference = run_vllm.start("recompute", None, [{"prompts": [p, p2], "max_tokens": 8}, *session(61)],
                                model_dir=tiny_nemotron_h, **MAMBA2, **on_core(0))
     a = run_vllm("writer", pool.address, [{"prompts": [p, p2], "max_tokens": 8}], model_dir=tiny_nemotron_h,
                  **MAMBA2, **on_core(1))
@@ -148,6 +148,8 @@ def test_mamba2_hybrid_loads_the_state_at_the_hit_and_answers_like_recompute(mak
         # used); flipped bits fail the checksum: vLLM recomputes and answers right
         {"prompts": [p], "max_tokens": 8, "reset_prefix_cache": True, "corrupt_prompt": p, "group": "state"},
         {"prompts": [p2], "max_tokens": 8, "reset_prefix_cache": True, "flip_prompt": p2, "group": "state"},
+        # turn 2 hits turn 1's output too: the state after 224 tokens was reached while decoding
+        *session(61),
     ], model_dir=tiny_nemotron_h, **MAMBA2)  # fmt: skip
     ref = reference()
     hit = only(b, 0)
@@ -161,3 +163,24 @@ def test_mamba2_hybrid_loads_the_state_at_the_hit_and_answers_like_recompute(mak
     assert b["phases"][2]["corrupted_objects"] == 1
     assert only(b, 2)["num_cached_tokens"] == 0  # the whole request was recomputed
     assert_same_answer(only(b, 2), only(ref, 0, 1))
+    assert_session_hits_prompt_and_output(b, ref, first=3, ref_first=1)
+
+
+def test_gated_deltanet_hybrid_hit_equals_vllms_own_prefix_cache_hit(make_pool, run_vllm, tmp_path_factory):
+    model = str(write_tiny_qwen3_next(tmp_path_factory.mktemp("tiny-qwen3-next")))
+    gdn = {"model_dir": model, "dtype": "bfloat16"}
+    pool = make_pool(num_nodes=1)
+    p = prompt(400, seed=71)
+    # vLLM alone: recompute, then its own prefix-cache hit of the same prompt
+    local = run_vllm.start("local", None, [{"prompts": [p], "max_tokens": 8},
+                                           {"prompts": [p], "max_tokens": 8}], **gdn, **on_core(0))
+    a = run_vllm("writer", pool.address, [{"prompts": [p], "max_tokens": 8}], **gdn, **on_core(1))
+    assert counters(a, 0)["vllm:kvpool_saved_state_bytes"] > 0
+    b = run_vllm("reader", pool.address, [{"prompts": [p], "max_tokens": 8}], **gdn, **on_core(1))
+    ref = local()
+    hit, recompute, local_hit = only(b, 0), only(ref, 0), only(ref, 1)
+    # bf16 GDN kernels round differently when a prefill starts at another chunk boundary, so the
+    # bit-exact reference of a hit is vLLM's own hit at the same boundary; the tokens equal recompute's
+    assert hit["num_cached_tokens"] == local_hit["num_cached_tokens"] > 0
+    assert hit["token_ids"] == local_hit["token_ids"] == recompute["token_ids"]
+    assert hit["logprobs"] == local_hit["logprobs"]

@@ -238,3 +238,12 @@ def test_hybrid_state_hand_offs_are_pinned_and_saved_under_the_boundary_blocks_k
     assert state_save.keys == [group_block_key(1, HASHES[3])] and state_save.block_ids == [[22]]
     assert state_save.groups == [1] and state_save.parents == [group_block_key(0, HASHES[3])]
     assert pool.blocks[22].ref_cnt == 1 and pool.blocks[23].ref_cnt == 0
+
+
+def test_a_decode_step_reaching_a_boundary_saves_the_state_in_the_block_ending_there():
+    from kvpool.connector.groups import decode_state_saves
+
+    rules = {0: GroupRule("full"), 1: GroupRule("window", 2), 2: GroupRule("state", 1)}
+    tables = [list(range(10, 17)), [0, 0, 0, 0, 24, 25, 26], [0, 0, 0, 0, 0, 35, 36]]
+    assert [(o.group, o.index, o.block_id) for o in decode_state_saves(tables, rules, 6)] == [(2, 5, 35)]
+    assert decode_state_saves(tables, rules, 5) == []  # vLLM already dropped that state: nothing

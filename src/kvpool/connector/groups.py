@@ -18,7 +18,10 @@ Rules:
 - A Mamba group (align mode) stores the states vLLM commits at block boundaries, as vLLM hands
   them over (`boundary_state_offloads`: group, block id, boundary), under the key of the block
   that ends at the boundary: its block table is not append-only (interior states are nulled and
-  blocks relocated), so states are never read from it by position.
+  blocks relocated), so states are not read from it by position, but for one case vLLM hands
+  nothing over: a block boundary reached by decoding, whose state the step that reaches it
+  writes into the block ending there (`decode_state_saves`), so the agent's output is part of
+  the next turn's hit.
 - Which hit length every group can serve is vLLM's decision (hit_rule.py asks vLLM's hybrid
   coordinator); what a load reads is what vLLM allocated for it: every non-null block of each
   group between the local hit and the pool hit (vLLM pads blocks outside a window with its null
@@ -122,6 +125,18 @@ def state_saves(offloads: Sequence[tuple[int, int, int]], rules: dict[int, Group
         if boundary % block_size or boundary // block_size > num_block_hashes:
             continue
         out.append(BlockObject(g, boundary // block_size - 1, block_id))
+    return out
+
+
+def decode_state_saves(block_tables: Sequence[Sequence[int]], rules: dict[int, GroupRule],
+                       boundary: int) -> list[BlockObject]:
+    """The states at `boundary` blocks that a decode step reaching exactly that boundary writes:
+    block boundary - 1 of each state group's table."""
+    out: list[BlockObject] = []
+    for g, rule in rules.items():
+        table = block_tables[g]
+        if rule.kind == "state" and 0 < boundary <= len(table) and table[boundary - 1] != NULL_BLOCK_ID:
+            out.append(BlockObject(g, boundary - 1, table[boundary - 1]))
     return out
 
 

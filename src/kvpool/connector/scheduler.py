@@ -48,6 +48,7 @@ from kvpool.connector.groups import (
     GroupRule,
     blocks_to_load,
     blocks_to_save,
+    decode_state_saves,
     group_block_key,
     state_saves,
     intersect_present,
@@ -332,6 +333,9 @@ class SchedulerSide:
                                                  self._group_rules if prefill else self._full_rules)
                     if spec is not None:
                         meta.saves.append(spec)
+                    if not prefill and computed_after == ready * self.geom.block_size:
+                        self._plan_states(request, tracker, decode_state_saves(block_table, self._group_rules, ready),
+                                          meta)
                 elif block_table:
                     spec = self._plan_save(request, tracker, ready, list(block_table[0]))
                     if spec is not None:
@@ -347,16 +351,19 @@ class SchedulerSide:
             request, tracker = self._requests.get(rid), self._trackers.get(rid)
             if request is None or tracker is None:
                 continue
-            objects = state_saves(entries, self._group_rules, self.geom.block_size, len(request.block_hashes))
-            if not objects:
-                continue
-            hashes = request.block_hashes
-            keys = [group_block_key(o.group, hashes[o.index]) for o in objects]
-            parents = [group_block_key(self._first_full, hashes[o.index]) if self._first_full is not None else None
-                       for o in objects]
-            flat = [o.block_id for o in objects]
-            meta.saves.append(self._pin_save(request, tracker, keys, parents, [[b] for b in flat], flat,
-                                             [o.group for o in objects]))
+            self._plan_states(request, tracker, state_saves(entries, self._group_rules, self.geom.block_size,
+                                                            len(request.block_hashes)), meta)
+
+    def _plan_states(self, request, tracker: RequestTracker, objects, meta: KVPoolMetadata) -> None:
+        if not objects:
+            return
+        hashes = request.block_hashes
+        keys = [group_block_key(o.group, hashes[o.index]) for o in objects]
+        parents = [group_block_key(self._first_full, hashes[o.index]) if self._first_full is not None else None
+                   for o in objects]
+        flat = [o.block_id for o in objects]
+        meta.saves.append(self._pin_save(request, tracker, keys, parents, [[b] for b in flat], flat,
+                                         [o.group for o in objects]))
 
     def _save_room(self) -> int:
         """How many more objects' blocks may be pinned for saves now."""
