@@ -15,7 +15,13 @@ TTFT = wall time of `generate(max_tokens=1)` for one prompt. Every process first
 prompt of each length (excluded). Prompts are random token ids, different in every repetition.
 Writes benchmarks/results/connector_ttft.{json,md,png}.
 
-    .venv/bin/python benchmarks/connector_ttft_bench.py [--lengths 2048 8192] [--reps 5]
+With `--model gemma3 | nemotron_h | qwen3_next` (kvpool.bench.tiny_hybrid, bf16) vLLM keeps its
+hybrid KV cache manager on: the readers load asynchronously (how vLLM takes a failed load of a
+hybrid model), and the writers' pool bytes per token are reported by KV-cache group kind, beside
+a full-attention twin of the same width where the model has one. Writes
+benchmarks/results/connector_ttft_hybrid/DATE-MODEL.{json,md,png}.
+
+    .venv/bin/python benchmarks/connector_ttft_bench.py [--lengths 2048 8192] [--reps 5] [--model M]
 """
 
 from __future__ import annotations
@@ -33,6 +39,13 @@ import time
 from pathlib import Path
 
 BLOCK_SIZE = 128  # vLLM's CPU default
+# hybrid models from kvpool.bench.tiny_hybrid: name -> (writer, its full-attention twin's writer or
+# None, vLLM settings the model needs on the CPU build: Mamba-2 prefills in chunks of one block)
+HYBRID_MODELS = {
+    "gemma3": ("write_tiny_gemma3", "write_tiny_gemma3_full", {}),
+    "nemotron_h": ("write_tiny_nemotron_h", None, {"max_num_batched_tokens": BLOCK_SIZE}),
+    "qwen3_next": ("write_tiny_qwen3_next", None, {}),
+}
 
 
 def child(spec_path: str, out_path: str) -> None:
@@ -51,7 +64,8 @@ def child(spec_path: str, out_path: str) -> None:
     llm = LLM(
         model=spec["model_dir"], skip_tokenizer_init=True, load_format="safetensors", block_size=BLOCK_SIZE,
         kv_cache_memory_bytes=spec["kv_cache_bytes"], max_model_len=max_len + BLOCK_SIZE,
-        max_num_batched_tokens=max_len + BLOCK_SIZE, enable_prefix_caching=True, seed=0,
+        max_num_batched_tokens=spec.get("max_num_batched_tokens", max_len + BLOCK_SIZE), enable_prefix_caching=True, seed=0,
+        disable_log_stats=False,  # the pool byte counters (vllm:kvpool_saved_*_bytes)
         kv_transfer_config=kv_transfer_config,
     )  # fmt: skip
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -69,11 +83,20 @@ def child(spec_path: str, out_path: str) -> None:
             for _ in range(3):
                 llm.llm_engine.step()
 
+    def pool_bytes() -> dict[str, float]:
+        out: dict[str, float] = {}
+        for metric in llm.get_metrics():
+            if metric.name.startswith("vllm:kvpool_saved") and hasattr(metric, "value"):
+                out[metric.name.removeprefix("vllm:kvpool_")] = out.get(metric.name, 0) + float(metric.value)
+        return out
+
     for length in spec["lengths"]:  # warm-up: compile, first allocations, first pool round trips
         warm = [random.Random(-length).randrange(10, 7990) for _ in range(length)]
         ttft(warm)
         ttft(warm)
+    drain()
     results: dict[str, list] = {}
+    before = pool_bytes()
     for phase in spec["phases"]:
         for length in spec["lengths"]:
             for rep in range(spec["reps"]):
@@ -81,6 +104,11 @@ def child(spec_path: str, out_path: str) -> None:
                 seconds, cached = ttft(prompt)
                 results.setdefault(f"{phase}/{length}", []).append([seconds, cached])
         drain()
+    after = pool_bytes()
+    # what the measured prompts cost the pool (warm-up excluded), per token of their whole blocks
+    tokens = spec["reps"] * sum(n // BLOCK_SIZE * BLOCK_SIZE for n in spec["lengths"])
+    if spec["master"] and "recompute" in spec["phases"]:  # only a first pass over the prompts saves
+        results["pool_bytes_per_token"] = {k: (after[k] - before.get(k, 0)) / tokens for k in after}
     Path(out_path).write_text(json.dumps(results))
 
 
@@ -126,17 +154,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192], help="prompt lengths in tokens")
     parser.add_argument("--reps", type=int, default=7, help="prompts per length and case (default 7)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="results folder")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results folder (default results/, or results/connector_ttft_hybrid/ for a hybrid model)")
     parser.add_argument("--checksum-pairs", type=int, default=2,
                         help="interleaved reader_sync runs with and without checksum verification (default 2)")
     parser.add_argument("--baseline-src", type=Path, default=None,
                         help="another checkout's src/ (e.g. `git worktree add /tmp/base REV`): its connector runs "
                              "reader_sync interleaved with this tree's, to show a change does not regress a pool hit")
+    parser.add_argument("--model", choices=["llama", *HYBRID_MODELS], default="llama",
+                        help="llama: the tiny full-attention Llama; a hybrid model (kvpool.bench.tiny_hybrid) also "
+                             "runs its full-attention twin as a writer, to compare pool bytes per token")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(*args.child)
         return 0
+    if args.out is None:
+        args.out = Path(__file__).parent / "results" / ("" if args.model == "llama" else "connector_ttft_hybrid")
 
     from rich.progress import Progress
 
@@ -147,21 +181,38 @@ def main() -> int:
     scratch = Path(__file__).parents[1] / "scratch"  # ignored by git; a fresh clone has none yet
     scratch.mkdir(exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="connector-ttft-", dir=scratch))
-    model = write_tiny_llama(workdir / "model")
-    kv_bytes_per_token = 4 * 2 * 2 * 64 * 2  # layers * (K,V) * kv heads * head dim * bf16
+    twin, hybrid, settings = None, args.model != "llama", {}
+    if not hybrid:
+        model = write_tiny_llama(workdir / "model")
+        model_name = "tiny Llama (kvpool.bench.tiny_model), bf16"
+    else:
+        from kvpool.bench import tiny_hybrid
+
+        make, make_twin, settings = HYBRID_MODELS[args.model]
+        config = tiny_hybrid.TinyHybridConfig(dtype="bfloat16")
+        model = getattr(tiny_hybrid, make)(workdir / "model", config)
+        if make_twin is not None:
+            twin = getattr(tiny_hybrid, make_twin)(workdir / "twin", config)
+        model_name = (f"tiny {args.model} (kvpool.bench.tiny_hybrid), bf16, vLLM's hybrid KV cache manager on"
+                      + "".join(f", {k}={v}" for k, v in settings.items()))
+    kv_bytes_per_token = 4 * 2 * 2 * 64 * 2  # layers * (K,V) * kv heads * head dim * bf16 (the tiny models' width)
     total_tokens = sum(args.lengths) * (args.reps + 1)
     kv_cache_bytes = 2 * total_tokens * kv_bytes_per_token + (64 << 20)
     master = procs.start_master(workdir)
     node = procs.start_node(workdir, master.info["address"], f"{(total_tokens * kv_bytes_per_token >> 20) + 64}MiB")
-    base = {"model_dir": str(model), "lengths": args.lengths, "reps": args.reps, "kv_cache_bytes": kv_cache_bytes}
+    base = {"model_dir": str(model), "lengths": args.lengths, "reps": args.reps, "kv_cache_bytes": kv_cache_bytes,
+            **settings}
     runs = [
         ("vanilla", {**base, "master": None, "phases": ["recompute", "local_hit"]}),
         ("writer", {**base, "master": master.info["address"], "phases": ["recompute", "local_hit"]}),
         ("reader_async", {**base, "master": master.info["address"], "phases": ["pool_hit"],
                           "extra_config": {"load_async": True}}),
     ]
+    if twin is not None:  # same width, every layer full attention: what the pool would hold without HMA
+        runs.append(("writer_full_attention_twin", {**base, "model_dir": str(twin), "master": master.info["address"],
+                                                    "phases": ["recompute"]}))
     sync = {**base, "master": master.info["address"], "phases": ["pool_hit"]}
-    for k in range(max(1, args.checksum_pairs)):  # interleaved: with, without, with, without
+    for k in range(0 if hybrid else max(1, args.checksum_pairs)):  # hybrid models load asynchronously only  # interleaved: with, without, with, without
         suffix = "" if k == 0 else f"_{k}"
         runs.append((f"reader_sync{suffix}", {**sync, "extra_config": {"load_async": False, "checksums": True}}))
         if args.checksum_pairs > 0:
@@ -186,7 +237,9 @@ def main() -> int:
         runs_of = [n for n in raw if n == base_name or (n.startswith(base_name + "_") and n[len(base_name) + 1:].isdigit())]
         merged[base_name] = {key: [s for n in runs_of for s in raw[n].get(key, [])] for key in raw[runs_of[0]]} if runs_of else {}
     cases = [("vanilla", "recompute"), ("vanilla", "local_hit"), ("writer", "recompute"), ("writer", "local_hit"),
-             ("reader_async", "pool_hit"), ("reader_sync", "pool_hit")]
+             ("reader_async", "pool_hit")]
+    if merged.get("reader_sync"):
+        cases.append(("reader_sync", "pool_hit"))
     if merged.get("reader_sync_nochecksums"):
         cases.append(("reader_sync_nochecksums", "pool_hit"))
     if merged.get("reader_sync_baseline"):
@@ -198,13 +251,18 @@ def main() -> int:
     if args.baseline_src:
         info["baseline"] = _describe_checkout(args.baseline_src)
     info["this_tree"] = _describe_checkout(Path(__file__).parents[1] / "src")
-    result = {"machine": info, "block_size": BLOCK_SIZE, "model": "tiny Llama (kvpool.bench.tiny_model), bf16",
+    result = {"machine": info, "block_size": BLOCK_SIZE, "model": model_name,
               "reps": args.reps, "ttft": table, "raw": raw, "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+    if hybrid:
+        result["pool_bytes_per_token"] = {run: raw[run].get("pool_bytes_per_token", {})
+                                          for run in ("writer", "writer_full_attention_twin") if run in raw}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "connector_ttft.json").write_text(json.dumps(result, indent=1))
-    write_markdown(result, args.lengths, args.out / "connector_ttft.md")
-    plot(result, args.lengths, args.out / "connector_ttft.png")
-    print((args.out / "connector_ttft.md").read_text())
+    # a hybrid model's results: results/connector_ttft_hybrid/DATE-MODEL.* (--out to move them)
+    stem = "connector_ttft" if not hybrid else f"{time.strftime('%Y-%m-%d')}-{args.model}"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    write_markdown(result, args.lengths, args.out / f"{stem}.md")
+    plot(result, args.lengths, args.out / f"{stem}.png")
+    print((args.out / f"{stem}.md").read_text())
     return 0
 
 
@@ -251,12 +309,25 @@ def write_markdown(result: dict, lengths: list[int], path: Path) -> None:
         local, recompute = t["local_hit (vanilla)"][str(n)]["p50_s"], t["recompute (vanilla)"][str(n)]["p50_s"]
         local_min, recompute_min = t["local_hit (vanilla)"][str(n)]["min_s"], t["recompute (vanilla)"][str(n)]["min_s"]
         for reader in ("reader_async", "reader_sync"):
+            if f"pool_hit ({reader})" not in t:
+                continue
             pool, pool_min = (t[f"pool_hit ({reader})"][str(n)][k] for k in ("p50_s", "min_s"))
             lines.append(
                 f"- {n} tokens, {reader}: pool hit / local hit = {pool / local:.2f}x median, "
                 f"{pool_min / local_min:.2f}x min (goal <= 2x); recompute / pool hit = {recompute / pool:.1f}x median, "
                 f"{recompute_min / pool_min:.1f}x min (goal >= 20x at 8K)"
             )
+    if "pool_bytes_per_token" in result:
+        hybrid, twin = (result["pool_bytes_per_token"].get(r, {}) for r in ("writer", "writer_full_attention_twin"))
+        lines += ["", "Pool bytes per token of the measured prompts (whole blocks), by KV-cache group kind:", "",
+                  "| writer | full attention | sliding window | state | all |", "|---|---|---|---|---|"]
+        writers = [("this model, hybrid manager on", hybrid)] + ([("its full-attention twin (same width)", twin)]
+                                                                 if twin else [])
+        for name, b in writers:
+            cells = [f"{b.get(k, 0):.0f}" for k in ("saved_full_bytes", "saved_window_bytes", "saved_state_bytes")]
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {b.get('saved_bytes', 0):.0f} |")
+        if hybrid.get("saved_bytes") and twin.get("saved_bytes"):
+            lines += ["", f"The twin stores {twin['saved_bytes'] / hybrid['saved_bytes']:.2f}x the bytes per token."]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -266,7 +337,8 @@ def plot(result: dict, lengths: list[int], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = ["recompute (vanilla)", "local_hit (vanilla)", "pool_hit (reader_async)", "pool_hit (reader_sync)"]
+    cases = [c for c in ("recompute (vanilla)", "local_hit (vanilla)", "pool_hit (reader_async)", "pool_hit (reader_sync)")
+             if c in result["ttft"]]
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.2
     for i, case in enumerate(cases):

@@ -63,6 +63,27 @@ def test_render_shows_tenants_and_refusals():
     assert "16.0 MiB" in bob and " 2 " in bob
 
 
+def test_render_shows_a_hybrid_models_kv_cache_groups():
+    from kvpool.core.protocol import KeyGroupStats
+
+    stats = msgspec.structs.replace(_stats(), tenants=[TenantStats(
+        "vllm-gemma", 40 * 2**20, 500, key_groups=[KeyGroupStats("g0", 400, 32 * 2**20), KeyGroupStats("g1", 100, 8 * 2**20)],
+    )])  # fmt: skip
+    console = Console(record=True, width=200)
+    console.print(status_cli.render(stats, "tcp://127.0.0.1:1"))
+    text = console.export_text()
+    assert "KV-cache groups" in text
+    g1 = next(line for line in text.splitlines() if " g1 " in line)
+    assert "100" in g1 and "8.0 MiB" in g1 and "81.9 KiB" in g1 and "20.0 %" in g1  # 8 MiB / 100 objects
+    assert "KV-cache groups" not in _render(_stats())
+
+
+def _render(stats) -> str:
+    console = Console(record=True, width=200)
+    console.print(status_cli.render(stats, "tcp://127.0.0.1:1"))
+    return console.export_text()
+
+
 def test_unreachable_master_exits_1_within_timeout(capsys):
     args = argparse.Namespace(master="tcp://127.0.0.1:9", json=False, timeout_s=0.3, credential=None)
     started = time.monotonic()

@@ -413,3 +413,22 @@ def test_tenant_declared_dedicated_never_places_on_shared_segments_even_before_i
     assert placed_on(put(core, "bob/m", ["y"], 1.0)) == [[shared]]
     ded = mount(core, "d1", 8, tenant="alice")
     assert placed_on(put(core, "alice/m", ["x"], 2.0)) == [[ded]]
+
+
+
+def test_a_hybrid_models_kv_cache_groups_are_counted_by_key_prefix():
+    from kvpool.master.quotas import key_group
+
+    assert [key_group(k) for k in ("g0-ab", "g12-ab", "gx-ab", "g-ab", "g123456-ab", "ab", "g3")] == \
+        ["g0", "g12", None, None, None, None, None]
+    core = make_core()
+    mount(core, "n1", 16)
+    put(core, "t", ["g0-a", "g0-b", "g0-c", "g2-c", "plain"], 0.0)
+    put(core, "t", ["g2-d"], 0.0, size=2 * SLOT)
+    (stats,) = core.handle(p.Stats(), 1.0).tenants
+    assert [(g.group, g.num_objects, g.used_bytes) for g in stats.key_groups] == [("g0", 3, 3 * SLOT),
+                                                                                 ("g2", 2, 3 * SLOT)]
+    core.handle(p.Remove("t", ["g2-c", "g2-d"]), 2.0)
+    (stats,) = core.handle(p.Stats(), 3.0).tenants
+    assert [(g.group, g.num_objects) for g in stats.key_groups] == [("g0", 3)]  # an emptied group is gone
+    check_usage(core)

@@ -112,7 +112,25 @@ def render(stats: protocol.StatsReply, master: str):
     parts = [pool, nodes]
     if stats.tenants:
         parts.append(_tenants_table(stats.tenants))
+    if any(t.key_groups for t in stats.tenants):
+        parts.append(_key_groups_table(stats.tenants))
     return Group(*parts)
+
+
+def _key_groups_table(tenants: list[protocol.TenantStats]):
+    """A hybrid model's KV-cache groups: one object per block, so a group's bytes per object are its
+    bytes per block, and its objects against the full-attention group's show what its rule keeps
+    (a sliding window: the blocks a hit needs; a Mamba group: one state per boundary)."""
+    from rich.table import Table
+
+    table = Table(title="KV-cache groups of hybrid models (keys g<N>-...)", title_justify="left")
+    for column in ("tenant", "group", "objects", "used", "bytes per object", "share of tenant"):
+        table.add_column(column, justify="left" if column in ("tenant", "group") else "right")
+    for t in sorted(tenants, key=lambda t: t.tenant):
+        for g in t.key_groups:
+            table.add_row(t.tenant, g.group, str(g.num_objects), _human_bytes(g.used_bytes),
+                          _human_bytes(g.used_bytes // max(g.num_objects, 1)), _percent(g.used_bytes, t.used_bytes))
+    return table
 
 
 def _tenants_table(tenants: list[protocol.TenantStats]):

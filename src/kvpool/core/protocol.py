@@ -480,6 +480,14 @@ class NodeStats(Struct, frozen=True):
     tenant: str = ""  # the tenant the segment is dedicated to ("": shared)
 
 
+class KeyGroupStats(Struct, frozen=True):
+    """A tenant's objects of one KV-cache group of a hybrid model (keys 'g<N>-...')."""
+
+    group: str
+    num_objects: int
+    used_bytes: int
+
+
 class TenantStats(Struct, frozen=True):
     """One tenant's share of the pool (master/quotas.py): objects holding DRAM, pending or complete."""
 
@@ -491,6 +499,7 @@ class TenantStats(Struct, frozen=True):
     quota_refusals: int = 0  # keys refused: the quota was full even after evicting the tenant's own objects
     quota_evictions: int = 0  # its objects evicted to make room under its quota
     num_segments: int = 0  # segments holding its objects
+    key_groups: list[KeyGroupStats] = []  # a hybrid model's KV-cache groups, by key prefix
 
 
 class StatsReply(Struct, tag="stats_ok", frozen=True):

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kvpool.core.protocol import REPLICA_BYTES, TenantStats
+from kvpool.core.protocol import REPLICA_BYTES, KeyGroupStats, TenantStats
 from kvpool.core.sizes import format_size, parse_size
 from kvpool.core.types import MAX_TENANT_LENGTH
 
@@ -186,11 +186,17 @@ class TenantSpace(dict):
         self.account = account
 
 
+def key_group(key: str) -> str | None:
+    """'g3' for a key 'g3-<hash>' (one KV-cache group of a hybrid model), else None."""
+    end = key.find("-", 1, 6)
+    return key[:end] if end > 1 and key[1:end].isdigit() else None
+
+
 class TenantAccount:
     """A tenant's usage and quota, over all its namespaces: the one state object per tenant."""
 
     __slots__ = ("name", "quota", "used_bytes", "num_objects", "segment_replicas", "heap", "dedicated",
-                 "quota_refusals", "quota_evictions")
+                 "quota_refusals", "quota_evictions", "key_groups")
 
     def __init__(self, name: str, quota: TenantQuota | None) -> None:
         self.name = name
@@ -202,14 +208,26 @@ class TenantAccount:
         self.dedicated = False  # places only on segments dedicated to it (segments.py)
         self.quota_refusals = 0
         self.quota_evictions = 0
+        # a hybrid model's KV-cache groups (keys "g<N>-<hash>", connector/groups.py): [objects, bytes]
+        self.key_groups: dict[str, list[int]] = {}
 
     def charge(self, rec, sign: int) -> None:
         """Count `rec`'s DRAM replicas in (+1) or out (-1) of this tenant's usage."""
         loc = rec.locations
         if not loc:
             return
-        self.used_bytes += sign * int.from_bytes(loc[16:24], "little") * (len(loc) // REPLICA_BYTES)
+        size_bytes = sign * int.from_bytes(loc[16:24], "little") * (len(loc) // REPLICA_BYTES)
+        self.used_bytes += size_bytes
         self.num_objects += sign
+        key = rec.key
+        if key[:1] == "g":
+            group = key_group(key)
+            if group is not None:
+                usage = self.key_groups.setdefault(group, [0, 0])
+                usage[0] += sign
+                usage[1] += size_bytes
+                if not usage[0]:
+                    del self.key_groups[group]
         counts = self.segment_replicas
         for start in range(0, len(loc), REPLICA_BYTES):
             segment_id = int.from_bytes(loc[start : start + 8], "little", signed=True)
@@ -261,4 +279,5 @@ class TenantAccount:
             quota_refusals=self.quota_refusals,
             quota_evictions=self.quota_evictions,
             num_segments=len(self.segment_replicas),
+            key_groups=[KeyGroupStats(g, n, b) for g, (n, b) in sorted(self.key_groups.items())],
         )
