@@ -65,6 +65,26 @@ def test_decode_event_reads_vllm_032_maps_and_older_arrays():
     assert decode_event(42) is None
 
 
+def test_a_hybrid_models_backend_holds_what_its_full_attention_group_holds():
+    cache = BackendCache()
+    chain = prompt_chain(PROMPT, BS)
+    # vLLM publishes each group's blocks under the same hashes; the window group frees its older
+    # blocks as the request runs, which must not cut the prefix the full-attention group still holds
+    cache.apply(StoredBlocks([b"e0", b"e1", b"e2"], None, PROMPT[:12], BS, group=1, kind="sliding_window"))
+    assert cache.prefix_blocks(chain) == 0 and cache.prefix_group is None
+    cache.apply(StoredBlocks([b"e0", b"e1", b"e2"], None, PROMPT[:12], BS, group=0, kind="full_attention"))
+    assert cache.prefix_blocks(chain) == 3 and cache.prefix_group == 0
+    cache.apply(RemovedBlocks([b"e0", b"e1"], group=1))
+    assert cache.prefix_blocks(chain) == 3
+    cache.apply(RemovedBlocks([b"e1"], group=0))
+    assert cache.prefix_blocks(chain) == 1
+    raw = {"type": "BlockRemoved", "block_hashes": [b"e0"], "medium": "GPU", "group_idx": 1}
+    assert decode_event(raw) == RemovedBlocks([b"e0"], 1)
+    raw = {"type": "BlockStored", "block_hashes": [b"e0"], "parent_block_hash": None, "token_ids": PROMPT[:4],
+           "block_size": BS, "group_idx": 2, "kv_cache_spec_kind": "mamba"}
+    assert decode_event(raw) == StoredBlocks([b"e0"], None, PROMPT[:4], BS, 2, "mamba")
+
+
 def test_pool_ledger_is_bounded_and_drops_the_oldest():
     ledger = PoolLedger(max_blocks=3)
     chain = prompt_chain(PROMPT, BS)

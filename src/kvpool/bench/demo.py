@@ -64,6 +64,11 @@ CONNECTOR = {"kv_connector": "KVPoolConnector", "kv_connector_module_path": "kvp
              "kv_load_failure_policy": "recompute"}
 
 
+# the tiny models the demo serves: a full-attention Llama, and a sliding-window hybrid (vLLM's
+# hybrid KV cache manager on). Their vocabularies match the tiny tokenizer's.
+DEMO_MODELS = ("llama", "gemma3")
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     num_sessions: int = 12
@@ -81,8 +86,11 @@ class DemoConfig:
     workdir: Path | None = None  # None: a fresh temporary directory
     start_timeout_s: float = 420.0
     request_timeout_s: float = 600.0
+    model: str = "llama"  # or a hybrid model of kvpool.bench.tiny_hybrid: "gemma3" (sliding window)
 
     def __post_init__(self) -> None:
+        if self.model not in DEMO_MODELS:
+            raise ValueError(f"model must be one of {', '.join(DEMO_MODELS)}; got {self.model!r}")
         if self.num_sessions < 1 or self.max_turns < 1 or self.num_servers < 1:
             raise ValueError("num_sessions, max_turns and num_servers must be >= 1")
         if not 0 < self.scale <= 1:
@@ -169,8 +177,14 @@ class Demo:
     def prepare(self, with_tokenizer: bool = False) -> None:
         """Write the tiny model; with a tokenizer and chat template for text / chat requests (--serve).
         The replay runs send token ids and keep --skip-tokenizer-init (no detokenizing cost)."""
-        model = TinyLlamaConfig(max_position_embeddings=self.config.max_model_len)
-        self.model_dir = write_tiny_llama(self.workdir / "model", model)
+        if self.config.model == "llama":
+            model = TinyLlamaConfig(max_position_embeddings=self.config.max_model_len)
+            self.model_dir = write_tiny_llama(self.workdir / "model", model)
+        else:
+            from kvpool.bench.tiny_hybrid import TinyHybridConfig, write_tiny_gemma3
+
+            model = TinyHybridConfig(max_position_embeddings=self.config.max_model_len, dtype="bfloat16")
+            self.model_dir = write_tiny_gemma3(self.workdir / f"model-{self.config.model}", model)
         if with_tokenizer:
             self.tokenizer_dir = write_tiny_tokenizer(self.model_dir, model.vocab_size, self.config.max_model_len)
 

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from kvpool.bench import plots, procs, reports
 from kvpool.bench.cli import replay_with_progress
-from kvpool.bench.demo import DEFAULT_RUNS, LABELS, RUN_SPECS, RUNS, ConnectorProbe, Demo, DemoConfig, RunOutcome, ratio
+from kvpool.bench.demo import DEFAULT_RUNS, DEMO_MODELS, LABELS, RUN_SPECS, RUNS, ConnectorProbe, Demo, DemoConfig, RunOutcome, ratio
 from kvpool.workload.formats import TraceFormatError
 
 # The published reference (vLLM + Mooncake Store, Kimi-K2.5 on 12 GB200, Codex traces), for context.
@@ -78,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"pool memory each server contributes (default {d.pool_bytes_per_server >> 20}); "
                              "run 2 adds it to each server's KV cache instead")
     parser.add_argument("--max-model-len", type=int, default=d.max_model_len, help="vLLM --max-model-len")
+    parser.add_argument("--model", choices=DEMO_MODELS, default=d.model,
+                        help="the tiny model served: llama (full attention) or gemma3 (sliding-window layers beside "
+                             "full attention; vLLM's hybrid KV cache manager stays on with the pool)")
     parser.add_argument("--output-dir", type=Path, default=Path("demo-results"),
                         help="where demo_summary.json, demo_table.md, demo_ttft.png, demo_rows.png, demo_records.json go")
     parser.add_argument("--workdir", type=Path, default=None,
@@ -94,7 +97,7 @@ def _config(args: argparse.Namespace) -> DemoConfig:
         **base, seed=args.seed, sessions_file=args.sessions_file, sessions_scale=args.sessions_scale,
         kv_cache_bytes=args.kv_cache_mib,
         pool_bytes_per_server=args.pool_mib, max_model_len=args.max_model_len,
-        runs=runs, workdir=args.workdir,
+        runs=runs, workdir=args.workdir, model=args.model,
     )  # fmt: skip
 
 

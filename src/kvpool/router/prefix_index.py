@@ -51,11 +51,20 @@ class StoredBlocks:
     parent: Hashable | None
     token_ids: list[int]
     block_size: int
+    group: int | None = None  # a hybrid model's KV-cache group (None: the model has one)
+    kind: str | None = None  # that group's kind ("full_attention", "sliding_window", "mamba", ...)
 
 
 @dataclass(frozen=True)
 class RemovedBlocks:
     block_hashes: list[Hashable]
+    group: int | None = None
+
+
+# Groups whose blocks hold a prefix from its start: a hybrid model's backend holds a prefix as far
+# as these do (sliding-window and Mamba groups free older blocks as a request runs, and their
+# events would cut prefixes the backend still serves)
+PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,7 @@ class BackendCache:
     block_size: int | None = None
     orphan_blocks: int = 0
     num_events: int = 0
+    prefix_group: int | None = None  # a hybrid model: the full-attention group whose events count
 
     def apply(self, event: KVEvent) -> list[RouterHash]:
         """Apply one event; returns the router hashes it stored (for the pool ledger)."""
@@ -80,6 +90,8 @@ class BackendCache:
         if isinstance(event, AllCleared):
             self.engine_to_router.clear()
             self.present.clear()
+            return []
+        if not self._counts(event):
             return []
         if isinstance(event, RemovedBlocks):
             for h in event.block_hashes:
@@ -105,6 +117,16 @@ class BackendCache:
             self.present.add(parent)
             stored.append(parent)
         return stored
+
+    def _counts(self, event: StoredBlocks | RemovedBlocks) -> bool:
+        """Whether the event is about the blocks this index follows: a model with one group
+        publishes no group; a hybrid model's first full-attention group is followed, learned from
+        its first store (removals name the group only)."""
+        if event.group is None:
+            return True
+        if self.prefix_group is None and isinstance(event, StoredBlocks) and event.kind in PREFIX_KINDS:
+            self.prefix_group = event.group
+        return event.group == self.prefix_group
 
     def prefix_blocks(self, hashes: Sequence[RouterHash]) -> int:
         n = 0
@@ -152,16 +174,19 @@ def decode_event(raw: object) -> KVEvent | None:
     elif isinstance(raw, (list, tuple)) and raw:
         kind = raw[0]
         names = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size"),
-                 "BlockRemoved": ("block_hashes",)}.get(kind, ())  # fmt: skip
+                 "BlockRemoved": ("block_hashes",)}.get(kind, ())  # fmt: skip  (no groups before 0.32)
         values = dict(zip(names, raw[1:]))
         get = values.get
     else:
         return None
+    group = get("group_idx")
+    group = group if isinstance(group, int) and not isinstance(group, bool) else None
     if kind == "BlockStored":
         return StoredBlocks([_key(h) for h in get("block_hashes") or []], _key(get("parent_block_hash")),
-                            list(get("token_ids") or []), int(get("block_size") or 0))  # fmt: skip
+                            list(get("token_ids") or []), int(get("block_size") or 0), group,
+                            get("kv_cache_spec_kind"))  # fmt: skip
     if kind == "BlockRemoved":
-        return RemovedBlocks([_key(h) for h in get("block_hashes") or []])
+        return RemovedBlocks([_key(h) for h in get("block_hashes") or []], group)
     if kind == "AllBlocksCleared":
         return AllCleared()
     return None
