@@ -71,6 +71,11 @@ def describe_kv_caches(kv_caches: dict[str, torch.Tensor], num_blocks: int) -> K
     region_bytes: int | None = None
     for name in names:
         t = kv_caches[name]
+        if not isinstance(t, torch.Tensor):  # e.g. a Mamba layer's (conv, ssm) views on some backends
+            raise ValueError(
+                f"layer {name}'s KV cache is a {type(t).__name__}, not one tensor: the pool reads one block of a "
+                "layer as one region; run this model without KVPoolConnector on this backend"
+            )
         es = t.element_size()
         if t.dim() >= 2 and t.shape[0] == num_blocks:  # [num_blocks, ...] (CPU, FlashInfer)
             layer = ((t.data_ptr(), t.stride(0) * es),)
