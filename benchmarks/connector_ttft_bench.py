@@ -19,7 +19,7 @@ With `--model gemma3 | nemotron_h | qwen3_next` (kvpool.bench.tiny_hybrid, bf16)
 hybrid KV cache manager on: the readers load asynchronously (how vLLM takes a failed load of a
 hybrid model), and the writers' pool bytes per token are reported by KV-cache group kind, beside
 a full-attention twin of the same width where the model has one. Writes
-benchmarks/results/connector_ttft_hybrid/DATE-MODEL.{json,md,png}.
+benchmarks/results/connector_ttft_hybrid/DATE-NCPUcpu-MODEL.{json,md,png}.
 
     .venv/bin/python benchmarks/connector_ttft_bench.py [--lengths 2048 8192] [--reps 5] [--model M]
 """
@@ -257,8 +257,8 @@ def main() -> int:
         result["pool_bytes_per_token"] = {run: raw[run].get("pool_bytes_per_token", {})
                                           for run in ("writer", "writer_full_attention_twin") if run in raw}
     args.out.mkdir(parents=True, exist_ok=True)
-    # a hybrid model's results: results/connector_ttft_hybrid/DATE-MODEL.* (--out to move them)
-    stem = "connector_ttft" if not hybrid else f"{time.strftime('%Y-%m-%d')}-{args.model}"
+    # a hybrid model's results: results/connector_ttft_hybrid/DATE-NCPUcpu-MODEL.* (--out to move them)
+    stem = "connector_ttft" if not hybrid else f"{time.strftime('%Y-%m-%d')}-{os.cpu_count()}cpu-{args.model}"
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     write_markdown(result, args.lengths, args.out / f"{stem}.md")
     plot(result, args.lengths, args.out / f"{stem}.png")
