@@ -7,6 +7,9 @@ Load it with
 (extra config keys: kvpool.connector.config). vLLM builds one instance per role: SCHEDULER in the
 engine-core process, WORKER in each worker process; this class only routes each call to the half
 that serves it (scheduler.py, worker.py) and derives the pool namespace both halves agree on.
+It is a `SupportsHMA` connector: vLLM keeps its hybrid KV cache manager on, and a model with
+several KV-cache groups (sliding window, Mamba beside attention) is stored one object per (group,
+block), its hits decided by vLLM's own coordinator (groups.py, hit_rule.py).
 """
 
 from __future__ import annotations

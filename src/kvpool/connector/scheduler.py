@@ -31,6 +31,10 @@ Facts this relies on (vLLM 0.32, v1/core/sched/scheduler.py):
   again every `touch_waiting_s` without anyone waiting for the answer (waiting.py), so the pool's
   LRU does not evict the prefix of the request it is about to serve. `on_new_request` (vLLM's
   add_request) starts the clock; admission or finish stops it.
+- A hybrid model (several KV-cache groups) keeps one object per (group, block): one `Exists`
+  round trip per rank namespace answers every group, vLLM's coordinator picks the hit
+  (hit_rule.py), each group's rule picks what a save stores (groups.py), Mamba states come from
+  vLLM's boundary-state hand-offs, and loads are asynchronous (failures go to `failed_recving`).
 - Saves never starve admission: blocks pinned for saves (planned, not yet reported copied) are
   bounded by `max_pinned_fraction` of vLLM's blocks. Past it, a running request's save waits for
   a later step (`saves_deferred`; its blocks stay the request's anyway) and a finished request's is
