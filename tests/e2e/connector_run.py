@@ -95,6 +95,22 @@ def _drain_saves(spec: dict, prompts: list[list[int]]) -> None:
                 time.sleep(0.1)
 
 
+def _settle_late_saves(spec: dict, timeout_s: float = 30.0) -> None:
+    """Saves planned when a request finished reach the worker with the next step's metadata: step
+    the engine until the scheduler holds no block for a save (TP == 1: the worker is here)."""
+    ours = _our_connector(spec)
+    if ours is None or ours._worker is None:
+        return
+    scheduler = _LLM.llm_engine.engine_core.engine_core.scheduler.connector
+    scheduler = next(c for c in getattr(scheduler, "_connectors", [scheduler]) if type(c).__name__ == "KVPoolConnector")
+    deadline = time.monotonic() + timeout_s
+    while scheduler.has_pending_push_work():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"saves still hold blocks after {timeout_s} s")
+        _LLM.llm_engine.step()
+        ours._worker.drain(timeout_s)
+
+
 def _object_keys(spec: dict, prompt: list[int], group: int | None = None) -> list[str]:
     """The prompt's object keys; for a hybrid model, those of `group` that the pool holds."""
     from vllm.utils.hashing import sha256
@@ -240,6 +256,7 @@ def main(spec_path: str, out_path: str) -> int:
         _drain_saves(spec, phase["prompts"])  # background saves must land before the next phase looks them up
         for _ in range(3):  # engine steps deliver the worker's completions and stats to the scheduler
             llm.llm_engine.step()
+        _settle_late_saves(spec)
         result["phases"].append({"outputs": outputs, "counters": _counters(llm), "corrupted_objects": corrupted,
                                  "prompts": phase["prompts"]})
         if phase.get("signal_file"):

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from kvpool.bench.tiny_hybrid import write_tiny_gemma3, write_tiny_nemotron_h, write_tiny_qwen3_next
+from kvpool.bench.tiny_hybrid import write_tiny_gemma3, write_tiny_mamba2, write_tiny_nemotron_h, write_tiny_qwen3_next
 
 pytestmark = pytest.mark.vllm
 
@@ -134,7 +134,8 @@ def test_tp2_hybrid_model_loads_every_ranks_groups(make_pool, run_vllm, tiny_gem
     assert_same_answer(only(b, 0), only(a, 0))
 
 
-def test_mamba2_hybrid_answers_like_recompute_from_the_state_at_the_hit(make_pool, run_vllm, tiny_nemotron_h):
+def test_mamba2_models_answer_like_recompute_from_the_state_at_the_hit(make_pool, run_vllm, tiny_nemotron_h,
+                                                                       tmp_path_factory):
     pool = make_pool(num_nodes=1)
     p, p2 = prompt(300, seed=51), prompt(200, seed=52)
     reference = run_vllm.start("recompute", None, [{"prompts": [p, p2], "max_tokens": 8}, *session(61)],
@@ -142,6 +143,11 @@ def test_mamba2_hybrid_answers_like_recompute_from_the_state_at_the_hit(make_poo
     a = run_vllm("writer", pool.address, [{"prompts": [p, p2], "max_tokens": 8}], model_dir=tiny_nemotron_h,
                  **MAMBA2, **on_core(1))
     assert counters(a, 0)["vllm:kvpool_saved_state_bytes"] > 0
+    # a Mamba-2 model without attention (one KV-cache group, its block size 16) meanwhile
+    pure = {"model_dir": str(write_tiny_mamba2(tmp_path_factory.mktemp("tiny-mamba2"))), "block_size": 16,
+            "max_num_batched_tokens": 16}
+    pure_writer = run_vllm.start("pure-writer", pool.address, [{"prompts": [p], "max_tokens": 8}], **pure,
+                                 **on_core(0))
     b = run_vllm("reader", pool.address, [
         {"prompts": [p], "max_tokens": 8},
         # noise in one Mamba group's state: the load succeeds and the answer changes (the state is
@@ -150,8 +156,14 @@ def test_mamba2_hybrid_answers_like_recompute_from_the_state_at_the_hit(make_poo
         {"prompts": [p2], "max_tokens": 8, "reset_prefix_cache": True, "flip_prompt": p2, "group": "state"},
         # turn 2 hits turn 1's output too: the state after 224 tokens was reached while decoding
         *session(61),
-    ], model_dir=tiny_nemotron_h, **MAMBA2)  # fmt: skip
+    ], model_dir=tiny_nemotron_h, **MAMBA2, **on_core(1))  # fmt: skip
     ref = reference()
+    pure_ref = run_vllm.start("pure-recompute", None, [{"prompts": [p], "max_tokens": 8}], **pure, **on_core(0))
+    pure_writer()
+    pure_hit = only(run_vllm("pure-reader", pool.address, [{"prompts": [p], "max_tokens": 8}], **pure,
+                             **on_core(1)), 0)
+    assert pure_hit["num_cached_tokens"] == 288  # one object: the state after 18 blocks of 16
+    assert_same_answer(pure_hit, only(pure_ref(), 0))
     hit = only(b, 0)
     assert hit["num_cached_tokens"] == 9 * BLOCK_SIZE  # the state after 288 tokens, the last whole block
     assert_same_answer(hit, only(ref, 0, 0))

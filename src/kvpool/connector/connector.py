@@ -92,8 +92,8 @@ class KVPoolConnector(KVConnectorBase_V1, SupportsHMA):
         cfg = ConnectorConfig.from_extra_config(dict(self._kv_transfer_config.kv_connector_extra_config or {}))
         groups = kv_cache_config.kv_cache_groups
         hash_block_size = kv_cache_config.hash_block_size or vllm_config.cache_config.block_size
-        self._group_rules = None  # hybrid models (several KV-cache groups): groups.py
-        if len(groups) > 1:
+        self._group_rules = None  # models beyond one full-attention group: groups.py
+        if len(groups) > 1 or not isinstance(groups[0].kv_cache_spec, FullAttentionSpec):
             from kvpool.connector.hit_rule import kv_group_rules
 
             self._group_rules = kv_group_rules(kv_cache_config, hash_block_size)
@@ -106,11 +106,6 @@ class KVPoolConnector(KVConnectorBase_V1, SupportsHMA):
                 log.warning("kvpool: load_async is false, but vLLM reports failed loads of hybrid models only "
                             "for asynchronous loads: loading asynchronously")
             cfg = dataclasses.replace(cfg, load_async=True)
-        elif not isinstance(groups[0].kv_cache_spec, FullAttentionSpec):
-            raise ValueError(
-                f"KVPoolConnector: this model's one KV-cache group is {type(groups[0].kv_cache_spec).__name__}; "
-                "the pool serves full attention, and sliding-window / Mamba layers beside full attention"
-            )
         block_size = groups[0].kv_cache_spec.block_size
         if hash_block_size != block_size:
             raise ValueError(

@@ -92,9 +92,9 @@ class SchedulerSide:
         lookup_on_arrival: bool = False, touch_waiting_s: float = 0.0,
         group_rules: dict[int, GroupRule] | None = None, hit_rule=None,
     ) -> None:
-        # hybrid models (several KV-cache groups): one object per (group, block), groups.py; the
-        # hit every group can serve is vLLM's own rule (hit_rule.py)
-        self._group_rules = group_rules if group_rules and len(group_rules) > 1 else None
+        # hybrid models (several KV-cache groups, or one that is not full attention): one object per
+        # (group, block), groups.py; the hit every group can serve is vLLM's own rule (hit_rule.py)
+        self._group_rules = group_rules or None
         if self._group_rules is not None:
             if geom.blocks_per_object != 1:
                 raise ValueError("a hybrid model's pool objects are single blocks: leave tokens_per_object unset")

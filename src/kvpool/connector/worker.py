@@ -79,7 +79,7 @@ class WorkerSide:
         """Register vLLM's KV memory with the data plane, once. `group_layers`: a hybrid model's
         layer names per KV-cache group (an object is then one block of one group's layers), and
         `group_kinds` what each group keeps (groups.GroupRule.kind), for metrics."""
-        if group_layers is not None and len(group_layers) > 1:
+        if group_layers is not None:
             self._group_kinds = list(group_kinds or ["full"] * len(group_layers))
             self._group_layouts = [
                 device.describe_kv_caches({n: kv_caches[n] for n in names}, num_blocks) for names in group_layers
