@@ -179,8 +179,10 @@ def _md_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
+MODEL_NAMES = {"llama": "tiny seeded Llama",
+               "gemma3": "tiny seeded Gemma 3: 3 sliding-window layers + 1 full, vLLM's hybrid KV cache manager on"}
 METHOD = (
-    "Method: `kvpool demo` starts two vLLM-CPU OpenAI servers (tiny seeded Llama, local prefix cache on, "
+    "Method: `kvpool demo` starts two vLLM-CPU OpenAI servers ({model}, local prefix cache on, "
     "worker threads of server i pinned to core i, KV memory per server below what the sessions need "
     "together, KV events published) behind `kvpool router`, and replays the same synthesized Codex-like "
     "trace (one client per session, think times scaled) once per run: round-robin without the pool; "
@@ -197,7 +199,8 @@ METHOD = (
 
 
 def _markdown(outcomes: dict[str, RunOutcome], config: DemoConfig, sessions_info: str, machine: dict) -> str:
-    lines = ["# kvpool demo", "", METHOD, "", f"Machine at the start: {machine}", "",
+    lines = ["# kvpool demo", "", METHOD.replace("{model}", MODEL_NAMES[config.model]), "",
+             f"Machine at the start: {machine}", "",
              f"Machine at the end: {reports.machine()}", "", f"Trace: {sessions_info}", "",
              f"Config: {config}", ""]  # fmt: skip
     lines += _md_table(COLUMNS, comparison_rows(outcomes)) + [""] + _md_table(DETAIL_COLUMNS, detail_rows(outcomes))
