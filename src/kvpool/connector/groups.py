@@ -152,7 +152,7 @@ def blocks_to_save(block_tables: Sequence[Sequence[int]], rules: dict[int, Group
         table = block_tables[g]
         if boundary > len(table):
             continue
-        wanted = rule.blocks_to_store(saved_until[g], boundary)
+        wanted = rule.blocks_to_store(saved_until.get(g, 0), boundary)
         ids = [table[i] for i in wanted]
         if rule.kind == "full":
             ids = ids[: next((n for n, b in enumerate(ids) if b == NULL_BLOCK_ID), len(ids))]

@@ -76,6 +76,7 @@ class PresentBlocks:
     def __init__(self, hash_block_size: int) -> None:
         self.hash_block_size = hash_block_size
         self.null_block = KVCacheBlock(0)
+        self._held = KVCacheBlock(1)  # any non-null block: only the hit length is read back
         self._index: dict[bytes, int] = {}
         self._present: dict[int, set[int]] = {}
 
@@ -87,7 +88,7 @@ class PresentBlocks:
         i = self._index.get(bytes(block_hash))
         if i is None or any(i not in self._present.get(g, ()) for g in kv_cache_group_ids):
             return None
-        return [KVCacheBlock(i + 1) for _ in kv_cache_group_ids]  # block_id - 1: the block's index
+        return [self._held] * len(kv_cache_group_ids)
 
 
 class HitRule:

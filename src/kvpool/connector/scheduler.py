@@ -359,15 +359,8 @@ class SchedulerSide:
                                                             len(request.block_hashes)), meta)
 
     def _plan_states(self, request, tracker: RequestTracker, objects, meta: KVPoolMetadata) -> None:
-        if not objects:
-            return
-        hashes = request.block_hashes
-        keys = [group_block_key(o.group, hashes[o.index]) for o in objects]
-        parents = [group_block_key(self._first_full, hashes[o.index]) if self._first_full is not None else None
-                   for o in objects]
-        flat = [o.block_id for o in objects]
-        meta.saves.append(self._pin_save(request, tracker, keys, parents, [[b] for b in flat], flat,
-                                         [o.group for o in objects]))
+        if objects:
+            meta.saves.append(self._pin_objects(request, tracker, objects))
 
     def _save_room(self) -> int:
         """How many more objects' blocks may be pinned for saves now."""
@@ -394,23 +387,23 @@ class SchedulerSide:
     def _plan_group_save(self, request, tracker: RequestTracker, boundary: int, block_tables,
                          rules: dict[int, GroupRule]) -> SaveSpec | None:
         """Hybrid models: each group's blocks for a save at `boundary` blocks (groups.py)."""
-        for g in self._group_rules:
-            tracker.saved_until.setdefault(g, 0)
-        objects, saved_until = blocks_to_save(block_tables, rules, tracker.saved_until, boundary)
-        tracker.saved_until.update(saved_until)
+        objects, tracker.saved_until = blocks_to_save(block_tables, rules, tracker.saved_until, boundary)
         if self._first_full is not None:
-            tracker.next_save = saved_until[self._first_full]
-        if not objects:
-            return None
-        hashes = request.block_hashes
-        keys = [group_block_key(o.group, hashes[o.index]) for o in objects]
-        parents: list[str | None] = []
+            tracker.next_save = tracker.saved_until.get(self._first_full, 0)
+        return self._pin_objects(request, tracker, objects) if objects else None
+
+    def _pin_objects(self, request, tracker: RequestTracker, objects) -> SaveSpec:
+        """A save of single-block objects (groups.BlockObject). A full-attention block's parent is
+        the block before it; any other's is the full-attention block at its place, so it is
+        evicted before the prefix it extends."""
+        hashes, first_full = request.block_hashes, self._first_full
+        keys, parents = [], []
         for o in objects:
+            keys.append(group_block_key(o.group, hashes[o.index]))
             if self._group_rules[o.group].kind == "full":
                 parents.append(group_block_key(o.group, hashes[o.index - 1]) if o.index else None)
-            else:  # evicted before the prefix it extends
-                parents.append(group_block_key(self._first_full, hashes[o.index]) if self._first_full is not None
-                               else None)
+            else:
+                parents.append(group_block_key(first_full, hashes[o.index]) if first_full is not None else None)
         flat = [o.block_id for o in objects]
         return self._pin_save(request, tracker, keys, parents, [[b] for b in flat], flat, [o.group for o in objects])
 
