@@ -30,7 +30,7 @@ from rich.progress import Progress
 from kvpool.bench import procs
 from kvpool.core import protocol as p
 from kvpool.master import MasterConfig, MasterCore
-from kvpool.transfer.control import MasterChannel
+from kvpool.rpc.zmq_channel import MasterChannel
 
 OBJECT_BYTES = 64 * 1024
 SEGMENT_BYTES = 1 << 46  # metadata only: the master never touches this memory

@@ -37,8 +37,8 @@ from kvpool.bench import procs
 from kvpool.client import Client
 from kvpool.core import protocol as p
 from kvpool.core.errors import RateLimitedError
-from kvpool.transfer.control import MasterChannel
-from kvpool.transfer.credentials import AuthDir, resolve_credential
+from kvpool.rpc.zmq_channel import MasterChannel
+from kvpool.rpc.credentials import AuthDir, resolve_credential
 
 MiB = 1 << 20
 NODE_MEMORY = "256MiB"

@@ -17,7 +17,7 @@ import pytest
 
 from kvpool.bench import hosts, procs
 from kvpool.bench.tiny_model import TinyLlamaConfig, write_tiny_llama
-from kvpool.transfer.credentials import AuthDir
+from kvpool.rpc.credentials import AuthDir
 
 pytestmark = pytest.mark.vllm
 

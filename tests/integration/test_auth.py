@@ -14,8 +14,8 @@ from kvpool.bench import procs
 from kvpool.client import Client
 from kvpool.core import protocol as p
 from kvpool.core.errors import AuthError, ForbiddenError, UsageError
-from kvpool.transfer.control import MasterChannel
-from kvpool.transfer.credentials import AuthDir, Credential
+from kvpool.rpc.zmq_channel import MasterChannel
+from kvpool.rpc.credentials import AuthDir, Credential
 
 
 @pytest.fixture

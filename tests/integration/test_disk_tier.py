@@ -15,7 +15,7 @@ import numpy as np
 from kvpool.bench import procs
 from kvpool.client import PUT_ALLOCATED, Client
 from kvpool.core import protocol as p
-from kvpool.transfer.control import MasterChannel
+from kvpool.rpc.zmq_channel import MasterChannel
 from pool_worker import chain_keys, pattern, wait_until
 
 KiB = 1024

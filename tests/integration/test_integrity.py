@@ -14,7 +14,7 @@ import pytest
 from kvpool.bench import procs
 from kvpool.client import PUT_ALLOCATED, PUT_FAILED, Client
 from kvpool.core import protocol as p
-from kvpool.transfer.control import MasterChannel
+from kvpool.rpc.zmq_channel import MasterChannel
 from kvpool.transfer.shm import PeerMapping
 from pool_worker import chain_keys, pattern, wait_until
 

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from kvpool.bench import procs
 from kvpool.client import Client
 from kvpool.core import protocol as p
-from kvpool.transfer.credentials import AuthDir, Credential
+from kvpool.rpc.credentials import AuthDir, Credential
 from pool_worker import pattern
 
 MAX_MESSAGE_BYTES = 1 << 20  # the master's limit here, so oversized frames are cheap to send

@@ -13,7 +13,7 @@ import zmq
 from kvpool.bench import procs
 from kvpool.core import protocol as p
 from kvpool.core.errors import UnavailableError, UsageError
-from kvpool.transfer.control import MasterChannel
+from kvpool.rpc.zmq_channel import MasterChannel
 
 LIMIT = 64 * 1024  # a small --max-message-bytes keeps the oversized cases cheap
 

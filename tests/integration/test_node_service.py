@@ -17,7 +17,7 @@ from kvpool.core.errors import UnavailableError
 from kvpool.core.protocol import GetSegments, Stats
 from kvpool.node import NodeConfig, StorageNode
 from kvpool.transfer import DataPlane
-from kvpool.transfer.control import MasterChannel
+from kvpool.rpc.zmq_channel import MasterChannel
 
 FAST_HEALTH = ("--node-ttl-s", "1.5", "--heartbeat-interval-s", "0.3")
 

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvpool.bench import procs
 from kvpool.client import Client
 from kvpool.core.errors import CapacityError
-from kvpool.transfer.credentials import AuthDir
+from kvpool.rpc.credentials import AuthDir
 from pool_worker import pattern, wait_until
 
 KiB = 1024

@@ -9,7 +9,7 @@ from kvpool.bench import procs
 from kvpool.client import Client
 from kvpool.core import protocol as p
 from kvpool.core.errors import RateLimitedError
-from kvpool.transfer.control import MasterChannel
+from kvpool.rpc.zmq_channel import MasterChannel
 
 
 def test_a_flooding_client_is_limited_and_the_others_are_served(tmp_path):

@@ -1,4 +1,4 @@
-"""Plain gets of values a client never saw, read by tag while GetValue travels (transfer/lane_tags.py,
+"""Plain gets of values a client never saw, read by tag while GetValue travels (transfer/tcp_path_tags.py,
 client/known_places.py; issue 14), with a real master and nodes over the segment lane: the bytes a
 node holds under the key's tag are kept only when the master's answer places the value there and
 they match its checksum. A removed, replaced or wrongly tagged value is never served from the tag."""
@@ -9,8 +9,8 @@ import socket
 import struct
 
 from kvpool.client import Client
-from kvpool.transfer import lane_tags
-from kvpool.transfer import segment_lane as sl
+from kvpool.transfer import tcp_path_tags
+from kvpool.transfer import tcp_path as sl
 from pool_worker import pattern
 
 KiB = 1024
@@ -73,9 +73,9 @@ def _send_tag(address: str, tag: bytes, offset: int, size: int) -> None:
     `size` bytes at `offset`, whatever is there."""
     host, _, port = address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(sl._HEAD.pack(sl.MAGIC, lane_tags.TAG, 1) + struct.pack("<QQ", offset, size) + tag)
-        sock.sendall(sl._HEAD.pack(sl.MAGIC, lane_tags.READ_TAG, 1) + tag)  # answered once the TAG is in
-        assert sock.recv(1) == bytes([lane_tags.KNOWN])
+        sock.sendall(sl._HEAD.pack(sl.MAGIC, tcp_path_tags.TAG, 1) + struct.pack("<QQ", offset, size) + tag)
+        sock.sendall(sl._HEAD.pack(sl.MAGIC, tcp_path_tags.READ_TAG, 1) + tag)  # answered once the TAG is in
+        assert sock.recv(1) == bytes([tcp_path_tags.KNOWN])
 
 
 def test_a_tag_naming_other_bytes_is_read_again_and_the_right_value_returned(make_pool):
@@ -87,14 +87,14 @@ def test_a_tag_naming_other_bytes_is_read_again_and_the_right_value_returned(mak
         _warm(b)
         used = _tags(b, "used")
         segment = b._segments.get({decoy.segment_id})[decoy.segment_id]
-        _send_tag(segment.lane_address, lane_tags.tag_of("hostile", "victim"), decoy.offset, decoy.size)
+        _send_tag(segment.lane_address, tcp_path_tags.tag_of("hostile", "victim"), decoy.offset, decoy.size)
         assert b.get("victim") == pattern("victim", SIZE).tobytes()
         assert _tags(b, "read_again") == 1 and _tags(b, "used") == used
         # a tag naming another range that holds the very same bytes (another key's copy): the
         # checksum matches, the place does not: read again
         assert a.put("twin", pattern("victim", SIZE)) is True
         twin = a._places.get("twin", a._channel.epoch).replicas[0]
-        _send_tag(segment.lane_address, lane_tags.tag_of("hostile", "victim"), twin.offset, twin.size)
+        _send_tag(segment.lane_address, tcp_path_tags.tag_of("hostile", "victim"), twin.offset, twin.size)
         with Client(pool.address, "hostile", path="lane") as d:
             _warm(d)
             assert d.get("victim") == pattern("victim", SIZE).tobytes()
@@ -107,7 +107,7 @@ def test_a_tag_naming_other_bytes_is_read_again_and_the_right_value_returned(mak
             from test_integrity import _flip_bits
 
             right = victim.replicas[0]
-            _send_tag(segment.lane_address, lane_tags.tag_of("hostile", "victim"), right.offset, right.size)
+            _send_tag(segment.lane_address, tcp_path_tags.tag_of("hostile", "victim"), right.offset, right.size)
             _flip_bits(a, ["victim"], 0, 100, 0x01)
             assert c.get("victim") is None  # read by tag, mismatched; read again under the lease: mismatched
             assert _tags(c, "read_again") == 3 and _tags(c, "used") == used

@@ -1,9 +1,9 @@
-"""The lane's spin policy (kvpool.transfer.spin): pure logic."""
+"""The lane's spin policy (kvpool.rpc.spin): pure logic."""
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvpool.transfer.spin import SpinPolicy
+from kvpool.rpc.spin import SpinPolicy
 
 
 def test_a_new_policy_spins_and_one_late_reply_among_quick_ones_changes_nothing():

@@ -62,8 +62,8 @@ from kvpool.client.statuses import PUT_FAILED  # noqa: F401 - kvpool.client.PUT_
 from kvpool.core import protocol
 from kvpool.core.errors import ProtocolError, UsageError
 from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
-from kvpool.transfer.control import MasterChannel, parse_addresses
-from kvpool.transfer.lane import LaneChannel
+from kvpool.rpc.zmq_channel import MasterChannel, parse_addresses
+from kvpool.rpc.tcp_channel import LaneChannel
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Client(PlainValues, Landings, EarlyReads, Puts, Reads, Rounds):
         self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes, checksums,
                                    credential, lane, read_only, landing, known_places, read_by_tag)
         from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
-        from kvpool.transfer.credentials import resolve_credential
+        from kvpool.rpc.credentials import resolve_credential
 
         self._owns_plane = plane is None
         self.plane = DataPlane(path=path, read_only=read_only) if plane is None else plane

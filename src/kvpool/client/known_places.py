@@ -51,7 +51,7 @@ from kvpool.client.checksum import checksum_regions
 from kvpool.core import protocol
 from kvpool.core.errors import KVPoolError, ProtocolError, TransferError, UnavailableError
 from kvpool.core.protocol import Replica
-from kvpool.transfer.lane_tags import tag_of
+from kvpool.transfer.tcp_path_tags import tag_of
 
 MAX_PLACES = 4096
 MAX_TAG_ASKS = 4  # nodes a get of a value its client never saw asks for the value's tag at once

@@ -45,7 +45,7 @@ from kvpool.client.statuses import PUT_FAILED, PUT_STATUS_NAMES
 from kvpool.core import protocol
 from kvpool.core.errors import CapacityError, KVPoolError, ProtocolError, TransferError, UsageError
 from kvpool.core.protocol import PUT_ALLOCATED, PUT_EXISTS, PUT_NO_SPACE
-from kvpool.transfer.lane_tags import tag_of
+from kvpool.transfer.tcp_path_tags import tag_of
 
 log = logging.getLogger(__name__)
 

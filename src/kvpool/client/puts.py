@@ -21,7 +21,7 @@ from kvpool.core import protocol
 from kvpool.core.errors import KVPoolError, ProtocolError, UsageError
 from kvpool.core.protocol import PUT_ALLOCATED, Replica
 from kvpool.transfer.fence import all_of
-from kvpool.transfer.lane_tags import tag_of
+from kvpool.transfer.tcp_path_tags import tag_of
 
 log = logging.getLogger(__name__)
 

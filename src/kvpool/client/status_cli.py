@@ -14,8 +14,8 @@ import zmq
 
 from kvpool.core import protocol
 from kvpool.core.errors import KVPoolError
-from kvpool.transfer.control import MasterChannel
-from kvpool.transfer.credentials import resolve_credential
+from kvpool.rpc.zmq_channel import MasterChannel
+from kvpool.rpc.credentials import resolve_credential
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ Rules:
 - Keys are plain strings inside a tenant's namespace; the tenant travels with every data request.
 - Times on the wire are durations (ttl_s), never absolute clocks: master and client clocks differ.
 - Every reply names the master's incarnation (`epoch`, a random 63-bit number chosen at start) in
-  its own frame, before the payload (transfer/control.py reads it). Ids the master hands out that
+  its own frame, before the payload (transfer/zmq_channel.py reads it). Ids the master hands out that
   another process keeps (segment ids, lease ids, write tokens) carry the incarnation's random
   prefix in their high 31 bits (master/ids.py), so no id is ever reissued by a restarted master.
 - Puts are fenced by write tokens: PutStart returns one per allocation, PutEnd / PutRevoke name it,
@@ -128,7 +128,7 @@ class SegmentInfo(Struct, frozen=True):
     agent_name: str
     agent_metadata: bytes
     shm_path: str | None = None
-    lane_address: str | None = None  # "host:port" of the segment lane (transfer/segment_lane.py), if served
+    lane_address: str | None = None  # "host:port" of the segment lane (transfer/tcp_path.py), if served
 
 
 # ---- requests -------------------------------------------------------------------------------
@@ -299,7 +299,7 @@ class Stats(Struct, tag="stats", frozen=True):
 
 
 class LaneQuery(Struct, tag="lane_query", frozen=True):
-    """Does the master serve the plain TCP lane (transfer/lane.py)? Answered by its service shell."""
+    """Does the master serve the plain TCP lane (transfer/tcp_channel.py)? Answered by its service shell."""
 
 
 

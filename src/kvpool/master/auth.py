@@ -20,7 +20,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from kvpool.master.access import Principal
-from kvpool.transfer.credentials import AuthDir
+from kvpool.rpc.credentials import AuthDir
 
 log = logging.getLogger("kvpool.master.auth")
 

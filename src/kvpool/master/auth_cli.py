@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvpool.transfer.credentials import ROLE_ADMIN, ROLE_NODE, AuthDir, default_auth_dir
+from kvpool.rpc.credentials import ROLE_ADMIN, ROLE_NODE, AuthDir, default_auth_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

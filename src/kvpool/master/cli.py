@@ -114,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _auth_dir(explicit: Path | None) -> str:
     """The auth directory to serve with: --auth DIR (must be initialised), else the default one,
     created with a first set of credentials if it does not exist yet."""
-    from kvpool.transfer.credentials import ROLE_ADMIN, ROLE_NODE, AuthDir, default_auth_dir
+    from kvpool.rpc.credentials import ROLE_ADMIN, ROLE_NODE, AuthDir, default_auth_dir
 
     if explicit is not None:
         AuthDir(explicit).master_keys()  # ValueError naming what is missing

@@ -41,8 +41,8 @@ from kvpool.master.limits import RateLimiter
 from kvpool.master.core import MasterCore
 from kvpool.master.gc_pauses import CollectorPauses
 from kvpool.master.metrics import serve_metrics
-from kvpool.transfer.lane import ONE_WAY_BYTES
-from kvpool.transfer.lane_server import REPLY_HEAD_BYTES, LaneServer
+from kvpool.rpc.tcp_channel import ONE_WAY_BYTES
+from kvpool.rpc.tcp_server import REPLY_HEAD_BYTES, LaneServer
 
 log = logging.getLogger("kvpool.master")
 
@@ -103,7 +103,7 @@ class MasterService:
             log.warning("serving WITHOUT authentication (insecure): any client can read and write every tenant")
             return
         from kvpool.master.auth import MasterAuth
-        from kvpool.transfer.credentials import AuthDir
+        from kvpool.rpc.credentials import AuthDir
 
         self._auth = MasterAuth(AuthDir(self.config.auth_dir), self._context)
         self._auth.apply_server(sock)

@@ -41,10 +41,10 @@ from kvpool.node.config import NodeConfig
 from kvpool.node.directory import NodeDirectory
 from kvpool.node.disk_store import DiskError, DiskStore
 from kvpool.node.tier import DiskTierWorker
-from kvpool.transfer.control import MasterChannel, host_of, parse_addresses
-from kvpool.transfer.credentials import ENV_NODE_CREDENTIAL, resolve_credential
+from kvpool.rpc.zmq_channel import MasterChannel, host_of, parse_addresses
+from kvpool.rpc.credentials import ENV_NODE_CREDENTIAL, resolve_credential
 from kvpool.transfer.segment import SegmentMemory
-from kvpool.transfer.segment_lane import reachable_address
+from kvpool.transfer.tcp_path import reachable_address
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
-"""The data plane (NIXL one-sided transfers, same-host shared memory) and the control channel.
+"""The data plane: NIXL one-sided transfers, same-host shared memory, CUDA copies and the TCP path
+to a node's segment.
 
-Names are loaded on first use, so `from kvpool.transfer.control import MasterChannel` (the
-status CLI, the master's tests) never loads NIXL's libraries.
+Names are loaded on first use, so importing a light module of this package (memcopy, the TCP
+path's tags) never loads NIXL's libraries.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvpool.transfer.control import MasterChannel
     from kvpool.transfer.hostinfo import host_id
     from kvpool.transfer.plane import DataPlane
     from kvpool.transfer.segment import SegmentMemory
@@ -19,7 +19,6 @@ _EXPORTS = {
     "DataPlane": "kvpool.transfer.plane",
     "SegmentMemory": "kvpool.transfer.segment",
     "host_id": "kvpool.transfer.hostinfo",
-    "MasterChannel": "kvpool.transfer.control",
 }
 
 __all__ = list(_EXPORTS)

@@ -7,7 +7,7 @@ Rules:
 - NIXL requests are progressed by the thread that waits for them, without NIXL's progress thread
   (measured across hosts over UCX TCP: ~20 % less client CPU, 1 MiB gets ~1.2x; nixlio.py).
 - A cross-host job of at most `lane_max_bytes` goes over the segment's lane when its node serves
-  one (segment_lane.py: one TCP round trip; UCX's TCP transport emulates one-sided ops in several;
+  one (tcp_path.py: one TCP round trip; UCX's TCP transport emulates one-sided ops in several;
   without RDMA every read, every write of `lane_split_bytes` or more (split in two, below), writes
   up to 4 MiB and scatter-gather writes of regions of 256 KiB or less at any size:
   benchmarks/results/peers/segment_lane_sweep.md, fixes.md 25), unless another thread is using
@@ -15,7 +15,7 @@ Rules:
   lane for every job (tests).
 - A lane WRITE of `lane_split_bytes` (2 MiB) or more, a READ of `lane_read_split_bytes` (2 MiB)
   or more, runs as two halves on two connections at once when a second one is free
-  (lane_halves.py); the call returns only when both have ended.
+  (tcp_path_halves.py); the call returns only when both have ended.
 - The NIXL agent starts lazily on the first segment that needs it (0.4 s), so a client that only
   talks to same-host segments never pays for it; memory registered before is registered then.
 - Every region is checked before any byte moves: local regions must lie inside registered memory,
@@ -52,15 +52,15 @@ import numpy as np
 from kvpool.core.errors import TransferError, UsageError
 from kvpool.core.protocol import SegmentInfo
 from kvpool.transfer.hostinfo import host_id
-from kvpool.transfer.lane_halves import run_on_lane
-from kvpool.transfer.segment_lane import SegmentLane, lane_spin_s, rdma_available
+from kvpool.transfer.tcp_path_halves import run_on_lane
+from kvpool.transfer.tcp_path import TcpPath, lane_spin_s, rdma_available
 from kvpool.transfer.shm import PeerMapping
 from kvpool.transfer.tag_reads import TagReader
 
 PATHS = ("auto", "nixl", "shm", "lane")
 LANE_MAX_BYTES_ENV = "KVPOOL_SEGMENT_LANE_MAX_BYTES"
 RDMA_LANE_MAX_BYTES = 256 << 10  # with RDMA, NIXL takes every larger job
-TCP_LANE_MAX_BYTES = 4 << 20  # without: UCX on TCP; NIXL's writes led from 4-16 MiB jobs (segment_lane.py)
+TCP_LANE_MAX_BYTES = 4 << 20  # without: UCX on TCP; NIXL's writes led from 4-16 MiB jobs (tcp_path.py)
 TCP_LANE_REGION_BYTES = 256 << 10  # ... and a job of any size whose regions average this or less
 LANE_SPLIT_BYTES_ENV = "KVPOOL_SEGMENT_LANE_SPLIT_BYTES"
 # a lane job this large runs as two halves on two connections at once (2 cores: two Python TCP
@@ -88,7 +88,7 @@ class _Route:
     agent_name: str
     mapping: PeerMapping | None = None  # the shm path
     peer: str | None = None  # the nixl path: remote agent name, once a NIXL job needed it (DataPlane._peer)
-    lane: SegmentLane | None = None  # the segment lane, for small jobs (or all, with path "lane")
+    lane: TcpPath | None = None  # the segment lane, for small jobs (or all, with path "lane")
     metadata: bytes | None = None  # the remote agent's NIXL metadata: the route has a nixl path
 
     @property
@@ -121,7 +121,7 @@ class DataPlane:
         WRITE is refused and same-host segments are mapped read-only (a reader-only client).
         `lane_max_bytes`: the largest job the segment lane takes (None: $KVPOOL_SEGMENT_LANE_MAX_BYTES,
         else 256 KiB where NIXL has RDMA and 4 MiB where it has not; 0: never the lane unless `path`
-        is "lane"; see segment_lane.py)."""
+        is "lane"; see tcp_path.py)."""
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {path!r}")
         if lane_max_bytes is None:
@@ -246,7 +246,7 @@ class DataPlane:
                     why_not_shm = f"cannot map {segment.shm_path}: {e}"
         if self.path == "shm":
             raise TransferError(f"segment {segment.segment_id} of node {segment.node_id}: {why_not_shm}")
-        lane = SegmentLane(segment.lane_address, spin_s=self.lane_spin_s) \
+        lane = TcpPath(segment.lane_address, spin_s=self.lane_spin_s) \
             if segment.lane_address and self.path != "nixl" else None
         if self.path == "lane":
             if lane is None:
@@ -336,7 +336,7 @@ class DataPlane:
         way (NIXL requests posted, or a lane request's bytes handed to the kernel), before waiting
         for them to land; never for shared-memory copies, nor if nothing was sent.
         `tags[i]`, None or a 16-byte tag: WRITE job i is one value in one region, and if it goes
-        over the segment lane the node records the tag for it (lane_tags.py, `read_tagged`)."""
+        over the segment lane the node records the tag for it (tcp_path_tags.py, `read_tagged`)."""
         if op not in OPS:
             raise UsageError(f"op must be READ or WRITE, got {op!r}")
         if op == "WRITE" and self.read_only:
@@ -419,14 +419,14 @@ class DataPlane:
     def _lane_transfer(self, op: str, job: _Checked, conn, deadline: float, before_landing=None,
                        sent=None, tag=None) -> None:
         """A job on its lane connection; one of lane_split_bytes or more (READ or WRITE) as two
-        halves at once (lane_halves.py). `sent`: called by this thread's half once its bytes are out."""
+        halves at once (tcp_path_halves.py). `sent`: called by this thread's half once its bytes are out."""
         split = self.lane_read_split_bytes if op == "READ" else self.lane_split_bytes
         run_on_lane(op, job.route.lane, conn, job.local_addrs, job.remote_offsets, job.sizes, split, deadline,
                     before_landing, sent, tag)
 
     def read_tagged(self, segments: Sequence[SegmentInfo], tag: bytes, make, timeout_s: float,
                     before_landing=None):
-        """What a node holds where `tag` was last written (lane_tags.py), read over its segment's
+        """What a node holds where `tag` was last written (tcp_path_tags.py), read over its segment's
         lane into `make(size)`'s (output, address): (segment, offset, size, output, address);
         None when none of `segments` knows it (or none could be asked); TransferError, with the
         failed `segment_ids`, when none knew it and an ask failed (tag_reads.py)."""
@@ -436,7 +436,7 @@ class DataPlane:
             self.jobs_by_path["lane"] += 1
         return found
 
-    def _tag_lane(self, segment: SegmentInfo) -> SegmentLane | None:
+    def _tag_lane(self, segment: SegmentInfo) -> TcpPath | None:
         """The segment lane a tag read asks (None: shared memory or no lane); TransferError if
         no route can be made."""
         route = self._route(segment)

@@ -4,7 +4,7 @@ Rules:
 - One SegmentMemory is one memfd mapping (see shm.py) registered with its own NIXL agent, so
   other hosts reach it with one-sided UCX READ/WRITE and same-host clients map it directly.
 - The node never touches object bytes: clients write and read; the master decides offsets. With
-  `lane_host` it also serves small transfers over its segment lane (segment_lane.py: one TCP round
+  `lane_host` it also serves small transfers over its segment lane (tcp_path.py: one TCP round
   trip instead of UCX's emulated one-sided ops); the caller offers it only without authentication.
 - Agent names are unique per segment (node id, pid, random suffix): a restarted node must never
   be mistaken for its previous life by a client that cached the old agent.
@@ -18,7 +18,7 @@ import uuid
 from kvpool.core.protocol import MountSegment, SegmentInfo
 from kvpool.transfer.hostinfo import host_id
 from kvpool.transfer.nixlio import NixlEndpoint
-from kvpool.transfer.segment_lane_server import SegmentLaneServer
+from kvpool.transfer.tcp_path_server import TcpPathServer
 from kvpool.transfer.shm import SharedSegmentFile
 
 
@@ -39,12 +39,12 @@ class SegmentMemory:
             raise
         self.base_addr = self._file.base_addr
         self.shm_path: str | None = self._file.path
-        self._lane = SegmentLaneServer(self.base_addr, size_bytes, lane_host) if lane_host is not None else None
+        self._lane = TcpPathServer(self.base_addr, size_bytes, lane_host) if lane_host is not None else None
         self.lane_address: str | None = self._lane.address if self._lane is not None else None
 
     @property
     def lane_tags(self):
-        """The lane's TagIndex (lane_tags.py), or None without a lane."""
+        """The lane's TagIndex (tcp_path_tags.py), or None without a lane."""
         return self._lane.tags if self._lane is not None else None
 
     def mount_request(self, node_id: str, recovering: bool = False) -> MountSegment:

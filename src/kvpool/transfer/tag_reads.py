@@ -1,4 +1,4 @@
-"""Reading a value by its tag from the nodes that may hold it (lane_tags.py): the data plane's side.
+"""Reading a value by its tag from the nodes that may hold it (tcp_path_tags.py): the data plane's side.
 
 Rules:
 - Every given segment whose route has a segment lane (not shared memory) and a connection free
@@ -38,7 +38,7 @@ def _unwanted(size: int):
 
 
 class TagReader:
-    """The data plane's tag reads; `lane_of(segment)`: its route's SegmentLane, or None."""
+    """The data plane's tag reads; `lane_of(segment)`: its route's TcpPath, or None."""
 
     def __init__(self, lane_of: Callable[[SegmentInfo], object]) -> None:
         self._lane_of = lane_of

@@ -39,7 +39,7 @@ import zmq.utils.monitor
 
 from kvpool.core import protocol
 from kvpool.core.errors import AuthError, ProtocolError, UnavailableError, error_from_reply
-from kvpool.transfer.credentials import Credential
+from kvpool.rpc.credentials import Credential
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class MasterChannel:
         for listener in self._listeners:
             listener(old, epoch)
 
-    # ---- for a channel that carries requests another way (transfer/lane.py) ----------------------
+    # ---- for a channel that carries requests another way (transfer/tcp_channel.py) ----------------------
 
     def next_request_id(self) -> int:
         """A fresh id from this channel's sequence: shared with the lane, so ids never repeat."""

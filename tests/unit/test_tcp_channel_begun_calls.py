@@ -16,9 +16,9 @@ from kvpool.core import protocol as p
 from kvpool.core.errors import UnavailableError
 from kvpool.master.config import MasterConfig
 from kvpool.master.service import MasterService
-from kvpool.transfer.control import MasterChannel
-from kvpool.transfer.lane import LaneChannel
-from test_lane import _lane_on, _reply_frame, read_reply
+from kvpool.rpc.zmq_channel import MasterChannel
+from kvpool.rpc.tcp_channel import LaneChannel
+from test_tcp_channel import _lane_on, _reply_frame, read_reply
 
 
 def read_request(sock: socket.socket) -> tuple[int, p.Request]:

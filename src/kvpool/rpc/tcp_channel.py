@@ -9,7 +9,7 @@ plain socket, with the caller's own thread doing the I/O on both sides.
 Wire format (little endian), one frame per request and per reply, in order on one connection:
     request: u32 payload length | u64 request id | msgpack Request
     reply:   u32 payload length | u64 request id | u64 master epoch | msgpack Reply
-Same request ids and epochs as the ZMQ channel (control.py), so the same rules hold: a reply whose
+Same request ids and epochs as the ZMQ channel (zmq_channel.py), so the same rules hold: a reply whose
 id is not the call's is a late one and is dropped; a new epoch empties the caller's caches first.
 Request id 0 (which the channel's ids never take) is one-way: the master answers nothing to it, not
 even an error. `send` (lease releases, quarantine ends: fire-and-forget) uses it, so the master
@@ -20,7 +20,7 @@ Rules:
 - Served only without authentication: the lane has no CURVE, so a master with an auth dir offers
   port 0 and every client stays on ZMQ. Found through the ZMQ channel (LaneQuery -> LaneOffer), so
   a master without a lane (older, or authenticated) costs one round trip once, then nothing.
-- Master side: `LaneServer` (lane_server.py), with this module's wire format. It listens on TCP
+- Master side: `LaneServer` (tcp_server.py), with this module's wire format. It listens on TCP
   and on an abstract Unix socket with a random name, both offered in LaneOffer; a client tries
   the Unix socket first (it exists only in the master's network namespace, so only a client on
   its host reaches it) and TCP otherwise ($KVPOOL_LANE_UNIX=0: TCP always). Same frames; on one
@@ -66,9 +66,9 @@ import msgspec
 
 from kvpool.core import protocol
 from kvpool.core.errors import ProtocolError, UnavailableError, error_from_reply
-from kvpool.transfer.control import BegunCall, MasterChannel, host_of
-from kvpool.transfer.spin import SpinPolicy, spin_from_env
-from kvpool.transfer.timeouts import KernelTimeouts
+from kvpool.rpc.zmq_channel import BegunCall, MasterChannel, host_of
+from kvpool.rpc.spin import SpinPolicy, spin_from_env
+from kvpool.rpc.timeouts import KernelTimeouts
 
 log = logging.getLogger(__name__)
 

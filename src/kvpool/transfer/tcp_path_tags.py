@@ -6,7 +6,7 @@ GetValue to the master (~120-150 us across harness hosts, a wake-up included) an
 from the node; Redis answers a GET in one. A writer that knows where its value went (known_places.py)
 already reads there while GetValue travels; a tag lets any client do the same.
 
-Wire (after segment_lane.py's head b"KVSL" | u8 op | u32 count; little endian):
+Wire (after tcp_path.py's head b"KVSL" | u8 op | u32 count; little endian):
     TAG (3), count 1:       (u64 offset, u64 size) | 16-byte tag. No reply. A writer sends it in
                             the same send just before its WRITE, on the same connection, so the
                             node has recorded it by the time that WRITE is answered (a reader
@@ -25,7 +25,7 @@ Rules:
   A READ_TAG of a tag over one request's bytes (64 MiB) is answered "not known".
   Tags live in the node's memory only: a restarted node knows none (readers then ask the master
   first, as before).
-- Pure bookkeeping and wire helpers: the lane's server and connections (segment_lane.py) do the I/O.
+- Pure bookkeeping and wire helpers: the lane's server and connections (tcp_path.py) do the I/O.
 """
 
 from __future__ import annotations

@@ -48,12 +48,12 @@ os.register_at_fork(after_in_child=_forget_half_runner_after_fork)
 
 def run_on_lane(op: str, lane, conn, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
                 split_bytes: int, deadline: float, before_landing=None, sent=None, tag=None) -> None:
-    """The job on `conn` (a connection of `lane`, segment_lane.py), in two halves when the rules
+    """The job on `conn` (a connection of `lane`, tcp_path.py), in two halves when the rules
     above allow; TransferError if it did not complete. `tag`: a WRITE's (tag, offset, size), sent
-    just before the first half (lane_tags.py)."""
+    just before the first half (tcp_path_tags.py)."""
     total = sum(sizes) if split_bytes else 0
     second = lane.try_acquire() if split_bytes and total >= split_bytes else None
-    if second is None:  # whole on this thread: it may spin (segment_lane.py)
+    if second is None:  # whole on this thread: it may spin (tcp_path.py)
         conn.transfer(op, local_addrs, remote_offsets, sizes, deadline, before_landing, sent, lane.spin, tag)
         return
     first_half, second_half = halves(local_addrs, remote_offsets, sizes, total // 2)

@@ -10,10 +10,10 @@ Wire format (little endian), one request and one reply at a time per connection:
     request: b"KVSL" | u8 op (1 READ, 2 WRITE) | u32 regions | regions x (u64 offset, u64 size)
              | WRITE only: the regions' bytes, in order
     reply:   u8 status (0 ok, 1 refused) | u64 length | READ ok: the bytes | refused: a UTF-8 reason
-    ops 3 TAG and 4 READ_TAG: where values were last written, by a digest of their name (lane_tags.py)
+    ops 3 TAG and 4 READ_TAG: where values were last written, by a digest of their name (tcp_path_tags.py)
 Rules:
-- Served by the segment's owner (SegmentMemory with `lane_host`, segment_lane_server.py) only where nothing is
-  authenticated: the lane has no encryption or keys, like the master's lane (lane.py). It exposes
+- Served by the segment's owner (SegmentMemory with `lane_host`, tcp_path_server.py) only where nothing is
+  authenticated: the lane has no encryption or keys, like the master's lane (tcp_channel.py). It exposes
   what NIXL's UCX listener exposes (any byte of the segment to whoever reaches the port), no more.
 - Every region is checked against the segment before a byte moves; a request over the limits (or
   malformed) is refused with its reason and the connection closed (a WRITE's bytes are then never
@@ -28,11 +28,11 @@ Rules:
   UCX TCP, one connection): READ 1.36-3.10x from 256 KiB to 64 MiB; WRITE 1.39-2.03x up to 4 MiB,
   0.85x at 16 MiB, 1.01x at 64 MiB; split over two connections, 64 MiB puts in 1 / 16 MiB objects
   1.2x / 1.5x NIXL's (peers/fixes.md 25).
-- Client side (`SegmentLane`): up to 4 connections per segment route, each used by one thread at a
+- Client side (`TcpPath`): up to 4 connections per segment route, each used by one thread at a
   time (`try_acquire`: with all in use the job goes to NIXL instead of queueing; a job from
   unregistered memory waits for one instead). A WRITE or a READ of 2 MiB or more
   ($KVPOOL_SEGMENT_LANE_SPLIT_BYTES sets both; 0: never) runs as two halves on two
-  connections at once when a second is free (lane_halves.py). A failure closes
+  connections at once when a second is free (tcp_path_halves.py). A failure closes
   that connection (the next job reconnects) and is a TransferError for that job, never a hang.
   A WRITE that failed midway carries `in_flight` (fence.py): bytes already in the node's socket
   still land when its thread reads them (a stopped node: when it resumes), so the handle is done
@@ -62,11 +62,11 @@ import time
 from collections.abc import Sequence
 
 from kvpool.core.errors import TransferError
-from kvpool.transfer import lane_tags
+from kvpool.transfer import tcp_path_tags
 from kvpool.transfer.fence import StuckTransfer
-from kvpool.transfer.lane_tags import READ_TAG, TAG, TAG_BYTES
-from kvpool.transfer.spin import SpinPolicy, spin_from_env
-from kvpool.transfer.timeouts import KernelTimeouts
+from kvpool.transfer.tcp_path_tags import READ_TAG, TAG, TAG_BYTES
+from kvpool.rpc.spin import SpinPolicy, spin_from_env
+from kvpool.rpc.timeouts import KernelTimeouts
 
 
 SPIN_ENV = "KVPOOL_SEGMENT_LANE_SPIN_US"
@@ -122,7 +122,7 @@ def reachable_address(peer_host: str) -> str:
 # ---- the client's side ----------------------------------------------------------------------------
 
 
-class SegmentLane:
+class TcpPath:
     """A client's connections to one segment's lane: up to `max_connections`, each used by one
     thread at a time and connected on first use."""
 
@@ -134,31 +134,31 @@ class SegmentLane:
         self.spin = SpinPolicy(spin_s)
         self._max = max_connections
         self._open = 0  # connections made and not closed, idle or in use
-        self._idle: list[LaneConnection] = []
+        self._idle: list[TcpPathConnection] = []
         self._freed = threading.Condition()
         self._closed = False
 
-    def try_acquire(self) -> LaneConnection | None:
+    def try_acquire(self) -> TcpPathConnection | None:
         """An idle connection, or a new one while fewer than the maximum are open; else None."""
         with self._freed:
             return self._take()
 
-    def acquire(self) -> LaneConnection:
+    def acquire(self) -> TcpPathConnection:
         """A connection, waiting for one to be released if all are in use."""
         with self._freed:
             while (conn := self._take()) is None:
                 self._freed.wait()
             return conn
 
-    def _take(self) -> LaneConnection | None:
+    def _take(self) -> TcpPathConnection | None:
         if self._idle:
             return self._idle.pop()
         if self._open < self._max:
             self._open += 1
-            return LaneConnection(self.address)
+            return TcpPathConnection(self.address)
         return None
 
-    def release(self, conn: LaneConnection) -> None:
+    def release(self, conn: TcpPathConnection) -> None:
         with self._freed:
             if self._closed:
                 conn.close()
@@ -177,7 +177,7 @@ class SegmentLane:
             self._idle.clear()
 
 
-class LaneConnection:
+class TcpPathConnection:
     """One connection to a segment's lane (connected on first use, again after a failure)."""
 
     def __init__(self, address: str) -> None:
@@ -197,7 +197,7 @@ class LaneConnection:
         `sent()`: called once a WRITE request's bytes are all handed to the kernel, before its
         reply is awaited (it must not raise: the request is then still unanswered). `spin`: the
         lane's policy, for a job that may spin (see the module rules). `tag` (tag, offset, size):
-        a TAG request recording it goes just before the WRITE's first request (lane_tags.py)."""
+        a TAG request recording it goes just before the WRITE's first request (tcp_path_tags.py)."""
         began = time.monotonic()
         spin_s = spin.spin_s if spin is not None and spin.spins else None
         aside = 0.0  # seconds of the job spent connecting and in the callbacks, not moving bytes
@@ -339,19 +339,19 @@ class LaneConnection:
         timeouts.arm(deadline_s - began)
         spin_s = spin.spin_s if spin is not None and spin.spins else None
         spin_until = min(deadline_s, began + spin_s) if spin_s is not None else 0.0
-        head = bytearray(_REPLY.size + lane_tags.OFFSET.size)
+        head = bytearray(_REPLY.size + tcp_path_tags.OFFSET.size)
         got = _recv_all(sock, [memoryview(head)], _REPLY.size, timeouts=timeouts, deadline_s=deadline_s,
                         spin_until=spin_until)
         status, size = _REPLY.unpack_from(head)
-        if status == lane_tags.NOT_KNOWN and size == 0 and got == _REPLY.size:
+        if status == tcp_path_tags.NOT_KNOWN and size == 0 and got == _REPLY.size:
             return None
-        if status != lane_tags.KNOWN:
+        if status != tcp_path_tags.KNOWN:
             reason = bytes(head[_REPLY.size : got])
             raise TransferError(f"segment lane {self.address} refused the READ_TAG: "
                                 f"{reason.decode(errors='replace')}...")
         if not 0 < size <= MAX_REQUEST_BYTES:
             raise TransferError(f"segment lane {self.address} answered a tag of {size} bytes")
-        (offset,) = lane_tags.OFFSET.unpack_from(head, _REPLY.size)
+        (offset,) = tcp_path_tags.OFFSET.unpack_from(head, _REPLY.size)
         out, addr = make(size)
         aside = 0.0
         if before_landing is not None:  # while the node sends
@@ -388,7 +388,7 @@ def _wait_for_close(sock: socket.socket, timeouts: KernelTimeouts, stuck: StuckT
 
 
 def _tag_request(tag: bytes, offset: int, size: int) -> bytes:
-    """A TAG request (lane_tags.py): `tag` names the `size` bytes at `offset`."""
+    """A TAG request (tcp_path_tags.py): `tag` names the `size` bytes at `offset`."""
     if len(tag) != TAG_BYTES:
         raise ValueError(f"a tag is {TAG_BYTES} bytes, not {len(tag)}")
     return _HEAD.pack(MAGIC, TAG, 1) + _REGION.pack(offset, size) + tag

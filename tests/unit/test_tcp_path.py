@@ -1,4 +1,4 @@
-"""The segment lane (transfer/segment_lane.py): a SegmentMemory serving its lane on loopback and a
+"""The segment lane (transfer/tcp_path.py): a SegmentMemory serving its lane on loopback and a
 DataPlane reaching it as if from another host. Round trips, the request limits, refusals of bad
 requests (nothing moves, the connection closes, the server keeps serving), and which jobs take it."""
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from kvpool.core.errors import TransferError
 from kvpool.transfer import DataPlane, SegmentMemory
-from kvpool.transfer import segment_lane as sl
+from kvpool.transfer import tcp_path as sl
 
 SEGMENT_BYTES = 4 << 20
 
@@ -170,7 +170,7 @@ def test_rdma_available_follows_ucx_tls(monkeypatch):
 
 
 def test_a_lane_pools_connections_up_to_its_maximum(segment):
-    lane = sl.SegmentLane(segment.lane_address, max_connections=2)
+    lane = sl.TcpPath(segment.lane_address, max_connections=2)
     a, b = lane.try_acquire(), lane.try_acquire()
     assert a is not None and b is not None and lane.try_acquire() is None  # both in use: the job goes to NIXL
     lane.release(a)
@@ -256,7 +256,7 @@ def test_a_peer_that_never_answers_is_a_timeout_within_the_deadline(buf):
 
     silent = socket.create_server(("127.0.0.1", 0))
     try:
-        conn = sl.LaneConnection(f"127.0.0.1:{silent.getsockname()[1]}")
+        conn = sl.TcpPathConnection(f"127.0.0.1:{silent.getsockname()[1]}")
         started = time.monotonic()
         with pytest.raises(TransferError, match="timed out"):
             conn.transfer("READ", [buf.ctypes.data], [0], [4096], time.monotonic() + 0.3)
@@ -300,7 +300,7 @@ def test_sent_is_called_once_per_write_when_its_bytes_are_out_before_the_node_an
 
     threading.Thread(target=take_and_say_nothing, daemon=True).start()
     try:
-        conn = sl.LaneConnection(f"127.0.0.1:{silent.getsockname()[1]}")
+        conn = sl.TcpPathConnection(f"127.0.0.1:{silent.getsockname()[1]}")
         seen = []
         with pytest.raises(TransferError, match="timed out"):
             conn.transfer("WRITE", [buf.ctypes.data], [0], [4096], time.monotonic() + 0.5, sent=lambda: seen.append(1))
@@ -334,7 +334,7 @@ def test_a_peer_that_reads_a_trickle_cannot_hold_a_write_past_its_deadline():
     reader.start()
     big = np.zeros(16 << 20, dtype=np.uint8)
     try:
-        conn = sl.LaneConnection(f"127.0.0.1:{server.getsockname()[1]}")
+        conn = sl.TcpPathConnection(f"127.0.0.1:{server.getsockname()[1]}")
         started = time.monotonic()
         with pytest.raises(TransferError, match="timed out"):
             conn.transfer("WRITE", [big.ctypes.data], [0], [big.nbytes], time.monotonic() + 0.5)
@@ -367,7 +367,7 @@ def test_a_write_given_up_on_stays_in_flight_until_the_node_closes_its_end():
     node.start()
     data = np.ones(256 << 10, dtype=np.uint8)
     try:
-        conn = sl.LaneConnection(f"127.0.0.1:{server.getsockname()[1]}")
+        conn = sl.TcpPathConnection(f"127.0.0.1:{server.getsockname()[1]}")
         with pytest.raises(TransferError, match="timed out") as raised:
             conn.transfer("WRITE", [data.ctypes.data], [0], [data.nbytes], time.monotonic() + 0.3)
         stuck = raised.value.in_flight
@@ -381,7 +381,7 @@ def test_a_write_given_up_on_stays_in_flight_until_the_node_closes_its_end():
 
     silent = socket.create_server(("127.0.0.1", 0))
     try:
-        conn = sl.LaneConnection(f"127.0.0.1:{silent.getsockname()[1]}")
+        conn = sl.TcpPathConnection(f"127.0.0.1:{silent.getsockname()[1]}")
         with pytest.raises(TransferError, match="timed out") as raised:
             conn.transfer("READ", [data.ctypes.data], [0], [4096], time.monotonic() + 0.2)
         assert raised.value.in_flight is None
@@ -392,7 +392,7 @@ def test_a_write_given_up_on_stays_in_flight_until_the_node_closes_its_end():
 @settings(deadline=None)  # up to 60K byte pairs per example: slow on a loaded 2-core machine, not wrong
 @given(st.lists(st.integers(1, 5000), min_size=1, max_size=12), st.floats(0, 1))
 def test_a_job_cut_in_halves_covers_the_same_bytes_in_order(sizes, where):
-    from kvpool.transfer.lane_halves import halves as _halves
+    from kvpool.transfer.tcp_path_halves import halves as _halves
 
     addrs = list(itertools.accumulate([1 << 20] + sizes[:-1]))  # contiguous local regions
     offsets = list(itertools.accumulate([7 << 20] + [s * 2 for s in sizes[:-1]]))  # spread remote ones

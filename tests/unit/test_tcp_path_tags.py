@@ -1,4 +1,4 @@
-"""Tags on the segment lane (transfer/lane_tags.py): a WRITE that carries a tag has the node record
+"""Tags on the segment lane (transfer/tcp_path_tags.py): a WRITE that carries a tag has the node record
 where it wrote, and READ_TAG returns the bytes there now with their offset; an unknown tag is a
 short "not known"; bad tag requests are refused and the lane keeps serving; the index forgets the
 least recently used tag first."""
@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from kvpool.core.errors import TransferError
-from kvpool.transfer import lane_tags
-from kvpool.transfer import segment_lane as sl
-from kvpool.transfer.lane_tags import TagIndex, tag_of
+from kvpool.transfer import tcp_path_tags
+from kvpool.transfer import tcp_path as sl
+from kvpool.transfer.tcp_path_tags import TagIndex, tag_of
 
-import test_segment_lane
-from test_segment_lane import _plane
+import test_tcp_path
+from test_tcp_path import _plane
 
-segment, info = test_segment_lane.segment, test_segment_lane.info  # the fixtures, shared
+segment, info = test_tcp_path.segment, test_tcp_path.info  # the fixtures, shared
 
 
 def _new_array(size: int):
@@ -100,13 +100,13 @@ def _raw(segment, request: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("request_bytes, reason", [
-    (sl._HEAD.pack(sl.MAGIC, lane_tags.TAG, 2) + b"\0" * 16, b"one tag"),
-    (sl._HEAD.pack(sl.MAGIC, lane_tags.READ_TAG, 0), b"one tag"),
+    (sl._HEAD.pack(sl.MAGIC, tcp_path_tags.TAG, 2) + b"\0" * 16, b"one tag"),
+    (sl._HEAD.pack(sl.MAGIC, tcp_path_tags.READ_TAG, 0), b"one tag"),
 ])
 def test_bad_tag_requests_are_refused_and_the_lane_keeps_serving(segment, info, request_bytes, reason):
-    with test_segment_lane._raw(segment) as sock:
+    with test_tcp_path._raw(segment) as sock:
         sock.sendall(request_bytes)
-        status, body = test_segment_lane._reply(sock)
+        status, body = test_tcp_path._reply(sock)
         assert status == 1 and reason in body
         assert sock.recv(1) == b""  # closed after the refusal
     data = np.arange(4096, dtype=np.uint8)
@@ -116,12 +116,12 @@ def test_bad_tag_requests_are_refused_and_the_lane_keeps_serving(segment, info, 
         assert np.array_equal(plane.read_tagged([info], tag, _new_array, 5.0)[3], data)
 
 
-@pytest.mark.parametrize("offset, size", [(test_segment_lane.SEGMENT_BYTES - 10, 4096), (0, 0), (2**64 - 1, 1)])
+@pytest.mark.parametrize("offset, size", [(test_tcp_path.SEGMENT_BYTES - 10, 4096), (0, 0), (2**64 - 1, 1)])
 def test_a_tag_outside_the_segment_is_not_recorded_nor_answered_and_the_connection_goes_on(segment, offset, size):
     tag = b"o" * 16
-    answer = _raw(segment, sl._HEAD.pack(sl.MAGIC, lane_tags.TAG, 1) + struct.pack("<QQ", offset, size) + tag
-                  + sl._HEAD.pack(sl.MAGIC, lane_tags.READ_TAG, 1) + tag)
-    assert answer == sl._REPLY.pack(lane_tags.NOT_KNOWN, 0)  # only the READ_TAG's answer
+    answer = _raw(segment, sl._HEAD.pack(sl.MAGIC, tcp_path_tags.TAG, 1) + struct.pack("<QQ", offset, size) + tag
+                  + sl._HEAD.pack(sl.MAGIC, tcp_path_tags.READ_TAG, 1) + tag)
+    assert answer == sl._REPLY.pack(tcp_path_tags.NOT_KNOWN, 0)  # only the READ_TAG's answer
 
 
 def test_a_tagged_write_of_more_than_one_request_is_tagged_and_read_back_the_usual_way(segment, info, monkeypatch):
@@ -141,13 +141,13 @@ def test_a_tagged_write_of_more_than_one_request_is_tagged_and_read_back_the_usu
 
 def test_a_tag_request_alone_records_and_read_tag_answers_not_known_in_one_short_reply(segment):
     tag = b"r" * 16
-    assert _raw(segment, sl._HEAD.pack(sl.MAGIC, lane_tags.READ_TAG, 1) + tag) == \
-        sl._REPLY.pack(lane_tags.NOT_KNOWN, 0)
-    answer = _raw(segment, sl._HEAD.pack(sl.MAGIC, lane_tags.TAG, 1) + struct.pack("<QQ", 8192, 100) + tag
-                  + sl._HEAD.pack(sl.MAGIC, lane_tags.READ_TAG, 1) + tag)
+    assert _raw(segment, sl._HEAD.pack(sl.MAGIC, tcp_path_tags.READ_TAG, 1) + tag) == \
+        sl._REPLY.pack(tcp_path_tags.NOT_KNOWN, 0)
+    answer = _raw(segment, sl._HEAD.pack(sl.MAGIC, tcp_path_tags.TAG, 1) + struct.pack("<QQ", 8192, 100) + tag
+                  + sl._HEAD.pack(sl.MAGIC, tcp_path_tags.READ_TAG, 1) + tag)
     status, length = sl._REPLY.unpack_from(answer)
-    assert (status, length) == (lane_tags.KNOWN, 100)
-    assert lane_tags.OFFSET.unpack_from(answer, sl._REPLY.size) == (8192,)
+    assert (status, length) == (tcp_path_tags.KNOWN, 100)
+    assert tcp_path_tags.OFFSET.unpack_from(answer, sl._REPLY.size) == (8192,)
     assert len(answer) == sl._REPLY.size + 8 + 100
 
 

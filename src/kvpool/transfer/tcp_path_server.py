@@ -1,6 +1,6 @@
 """The segment lane's server: the segment's owner serving READ / WRITE (and tags) to lane clients.
 
-The wire format and the rules are segment_lane.py's (and lane_tags.py's for ops 3 and 4); this is
+The wire format and the rules are tcp_path.py's (and tcp_path_tags.py's for ops 3 and 4); this is
 the node's side of it: one thread per connection, requests checked against the segment before a
 byte moves, at most MAX_CONNECTIONS connections.
 """
@@ -12,9 +12,9 @@ import socket
 import threading
 import time
 
-from kvpool.transfer import lane_tags
-from kvpool.transfer.lane_tags import READ_TAG, TAG, TAG_BYTES, TagIndex
-from kvpool.transfer.segment_lane import (
+from kvpool.transfer import tcp_path_tags
+from kvpool.transfer.tcp_path_tags import READ_TAG, TAG, TAG_BYTES, TagIndex
+from kvpool.transfer.tcp_path import (
     _HEAD, _REGION, _REPLY, MAGIC, MAX_REGIONS, MAX_REQUEST_BYTES, READ, WRITE, _recv_all, _send_all, _view,
 )
 
@@ -23,13 +23,13 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 256  # per segment: each is a thread; more are closed at once (clients then use NIXL)
 
 
-class SegmentLaneServer:
+class TcpPathServer:
     """Serves READ/WRITE of [base_addr, base_addr + size_bytes) to lane clients."""
 
     def __init__(self, base_addr: int, size_bytes: int, host: str) -> None:
         self._segment = _view(base_addr, size_bytes)
         self._size = size_bytes
-        self.tags = TagIndex()  # where values were last written, by tag (lane_tags.py)
+        self.tags = TagIndex()  # where values were last written, by tag (tcp_path_tags.py)
         self._max_regions, self._max_bytes, self._max_connections = MAX_REGIONS, MAX_REQUEST_BYTES, MAX_CONNECTIONS
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -121,7 +121,7 @@ class SegmentLaneServer:
         return None
 
     def _serve_tag(self, conn: socket.socket, op: int, count: int, first: bytearray, got: int) -> str | None:
-        """A TAG (recorded, no reply) or a READ_TAG (answered) request (lane_tags.py)."""
+        """A TAG (recorded, no reply) or a READ_TAG (answered) request (tcp_path_tags.py)."""
         if count != 1:
             return f"a tag request names one tag, not {count}"
         body = bytearray(_REGION.size + TAG_BYTES if op == TAG else TAG_BYTES)
@@ -140,11 +140,11 @@ class SegmentLaneServer:
         place = self.tags.find(bytes(body))
         if place is None or place[1] > self._max_bytes:  # too large for one reply: read the usual way
             self.tags.not_known += 1
-            conn.sendall(_REPLY.pack(lane_tags.NOT_KNOWN, 0))
+            conn.sendall(_REPLY.pack(tcp_path_tags.NOT_KNOWN, 0))
             return None
         self.tags.known += 1
         offset, size = place
-        _send_all(conn, [memoryview(_REPLY.pack(lane_tags.KNOWN, size) + lane_tags.OFFSET.pack(offset)),
+        _send_all(conn, [memoryview(_REPLY.pack(tcp_path_tags.KNOWN, size) + tcp_path_tags.OFFSET.pack(offset)),
                          self._segment[offset : offset + size]])
         return None
 

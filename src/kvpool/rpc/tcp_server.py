@@ -1,6 +1,6 @@
 """The lane's master side: its listener and connections, polled by the master's own loop (issue 14).
 
-Rules (the wire format and the client side: lane.py):
+Rules (the wire format and the client side: tcp_channel.py):
 - Non-blocking sockets polled by the master's loop (zmq.Poller takes plain fds); a frame
   announcing more than `max_frame_bytes` closes that connection (as ZMQ's MAXMSGSIZE does), and so
   does a peer whose unsent replies pass `max_pending_bytes`.
@@ -21,7 +21,7 @@ import sys
 
 import zmq
 
-from kvpool.transfer.lane import _DIRECT_BODY_BYTES, _RECV_CHUNK, _REPLY_HEAD, _REQUEST_HEAD, ONE_WAY_BYTES
+from kvpool.rpc.tcp_channel import _DIRECT_BODY_BYTES, _RECV_CHUNK, _REPLY_HEAD, _REQUEST_HEAD, ONE_WAY_BYTES
 
 log = logging.getLogger(__name__)
 

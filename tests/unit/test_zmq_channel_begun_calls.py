@@ -14,7 +14,7 @@ import zmq
 
 from kvpool.core import protocol as p
 from kvpool.core.errors import UnavailableError
-from kvpool.transfer.control import MasterChannel
+from kvpool.rpc.zmq_channel import MasterChannel
 
 EPOCH = (7).to_bytes(8, "little")
 

@@ -1,4 +1,4 @@
-"""Segment-lane jobs that spin (transfer/segment_lane.py): a whole job sends and receives without
+"""Segment-lane jobs that spin (transfer/tcp_path.py): a whole job sends and receives without
 blocking while its spin lasts and moves the same bytes; planes made without the spin and halves of
 split jobs never spin; a job past its spin blocks, and a lane whose jobs come late stops spinning."""
 
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from kvpool.transfer import DataPlane
-from kvpool.transfer import segment_lane as sl
-import test_segment_lane
-from test_segment_lane import _plane
+from kvpool.transfer import tcp_path as sl
+import test_tcp_path
+from test_tcp_path import _plane
 
-segment, info = test_segment_lane.segment, test_segment_lane.info  # the fixtures, shared
+segment, info = test_tcp_path.segment, test_tcp_path.info  # the fixtures, shared
 
 
 def _count_spins(monkeypatch) -> list[int]:
@@ -36,7 +36,7 @@ def _count_spins(monkeypatch) -> list[int]:
 
 def test_a_whole_job_spins_and_every_byte_is_right_a_lane_without_spin_and_halves_never_do(info, monkeypatch):
     """A job run whole on the caller's thread sends and receives without blocking while its spin
-    lasts (segment_lane.py); the bytes are the same as blocking. A plane made with
+    lasts (tcp_path.py); the bytes are the same as blocking. A plane made with
     $KVPOOL_SEGMENT_LANE_SPIN_US=0 never spins (the variable unset again later), nor does either
     half of a split job."""
     src = np.random.default_rng(11).integers(0, 256, 1 << 20, dtype=np.uint8)
@@ -79,7 +79,7 @@ def test_a_job_past_its_spin_blocks_and_a_lane_whose_jobs_come_late_stops_spinni
     the lane's policy no longer spins at all (spin.py), and quick jobs bring it back."""
     import time
 
-    from kvpool.transfer.spin import SpinPolicy
+    from kvpool.rpc.spin import SpinPolicy
 
     payload = np.random.default_rng(3).integers(0, 256, 4096, dtype=np.uint8).tobytes()
     server = socket.create_server(("127.0.0.1", 0))
@@ -102,7 +102,7 @@ def test_a_job_past_its_spin_blocks_and_a_lane_whose_jobs_come_late_stops_spinni
     spun = _count_spins(monkeypatch)
     policy = SpinPolicy(0.005)
     out = np.zeros(4096, dtype=np.uint8)
-    conn = sl.LaneConnection(f"127.0.0.1:{server.getsockname()[1]}")
+    conn = sl.TcpPathConnection(f"127.0.0.1:{server.getsockname()[1]}")
     try:
         for job in range(7):
             before = len(spun)

@@ -1,4 +1,4 @@
-"""The plain TCP lane to the master (transfer/lane.py) against a real in-process MasterService:
+"""The plain TCP lane to the master (transfer/tcp_channel.py) against a real in-process MasterService:
 calls go over it, late replies are dropped by id, a restart is seen (epoch listeners) and the call
 goes over ZMQ while the lane is gone, bad frames close only the sender's connection, and a master
 with authentication offers no lane."""
@@ -14,9 +14,9 @@ import pytest
 from kvpool.core import protocol as p
 from kvpool.master.config import MasterConfig
 from kvpool.master.service import MasterService
-from kvpool.transfer.control import MasterChannel
-from kvpool.transfer.credentials import AuthDir
-from kvpool.transfer.lane import LaneChannel
+from kvpool.rpc.zmq_channel import MasterChannel
+from kvpool.rpc.credentials import AuthDir
+from kvpool.rpc.tcp_channel import LaneChannel
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_a_client_on_the_masters_host_takes_its_unix_socket_else_tcp(master, mon
     finally:
         channel.close()
     # a Unix name nobody listens on (a master on another host): TCP
-    from kvpool.transfer import lane as lane_module
+    from kvpool.rpc import tcp_channel as lane_module
 
     assert lane_module._connect_unix("kvpool-lane-nobody-" + "0" * 16, 1.0) is None
 
@@ -301,7 +301,7 @@ def test_a_master_that_stops_answering_is_unavailable_at_the_call_deadline(tmp_p
 
 def _lane_on(sock: socket.socket) -> LaneChannel:
     """A LaneChannel whose lane is one end of a socketpair (the other end plays the master)."""
-    from kvpool.transfer.timeouts import KernelTimeouts
+    from kvpool.rpc.timeouts import KernelTimeouts
 
     channel = LaneChannel(MasterChannel("tcp://127.0.0.1:9", timeout_s=1.0))
     channel._sock, channel._timeouts, channel._inbox = sock, KernelTimeouts(sock), bytearray()
@@ -344,7 +344,7 @@ def test_a_large_reply_arriving_in_pieces_is_read_whole_and_the_next_one_stays_i
 
 def test_a_large_reply_that_stalls_or_breaks_midway_ends_the_call_and_the_lane():
     from kvpool.core.errors import UnavailableError
-    from kvpool.transfer.lane import _LaneBroken
+    from kvpool.rpc.tcp_channel import _LaneBroken
 
     frame = _reply_frame(5, p.ValueReply(True, b"v" * 100_000))
     for how in ("stall", "close"):
@@ -482,7 +482,7 @@ def test_a_call_spins_then_blocks_and_reads_its_reply_either_way(reply_after_s):
 
 
 def test_the_spin_comes_from_the_environment_and_a_bad_value_is_refused(monkeypatch):
-    from kvpool.transfer import spin
+    from kvpool.rpc import spin
 
     monkeypatch.setenv(spin.SPIN_ENV, "250")
     assert LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin_s == pytest.approx(250e-6)
