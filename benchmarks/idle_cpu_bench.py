@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_peers import cpu_time  # noqa: E402
 from kvpool.bench import procs  # noqa: E402
-from kvpool.transfer.nixlio import PROGRESS_DELAY_ENV  # noqa: E402
+from kvpool.transfer.config import PROGRESS_DELAY_ENV  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -482,16 +482,16 @@ def test_a_call_spins_then_blocks_and_reads_its_reply_either_way(reply_after_s):
 
 
 def test_the_spin_comes_from_the_environment_and_a_bad_value_is_refused(monkeypatch):
-    from kvpool.rpc import spin
+    from kvpool.rpc import config
 
-    monkeypatch.setenv(spin.SPIN_ENV, "250")
+    monkeypatch.setenv(config.TCP_SPIN_ENV, "250")
     assert LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin_s == pytest.approx(250e-6)
-    monkeypatch.setenv(spin.SPIN_ENV, "0")
+    monkeypatch.setenv(config.TCP_SPIN_ENV, "0")
     assert LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin_s == 0.0
     assert not LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin.spins
-    monkeypatch.delenv(spin.SPIN_ENV)
-    assert LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin_s == pytest.approx(spin.DEFAULT_SPIN_US * 1e-6)
-    monkeypatch.setenv(spin.SPIN_ENV, "fast")
+    monkeypatch.delenv(config.TCP_SPIN_ENV)
+    assert LaneChannel(MasterChannel("tcp://127.0.0.1:9")).spin_s == pytest.approx(config.DEFAULT_TCP_SPIN_US * 1e-6)
+    monkeypatch.setenv(config.TCP_SPIN_ENV, "fast")
     with pytest.raises(ValueError, match="microseconds"):
         LaneChannel(MasterChannel("tcp://127.0.0.1:9"))
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from kvpool.core.errors import TransferError
 from kvpool.transfer import DataPlane, SegmentMemory
 from kvpool.transfer import tcp_path as sl
+from kvpool.transfer.config import rdma_available
 
 SEGMENT_BYTES = 4 << 20
 
@@ -64,9 +65,9 @@ def test_round_trip_over_the_lane_scattered_regions(info, buf):
 
 
 def test_auto_sends_jobs_up_to_the_limit_over_the_lane_and_larger_ones_to_nixl(info, buf, monkeypatch):
-    from kvpool.transfer import plane as plane_module
+    from kvpool.transfer import config as config_module
 
-    monkeypatch.setattr(plane_module, "rdma_available", lambda: True)  # the limit alone decides
+    monkeypatch.setattr(config_module, "rdma_available", lambda env=None: True)  # the limit alone decides
     out = np.zeros_like(buf)
     with _plane(buf, out, lane_max_bytes=64 << 10) as plane:
         assert plane.path_for(info) == "nixl"  # the route; its small jobs take the lane
@@ -163,10 +164,10 @@ def test_closing_the_segment_ends_its_connections(buf):
 
 def test_rdma_available_follows_ucx_tls(monkeypatch):
     monkeypatch.setenv("UCX_TLS", "tcp,self")
-    assert sl.rdma_available() is False
+    assert rdma_available() is False
     monkeypatch.setenv("UCX_TLS", "rc_x,tcp")  # names an RDMA transport: then the devices decide
     devices = os.path.isdir("/sys/class/infiniband") and any(True for _ in os.scandir("/sys/class/infiniband"))
-    assert sl.rdma_available() is devices
+    assert rdma_available() is devices
 
 
 def test_a_lane_pools_connections_up_to_its_maximum(segment):
@@ -229,9 +230,9 @@ def test_connections_over_the_limit_are_closed_and_jobs_still_complete(buf):
 
 
 def test_without_rdma_reads_and_scatter_gather_or_split_writes_of_any_size_take_the_lane(info, monkeypatch):
-    from kvpool.transfer import plane as plane_module
+    from kvpool.transfer import config as config_module
 
-    monkeypatch.setattr(plane_module, "rdma_available", lambda: False)
+    monkeypatch.setattr(config_module, "rdma_available", lambda env=None: False)
     big = np.zeros(3 << 20, dtype=np.uint8)
     with _plane(big, lane_max_bytes=1 << 20) as plane:
         assert plane.lane_region_bytes == 256 << 10
@@ -244,7 +245,7 @@ def test_without_rdma_reads_and_scatter_gather_or_split_writes_of_any_size_take_
         plane.lane_split_bytes = 0  # no split: one stream lost to NIXL's writes from 4 MiB
         plane.transfer("WRITE", info, [big.ctypes.data], [0], [3 << 20], 5)
         assert plane.jobs_by_path == {"shm": 0, "nixl": 1, "lane": 3}
-    monkeypatch.setattr(plane_module, "rdma_available", lambda: True)
+    monkeypatch.setattr(config_module, "rdma_available", lambda env=None: True)
     with _plane(big, lane_max_bytes=1 << 20) as plane:
         assert plane.lane_region_bytes == 0  # with RDMA only small jobs
 
@@ -518,7 +519,7 @@ def test_unregistered_memory_goes_over_the_lane_and_a_read_prepares_its_regions_
 def test_unregistered_memory_never_goes_to_nixl(info, monkeypatch):
     """Where only NIXL would carry a job (path nixl, or a large one with RDMA), a call from
     unregistered memory fails with a TransferError and moves nothing; the plane says so first."""
-    from kvpool.transfer import plane as plane_module
+    from kvpool.transfer import config as config_module
 
     src = np.ones(1 << 20, dtype=np.uint8)
     with _plane(path="nixl") as plane:
@@ -526,7 +527,7 @@ def test_unregistered_memory_never_goes_to_nixl(info, monkeypatch):
         error = plane.transfer_many("WRITE", [(info, [src.ctypes.data], [0], [src.nbytes])], 5, unregistered=True)[0]
         assert isinstance(error, TransferError) and "unregistered" in str(error)
         assert plane.jobs_by_path == {"shm": 0, "nixl": 0, "lane": 0}
-    monkeypatch.setattr(plane_module, "rdma_available", lambda: True)  # NIXL takes jobs over 256 KiB
+    monkeypatch.setattr(config_module, "rdma_available", lambda env=None: True)  # NIXL takes jobs over 256 KiB
     with _plane() as plane:
         assert plane.carries_unregistered("READ", info, 256 << 10)
         assert not plane.carries_unregistered("READ", info, 1 << 20)

@@ -13,6 +13,7 @@ import pytest
 
 from kvpool.transfer import DataPlane
 from kvpool.transfer import tcp_path as sl
+from kvpool.transfer.config import DEFAULT_TCP_SPIN_US, TCP_SPIN_ENV
 import test_tcp_path
 from test_tcp_path import _plane
 
@@ -50,15 +51,15 @@ def test_a_whole_job_spins_and_every_byte_is_right_a_lane_without_spin_and_halve
         plane.transfer("WRITE", info, local_src, remote, sizes, 5)
         plane.transfer("READ", info, local_dst, remote, sizes, 5)
         lane = next(r.lane for r in plane._routes.values() if r.lane is not None)
-        assert lane.spin.spin_s == sl.DEFAULT_SPIN_US * 1e-6 and lane.spin.spins
+        assert lane.spin.spin_s == DEFAULT_TCP_SPIN_US * 1e-6 and lane.spin.spins
     assert spun, "a whole job made only blocking sends and receives"
     assert np.array_equal(src[: sum(sizes)], dst[: sum(sizes)])
 
     spun.clear()
-    monkeypatch.setenv(sl.SPIN_ENV, "0")
+    monkeypatch.setenv(TCP_SPIN_ENV, "0")
     dst[:] = 0
     with _plane(src, dst, path="lane") as plane:  # the variable is read when the plane is made
-        monkeypatch.delenv(sl.SPIN_ENV)
+        monkeypatch.delenv(TCP_SPIN_ENV)
         plane.transfer("READ", info, local_dst, remote, sizes, 5)
         assert plane.lane_spin_s == 0
     assert not spun
@@ -128,9 +129,9 @@ def test_a_job_past_its_spin_blocks_and_a_lane_whose_jobs_come_late_stops_spinni
 
 
 def test_the_spin_variable_is_checked_when_a_plane_is_made(monkeypatch):
-    monkeypatch.setenv(sl.SPIN_ENV, "fast")
+    monkeypatch.setenv(TCP_SPIN_ENV, "fast")
     with pytest.raises(ValueError, match="KVPOOL_SEGMENT_LANE_SPIN_US"):
         DataPlane()
-    monkeypatch.setenv(sl.SPIN_ENV, "50")
+    monkeypatch.setenv(TCP_SPIN_ENV, "50")
     with DataPlane() as plane:
         assert plane.lane_spin_s == pytest.approx(50e-6)

@@ -27,6 +27,9 @@ from pathlib import Path
 import zmq
 
 from kvpool.core.errors import UsageError
+# the variables' names are part of this module's interface (the node's service names its own)
+from kvpool.rpc.config import ENV_AUTH_DIR, ENV_CREDENTIAL, ENV_NODE_CREDENTIAL, CredentialSettings  # noqa: F401
+
 
 ROLE_NODE = "node"
 ROLE_ADMIN = "admin"
@@ -36,9 +39,6 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,%d}$" % MAX_NAME_LENGTH)
 
 MASTER_KEY_FILE = "master.key"
 IDENTITIES_FILE = "identities.json"
-ENV_AUTH_DIR = "KVPOOL_AUTH_DIR"
-ENV_CREDENTIAL = "KVPOOL_CREDENTIAL"  # clients (the connector, the router, bench tools)
-ENV_NODE_CREDENTIAL = "KVPOOL_NODE_CREDENTIAL"  # storage nodes
 
 
 def check_role(role: str) -> str:
@@ -56,9 +56,9 @@ def credential_file_name(role: str) -> str:
     return check_role(role).replace(":", "-") + ".cred"
 
 
-def default_auth_dir() -> Path:
-    env = os.environ.get(ENV_AUTH_DIR)
-    return Path(env) if env else Path.home() / ".config" / "kvpool" / "auth"
+def default_auth_dir(settings: CredentialSettings | None = None) -> Path:
+    """`settings.auth_dir` (None: CredentialSettings.from_env())."""
+    return (CredentialSettings.from_env() if settings is None else settings).auth_dir
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,14 @@ class Credential:
         sock.curve_serverkey = self.master_public_key.encode()
 
 
-def resolve_credential(explicit: str | os.PathLike | None, env_name: str = ENV_CREDENTIAL) -> Credential | None:
-    """The credential to connect with: an explicit path, else the one `env_name` names, else None
-    (connect without CURVE). Nothing is picked up silently from the auth directory."""
-    path = explicit or os.environ.get(env_name)
+def resolve_credential(explicit: str | os.PathLike | None, env_name: str = ENV_CREDENTIAL,
+                       settings: CredentialSettings | None = None) -> Credential | None:
+    """The credential to connect with: an explicit path, else the one variable `env_name` names
+    (in `settings`; None: CredentialSettings.from_env()), else None (connect without CURVE).
+    Nothing is picked up silently from the auth directory."""
+    if not explicit:
+        settings = CredentialSettings.from_env() if settings is None else settings
+    path = explicit or settings.credential_path(env_name)
     return Credential.load(path) if path else None
 
 

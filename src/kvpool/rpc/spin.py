@@ -17,23 +17,8 @@ fixes.md 28). So the policy spins only while most recent replies came within the
 
 from __future__ import annotations
 
-import os
-
-SPIN_ENV = "KVPOOL_LANE_SPIN_US"
-DEFAULT_SPIN_US = 100.0
 _WEIGHT = 0.125  # of the newest sample in `rate`
 _SPIN_FROM_RATE = 0.5
-
-
-def spin_from_env(name: str = SPIN_ENV, default_us: float = DEFAULT_SPIN_US) -> float:
-    """$name (default $KVPOOL_LANE_SPIN_US) in microseconds, as seconds (unset: `default_us`; 0:
-    never spin); ValueError naming the variable if it is not a number."""
-    value = os.environ.get(name, "")
-    try:
-        us = float(value) if value.strip() else default_us
-    except ValueError:
-        raise ValueError(f"${name} must be a number of microseconds, got {value!r}") from None
-    return max(0.0, us) * 1e-6
 
 
 class SpinPolicy:

@@ -67,7 +67,8 @@ import msgspec
 from kvpool.core import protocol
 from kvpool.core.errors import ProtocolError, UnavailableError, error_from_reply
 from kvpool.rpc.zmq_channel import BegunCall, MasterChannel, host_of
-from kvpool.rpc.spin import SpinPolicy, spin_from_env
+from kvpool.rpc.config import TcpChannelConfig
+from kvpool.rpc.spin import SpinPolicy
 from kvpool.rpc.timeouts import KernelTimeouts
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,6 @@ ONE_WAY_BYTES = ONE_WAY_ID.to_bytes(8, "little")  # the same id as it travels in
 _RECV_CHUNK = 1 << 16
 _TCP_CORK = getattr(socket, "TCP_CORK", None)  # Linux; elsewhere lazy frames go out at once
 _AF_UNIX = getattr(socket, "AF_UNIX", None)
-LANE_UNIX_ENV = "KVPOOL_LANE_UNIX"  # 0: the lane over TCP even on the master's host (A/Bs)
 _DIRECT_BODY_BYTES = 16 << 10  # a reply this large is received into its own buffer (LaneChannel._read_body)
 
 
@@ -108,11 +108,14 @@ class LaneChannel:
 
     lands_puts = True  # a put's PutEnd may travel before its write, PutLanded after (client/landing.py)
 
-    def __init__(self, channel: MasterChannel, spin_s: float | None = None) -> None:
-        """`spin_s`: how long a call spins for its reply before blocking (None: $KVPOOL_LANE_SPIN_US
-        microseconds, default 100; 0: never), while replies come that quickly (spin.py)."""
+    def __init__(self, channel: MasterChannel, spin_s: float | None = None,
+                 config: TcpChannelConfig | None = None) -> None:
+        """`config`: the channel's settings (None: TcpChannelConfig.from_env(), read once now).
+        `spin_s`: how long a call spins for its reply before blocking, over the config's (0:
+        never), while replies come that quickly (spin.py)."""
         self.channel = channel
-        self.spin = SpinPolicy(spin_from_env() if spin_s is None else spin_s)
+        self.config = TcpChannelConfig.from_env() if config is None else config
+        self.spin = SpinPolicy(self.config.spin_s if spin_s is None else spin_s)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._next_look_s = 0.0  # monotonic time of the next LaneQuery
@@ -252,7 +255,7 @@ class LaneChannel:
             return None  # the ZMQ call that follows will say so too
         if not isinstance(offer, protocol.LaneOffer) or not offer.port:
             return None
-        use_unix = offer.unix and os.environ.get(LANE_UNIX_ENV, "1") != "0"
+        use_unix = offer.unix and self.config.unix_socket
         sock = _connect_unix(offer.unix, min(timeout_s, 2.0)) if use_unix else None
         if sock is None:
             host = host_of(self.channel.address)

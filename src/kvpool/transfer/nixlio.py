@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvpool.core.errors import TransferError
+from kvpool.transfer.config import DEFAULT_PROGRESS_DELAY_US
 from kvpool.transfer.fence import StuckTransfer
 
 _BUILDS = ("nixl_cu13", "nixl_cu12")  # the meta package's own order on a machine without CUDA
@@ -84,15 +85,6 @@ _NIXL_ERRORS: tuple[type[BaseException], ...] = tuple(
 ) + (RuntimeError,)
 
 _SPIN_S = 0.0002  # busy-poll this long before sleeping between polls
-# NIXL's UCX progress thread polls its workers' event fds with this timeout (microseconds). The
-# Python wrapper hard-codes 0, which makes the thread spin on a whole core even when idle
-# (measured: an embedded node in a vLLM worker pinned to one core halved its prefill speed).
-# Events still wake it at once (the thread arms the workers and poll()s their fds); the timeout
-# only bounds the periodic fallback poll. An idle node's CPU (benchmarks/idle_cpu_bench.py): 2.7 %
-# of a core at 1 ms, 1.1 % at 10 ms, 0.2 % at 100 ms; an embedded node shares the forward's core.
-# KVPOOL_NIXL_PROGRESS_DELAY_US overrides it (UCX itself is tuned through the environment too).
-_PROGRESS_DELAY_US = 100_000
-PROGRESS_DELAY_ENV = "KVPOOL_NIXL_PROGRESS_DELAY_US"
 _AGENT_LOCK = threading.Lock()
 _MAX_SLEEP_S = 0.001
 _REAP_INTERVAL_S = 0.005  # how often the reaper polls requests past their deadline
@@ -124,20 +116,6 @@ class Pending:
     done: bool = False
 
 
-def progress_delay_us() -> int:
-    """The progress thread's fallback poll period: $KVPOOL_NIXL_PROGRESS_DELAY_US, else the default."""
-    text = os.environ.get(PROGRESS_DELAY_ENV)
-    if text is None:
-        return _PROGRESS_DELAY_US
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1_000 <= value <= 10_000_000:
-        raise TransferError(f"{PROGRESS_DELAY_ENV}={text!r}: give microseconds from 1000 (1 ms) to 10000000 (10 s)")
-    return value
-
-
 def _agent_with_progress_delay(name: str, config, delay_us: int):
     """nixl_agent(name, config) with the progress thread's poll timeout set to `delay_us`
     (nixl_agent_config does not expose it; the wrapper reads nixlBind.nixlAgent at call time)."""
@@ -157,14 +135,17 @@ def _agent_with_progress_delay(name: str, config, delay_us: int):
 
 
 class NixlEndpoint:
-    def __init__(self, name: str, progress_thread: bool = True) -> None:
+    def __init__(self, name: str, progress_thread: bool = True,
+                 progress_delay_us: int = DEFAULT_PROGRESS_DELAY_US) -> None:
         """`progress_thread`: NIXL's UCX progress thread. A passive side (a node's segment) needs
         it: nobody else would answer remote reads and writes. An initiator that waits for its own
         requests (DataPlane) does not: `wait` progresses the worker on every poll, and a second
         thread progressing the same worker only contends with it (profiled: 22 % of a cross-host
-        reader's CPU in pthread_spin_lock under check_xfer_state)."""
+        reader's CPU in pthread_spin_lock under check_xfer_state). `progress_delay_us`: that
+        thread's fallback poll period (NixlConfig: the thread is woken by events at once, the
+        period bounds only its idle polling; NIXL's Python wrapper would spin a core with 0)."""
         self.name = name
-        delay_us = progress_delay_us()  # a bad setting says so itself, not as a NIXL failure
+        delay_us = progress_delay_us
         try:
             config = nixl_agent_config(enable_prog_thread=progress_thread, backends=["UCX"],
                                        sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_RW)  # fmt: skip

@@ -39,6 +39,7 @@ Rules:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import operator
 import os
 import threading
@@ -51,31 +52,14 @@ import numpy as np
 
 from kvpool.core.errors import TransferError, UsageError
 from kvpool.core.protocol import SegmentInfo
+from kvpool.transfer.config import TCP_REGION_BYTES, DataPlaneConfig
 from kvpool.transfer.hostinfo import host_id
 from kvpool.transfer.tcp_path_halves import run_on_lane
-from kvpool.transfer.tcp_path import TcpPath, lane_spin_s, rdma_available
+from kvpool.transfer.tcp_path import TcpPath
 from kvpool.transfer.shm import PeerMapping
 from kvpool.transfer.tag_reads import TagReader
 
 PATHS = ("auto", "nixl", "shm", "lane")
-LANE_MAX_BYTES_ENV = "KVPOOL_SEGMENT_LANE_MAX_BYTES"
-RDMA_LANE_MAX_BYTES = 256 << 10  # with RDMA, NIXL takes every larger job
-TCP_LANE_MAX_BYTES = 4 << 20  # without: UCX on TCP; NIXL's writes led from 4-16 MiB jobs (tcp_path.py)
-TCP_LANE_REGION_BYTES = 256 << 10  # ... and a job of any size whose regions average this or less
-LANE_SPLIT_BYTES_ENV = "KVPOOL_SEGMENT_LANE_SPLIT_BYTES"
-# a lane job this large runs as two halves on two connections at once (2 cores: two Python TCP
-# streams carried 1.35x one; kvpool's 64 MiB get 1.89-2.47 -> 2.75-2.83 GB/s, fixes.md section 15;
-# from 1 MiB since the second half runs on a kept thread: plain 1 / 2 / 4 MiB gets 1.09 / 1.08 /
-# 1.26x faster than from 8 MiB, fixes.md section 18; writes split too since section 25: bulk puts
-# 1.2-1.6x NIXL's on UCX TCP, where one lane stream lost to NIXL from 4 MiB)
-# Writes from 2 MiB since stop 37: on the AMD EPYC VM a plain 1 MiB put took 573 us on one
-# connection and 703 us in two halves (8 alternating rounds, every one faster), 2 MiB level, 4 MiB
-# halves 1.04x faster (fixes.md 31; on stop 31's Intel VM halves had won at 1 MiB).
-LANE_SPLIT_BYTES = 2 << 20
-# reads split from 2 MiB since they land straight in a plain get's fresh result: a 1 MiB plain get
-# across hosts took 0.61 ms on one connection and 1.01 ms in two halves (2 MiB: level; 4 MiB:
-# halves 1.15x faster; fixes.md 26). The variable sets both.
-LANE_READ_SPLIT_BYTES = 2 << 20
 OPS = ("READ", "WRITE")
 
 _VECTORIZE_FROM = 64  # regions per job from which numpy checks them faster than a Python loop
@@ -115,35 +99,27 @@ class _Checked:
 
 class DataPlane:
     def __init__(self, name: str | None = None, path: str = "auto", *, nixl_progress_thread: bool = False,
-                 read_only: bool = False, lane_max_bytes: int | None = None) -> None:
+                 read_only: bool = False, lane_max_bytes: int | None = None,
+                 config: DataPlaneConfig | None = None) -> None:
         """`nixl_progress_thread`: also run NIXL's UCX progress thread (off: this process only
         initiates transfers and progresses them while it waits; see NixlEndpoint). `read_only`:
         WRITE is refused and same-host segments are mapped read-only (a reader-only client).
-        `lane_max_bytes`: the largest job the segment lane takes (None: $KVPOOL_SEGMENT_LANE_MAX_BYTES,
-        else 256 KiB where NIXL has RDMA and 4 MiB where it has not; 0: never the lane unless `path`
-        is "lane"; see tcp_path.py)."""
+        `lane_max_bytes`: the largest job the TCP path takes, over `config`'s (0: never the TCP path
+        unless `path` is "lane"). `config`: the data plane's settings (None: DataPlaneConfig.from_env(),
+        read once now)."""
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-        if lane_max_bytes is None:
-            try:
-                default = RDMA_LANE_MAX_BYTES if rdma_available() else TCP_LANE_MAX_BYTES
-                lane_max_bytes = int(os.environ.get(LANE_MAX_BYTES_ENV, default))
-            except ValueError:
-                raise ValueError(f"${LANE_MAX_BYTES_ENV} must be a number of bytes, got "
-                                 f"{os.environ[LANE_MAX_BYTES_ENV]!r}") from None
-        if lane_max_bytes < 0:
-            raise ValueError(f"lane_max_bytes must be >= 0, got {lane_max_bytes}")
-        self.lane_max_bytes = lane_max_bytes
-        try:
-            # writes, then reads, of this many bytes or more run as two halves (0: never)
-            self.lane_split_bytes = int(os.environ.get(LANE_SPLIT_BYTES_ENV, LANE_SPLIT_BYTES))
-            self.lane_read_split_bytes = int(os.environ.get(LANE_SPLIT_BYTES_ENV, LANE_READ_SPLIT_BYTES))
-        except ValueError:
-            raise ValueError(f"${LANE_SPLIT_BYTES_ENV} must be a number of bytes, got "
-                             f"{os.environ[LANE_SPLIT_BYTES_ENV]!r}") from None
-        self.lane_spin_s = lane_spin_s()  # how long a whole lane job spins beyond its bytes' share
-        # scatter-gather jobs (many small regions) cost UCX per region: without RDMA they take the lane
-        self.lane_region_bytes = TCP_LANE_REGION_BYTES if lane_max_bytes and not rdma_available() else 0
+        config = DataPlaneConfig.from_env() if config is None else config
+        if lane_max_bytes is not None:
+            config = dataclasses.replace(config, tcp_max_bytes=lane_max_bytes)  # validated there
+        self.config = config
+        self.lane_max_bytes = config.max_bytes
+        # writes, then reads, of this many bytes or more run as two halves (0: never)
+        self.lane_split_bytes = config.write_split_bytes
+        self.lane_read_split_bytes = config.read_split_bytes
+        self.lane_spin_s = config.tcp_spin_s  # how long a whole job on the TCP path spins beyond its bytes' share
+        # scatter-gather jobs (many small regions) cost UCX per region: without RDMA they take the TCP path
+        self.lane_region_bytes = TCP_REGION_BYTES if self.lane_max_bytes and not config.rdma else 0
         self.jobs_by_path = {"shm": 0, "nixl": 0, "lane": 0}  # jobs run, for benchmarks and tests
         self.name = name or f"kvpool-client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.path = path
@@ -274,7 +250,8 @@ class DataPlane:
         if self._endpoint is None:
             from kvpool.transfer.nixlio import NixlEndpoint  # lazy: 0.4 s and 130 MB of libraries
 
-            endpoint = NixlEndpoint(self.name, progress_thread=self.nixl_progress_thread)
+            endpoint = NixlEndpoint(self.name, progress_thread=self.nixl_progress_thread,
+                                    progress_delay_us=self.config.nixl.progress_delay_us)
             for addr, region in self._regions.items():
                 region.registration = endpoint.register(addr, region.size_bytes, region.device)
             self._endpoint = endpoint

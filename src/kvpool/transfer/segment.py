@@ -16,6 +16,7 @@ import os
 import uuid
 
 from kvpool.core.protocol import MountSegment, SegmentInfo
+from kvpool.transfer.config import NixlConfig
 from kvpool.transfer.hostinfo import host_id
 from kvpool.transfer.nixlio import NixlEndpoint
 from kvpool.transfer.tcp_path_server import TcpPathServer
@@ -23,15 +24,19 @@ from kvpool.transfer.shm import SharedSegmentFile
 
 
 class SegmentMemory:
-    def __init__(self, size_bytes: int, name: str = "segment", lane_host: str | None = None) -> None:
-        """`lane_host`: serve the segment lane, announced at this address (None: no lane)."""
+    def __init__(self, size_bytes: int, name: str = "segment", lane_host: str | None = None,
+                 nixl: NixlConfig | None = None) -> None:
+        """`lane_host`: serve the TCP path, announced at this address (None: none). `nixl`: the
+        agent's settings (None: NixlConfig.from_env(), read once now)."""
         if size_bytes <= 0:
             raise ValueError(f"size_bytes must be > 0, got {size_bytes}")
+        nixl = NixlConfig.from_env() if nixl is None else nixl
         self.size_bytes = size_bytes
         self.agent_name = f"kvpool-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._file: SharedSegmentFile | None = SharedSegmentFile(size_bytes, self.agent_name)
         try:
-            self._endpoint: NixlEndpoint | None = NixlEndpoint(self.agent_name)
+            self._endpoint: NixlEndpoint | None = NixlEndpoint(self.agent_name,
+                                                               progress_delay_us=nixl.progress_delay_us)
             self._registration = self._endpoint.register(self._file.base_addr, size_bytes)
             self.agent_metadata = self._endpoint.metadata()
         except BaseException:

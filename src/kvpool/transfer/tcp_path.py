@@ -63,20 +63,14 @@ from collections.abc import Sequence
 
 from kvpool.core.errors import TransferError
 from kvpool.transfer import tcp_path_tags
+from kvpool.transfer.config import DEFAULT_TCP_SPIN_US
 from kvpool.transfer.fence import StuckTransfer
 from kvpool.transfer.tcp_path_tags import READ_TAG, TAG, TAG_BYTES
-from kvpool.rpc.spin import SpinPolicy, spin_from_env
+from kvpool.rpc.spin import SpinPolicy
 from kvpool.rpc.timeouts import KernelTimeouts
 
 
-SPIN_ENV = "KVPOOL_SEGMENT_LANE_SPIN_US"
-DEFAULT_SPIN_US = 200.0
 _SPIN_S_PER_BYTE = 1e-9  # a job's spin also covers its bytes at 1 GB/s
-
-
-def lane_spin_s() -> float:
-    """$KVPOOL_SEGMENT_LANE_SPIN_US as seconds (unset: 200 us; 0: never); ValueError naming it if bad."""
-    return spin_from_env(SPIN_ENV, DEFAULT_SPIN_US)
 
 
 MAGIC = b"KVSL"
@@ -91,24 +85,6 @@ _OPS = {"READ": READ, "WRITE": WRITE}
 
 def _view(addr: int, size: int) -> memoryview:
     return memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
-
-
-_RDMA_TLS = ("all", "rc", "ud", "dc", "ib", "rdma", "srd", "gga")
-
-
-def rdma_available() -> bool:
-    """Whether NIXL's UCX can move bytes across hosts by RDMA from here: an RDMA device exists and
-    UCX_TLS (if set to a list) names an RDMA transport. Without, UCX runs cross-host on TCP."""
-    tls = os.environ.get("UCX_TLS", "").strip()
-    if tls and not tls.startswith("^"):
-        names = [t.strip().lower() for t in tls.split(",")]
-        if not any(n == r or n.startswith(r + "_") for n in names for r in _RDMA_TLS):
-            return False
-    try:
-        with os.scandir("/sys/class/infiniband") as devices:
-            return any(True for _ in devices)
-    except OSError:
-        return False
 
 
 def reachable_address(peer_host: str) -> str:
@@ -126,9 +102,9 @@ class TcpPath:
     """A client's connections to one segment's lane: up to `max_connections`, each used by one
     thread at a time and connected on first use."""
 
-    def __init__(self, address: str, max_connections: int = 4, spin_s: float = DEFAULT_SPIN_US * 1e-6) -> None:
+    def __init__(self, address: str, max_connections: int = 4, spin_s: float = DEFAULT_TCP_SPIN_US * 1e-6) -> None:
         """`spin_s`: how long beyond 1 ns per byte a whole job spins (0: never; DataPlane passes
-        lane_spin_s(), read once when it is made). The policy is shared by the lane's connections:
+        its config's tcp_spin_s). The policy is shared by the lane's connections:
         two threads recording at once may lose a sample, which only delays its verdict."""
         self.address = address
         self.spin = SpinPolicy(spin_s)
