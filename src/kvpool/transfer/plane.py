@@ -38,9 +38,7 @@ Rules:
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import operator
 import os
 import threading
 import time
@@ -54,6 +52,7 @@ from kvpool.core.errors import TransferError, UsageError
 from kvpool.core.protocol import SegmentInfo
 from kvpool.transfer.config import TCP_REGION_BYTES, DataPlaneConfig
 from kvpool.transfer.hostinfo import host_id
+from kvpool.transfer.local_memory import CheckedJob, Region, RegisteredMemory, validate_region
 from kvpool.transfer.tcp_path_halves import run_on_lane
 from kvpool.transfer.tcp_path import TcpPath
 from kvpool.transfer.shm import PeerMapping
@@ -62,13 +61,11 @@ from kvpool.transfer.tag_reads import TagReader
 PATHS = ("auto", "nixl", "shm", "lane")
 OPS = ("READ", "WRITE")
 
-_VECTORIZE_FROM = 64  # regions per job from which numpy checks them faster than a Python loop
-
 Job = tuple[SegmentInfo, Sequence[int], Sequence[int], Sequence[int]]
 
 
 @dataclass
-class _Route:
+class Route:
     agent_name: str
     mapping: PeerMapping | None = None  # the shm path
     peer: str | None = None  # the nixl path: remote agent name, once a NIXL job needed it (DataPlane._peer)
@@ -78,23 +75,6 @@ class _Route:
     @property
     def nixl(self) -> bool:
         return self.peer is not None or self.metadata is not None
-
-
-@dataclass
-class _Region:
-    size_bytes: int
-    device: int | None  # None: host memory; N: CUDA device N
-    registration: object | None = None  # NIXL's, once the agent runs
-
-
-@dataclass
-class _Checked:
-    route: _Route | None
-    segment: SegmentInfo
-    local_addrs: list[int]
-    remote_offsets: list[int]
-    sizes: list[int]
-    device: int | None = None  # where the local regions are (None: host memory)
 
 
 class DataPlane:
@@ -126,15 +106,9 @@ class DataPlane:
         self.nixl_progress_thread = nixl_progress_thread
         self.read_only = read_only
         self._lock = threading.Lock()
-        self._regions: dict[int, _Region] = {}  # by start addr
-        self._starts = np.zeros(0, dtype=np.int64)
-        self._ends = np.zeros(0, dtype=np.int64)
-        self._starts_list: list[int] = []
-        self._ends_list: list[int] = []
-        self._devices_list: list[int | None] = []  # parallel to _starts_list: an index, rebuilt from _regions
-        self._has_gpu_memory = False
+        self._memory = RegisteredMemory()  # the registered local memory, and the checks of jobs against it
         self._endpoint = None  # NixlEndpoint, created on first need
-        self._routes: dict[int, _Route] = {}
+        self._routes: dict[int, Route] = {}
         self._tag_reader = TagReader(self._tag_lane)  # reads by tag (tag_reads.py)
         self._closed = False
 
@@ -142,44 +116,21 @@ class DataPlane:
 
     def register(self, addr: int, size_bytes: int, device: int | None = None) -> None:
         """Register local memory: host memory, or CUDA device `device`'s memory."""
-        if not isinstance(addr, int) or addr <= 0:
-            raise UsageError(f"addr must be a positive int address, got {addr!r}")
-        if not isinstance(size_bytes, int) or size_bytes <= 0:
-            raise UsageError(f"size_bytes must be a positive int, got {size_bytes!r}")
-        if device is not None and (not isinstance(device, int) or isinstance(device, bool) or device < 0):
-            raise UsageError(f"device must be None (host memory) or a CUDA device index >= 0, got {device!r}")
+        validate_region(addr, size_bytes, device)
         with self._lock:
             self._check_open()
-            known = self._regions.get(addr)
-            if known is not None and (known.size_bytes, known.device) == (size_bytes, device):
+            if not self._memory.is_new(addr, size_bytes, device):
                 return  # registering the same memory twice is harmless
-            end = addr + size_bytes
-            for start, region in self._regions.items():
-                if start < end and addr < start + region.size_bytes:
-                    raise UsageError(f"memory {addr:#x}+{size_bytes} overlaps registered "
-                                     f"{start:#x}+{region.size_bytes}; unregister it first")  # fmt: skip
-            region = _Region(size_bytes, device)
+            region = Region(size_bytes, device)
             if self._endpoint is not None:
                 region.registration = self._endpoint.register(addr, size_bytes, device)
-            self._regions[addr] = region
-            self._rebuild_index()
+            self._memory.add(addr, region)
 
     def unregister(self, addr: int) -> None:
         with self._lock:
-            region = self._regions.pop(addr, None)
-            if region is None:
-                raise UsageError(f"no registered memory starts at {addr:#x}")
+            region = self._memory.remove(addr)
             if region.registration is not None:
                 self._endpoint.deregister(region.registration)
-            self._rebuild_index()
-
-    def _rebuild_index(self) -> None:
-        self._starts_list = sorted(self._regions)
-        self._ends_list = [s + self._regions[s].size_bytes for s in self._starts_list]
-        self._devices_list = [self._regions[s].device for s in self._starts_list]
-        self._has_gpu_memory = any(d is not None for d in self._devices_list)
-        self._starts = np.array(self._starts_list, dtype=np.int64)
-        self._ends = np.array(self._ends_list, dtype=np.int64)
 
     # ---- routes ------------------------------------------------------------------------------
 
@@ -193,7 +144,7 @@ class DataPlane:
         with self._lock:
             return {sid: _path_of(r) for sid, r in self._routes.items()}
 
-    def _route(self, segment: SegmentInfo) -> _Route:
+    def _route(self, segment: SegmentInfo) -> Route:
         route = self._routes.get(segment.segment_id)
         if route is not None and route.agent_name == segment.agent_name:
             return route
@@ -208,7 +159,7 @@ class DataPlane:
             self._routes[segment.segment_id] = route
             return route
 
-    def _new_route(self, segment: SegmentInfo) -> _Route:
+    def _new_route(self, segment: SegmentInfo) -> Route:
         why_not_shm = "the segment has no shared-memory path"
         if self.path in ("auto", "shm") and segment.shm_path is not None:
             if segment.host_id != host_id():
@@ -217,7 +168,7 @@ class DataPlane:
                 try:
                     mapping = PeerMapping(segment.shm_path, segment.size_bytes, segment.agent_name,
                                           writable=not self.read_only)
-                    return _Route(segment.agent_name, mapping=mapping)
+                    return Route(segment.agent_name, mapping=mapping)
                 except (OSError, ValueError) as e:
                     why_not_shm = f"cannot map {segment.shm_path}: {e}"
         if self.path == "shm":
@@ -227,13 +178,13 @@ class DataPlane:
         if self.path == "lane":
             if lane is None:
                 raise TransferError(f"segment {segment.segment_id} of node {segment.node_id} serves no segment lane")
-            return _Route(segment.agent_name, lane=lane)
+            return Route(segment.agent_name, lane=lane)
         # the NIXL agent and its peer are made by the first job that needs them (_peer): without
         # RDMA the lane carries every host-memory job, and loading NIXL cost a new client's first
         # transfer ~0.5 s (fixes.md 40)
-        return _Route(segment.agent_name, lane=lane, metadata=segment.agent_metadata)
+        return Route(segment.agent_name, lane=lane, metadata=segment.agent_metadata)
 
-    def _peer(self, route: _Route) -> str:
+    def _peer(self, route: Route) -> str:
         """The route's NIXL peer, made now (and the NIXL agent with it) if no job needed it yet;
         TransferError if it cannot be made."""
         if route.peer is None:
@@ -252,12 +203,12 @@ class DataPlane:
 
             endpoint = NixlEndpoint(self.name, progress_thread=self.nixl_progress_thread,
                                     progress_delay_us=self.config.nixl.progress_delay_us)
-            for addr, region in self._regions.items():
+            for addr, region in self._memory.regions.items():
                 region.registration = endpoint.register(addr, region.size_bytes, region.device)
             self._endpoint = endpoint
         return self._endpoint
 
-    def _drop_route(self, route: _Route) -> None:
+    def _drop_route(self, route: Route) -> None:
         if route.mapping is not None:
             route.mapping.close()
         if route.lane is not None:
@@ -321,7 +272,7 @@ class DataPlane:
         if not timeout_s > 0:
             raise UsageError(f"timeout_s must be > 0, got {timeout_s!r}")
         deadline = time.monotonic() + timeout_s
-        checked = [self._check(*job, unregistered=unregistered) for job in jobs]  # UsageError before anything moves
+        checked = [self._memory.check(*job, unregistered=unregistered) for job in jobs]  # UsageError before anything moves
         errors: list[TransferError | None] = [None] * len(jobs)
         for i, job in enumerate(checked):
             try:
@@ -355,7 +306,7 @@ class DataPlane:
             for lane, conn in held.values():
                 lane.release(conn)
 
-    def _run_jobs(self, op: str, checked: list[_Checked], errors: list, on_lane: list, deadline: float,
+    def _run_jobs(self, op: str, checked: list[CheckedJob], errors: list, on_lane: list, deadline: float,
                   after_objects: Sequence | None = None, before_landing=None, sent=None, tags=None) -> list:
         posted, posted_idx = [], []
         for i, job in enumerate(checked):
@@ -393,7 +344,7 @@ class DataPlane:
                 errors[i] = error
         return errors
 
-    def _lane_transfer(self, op: str, job: _Checked, conn, deadline: float, before_landing=None,
+    def _lane_transfer(self, op: str, job: CheckedJob, conn, deadline: float, before_landing=None,
                        sent=None, tag=None) -> None:
         """A job on its lane connection; one of lane_split_bytes or more (READ or WRITE) as two
         halves at once (tcp_path_halves.py). `sent`: called by this thread's half once its bytes are out."""
@@ -419,14 +370,14 @@ class DataPlane:
         route = self._route(segment)
         return route.lane if route.mapping is None else None
 
-    def _takes_lane(self, op: str, job: _Checked) -> bool:
+    def _takes_lane(self, op: str, job: CheckedJob) -> bool:
         """Whether the job should go over its segment's lane (path "lane": every job; auto: a host-
         memory job of at most lane_max_bytes, or whose regions average at most lane_region_bytes,
         or without RDMA any READ, and any WRITE that is split in two; if a connection is free when
         it is asked for)."""
         return self._lane_wanted(op, job.route, job.sizes, job.device)
 
-    def _lane_wanted(self, op: str, route: _Route, sizes: Sequence[int], device: int | None) -> bool:
+    def _lane_wanted(self, op: str, route: Route, sizes: Sequence[int], device: int | None) -> bool:
         if route.lane is None or not len(sizes):
             return False
         if not route.nixl:
@@ -440,91 +391,13 @@ class DataPlane:
             return True  # no RDMA: two TCP streams beat UCX's writes (one did not from 4 MiB; fixes.md 25)
         return total <= self.lane_max_bytes or total <= self.lane_region_bytes * len(sizes)
 
-    def _post(self, op: str, job: _Checked):
+    def _post(self, op: str, job: CheckedJob):
         from kvpool.transfer.nixlio import descriptors
 
         peer = self._peer(job.route)
         local = descriptors(job.local_addrs, job.sizes, job.device or 0)
         remote = descriptors(np.array(job.remote_offsets, dtype=np.int64) + job.segment.base_addr, job.sizes)
         return self._endpoint.post(op, local, remote, peer, local_vram=job.device is not None)
-
-    def _check(
-        self, segment: SegmentInfo, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
-        unregistered: bool = False,
-    ) -> _Checked:
-        if not isinstance(segment, SegmentInfo):
-            raise UsageError(f"segment must be a SegmentInfo, got {type(segment).__name__}")
-        if not len(local_addrs) == len(remote_offsets) == len(sizes):
-            raise UsageError(
-                f"local_addrs, remote_offsets and sizes differ in length: "
-                f"{len(local_addrs)}, {len(remote_offsets)}, {len(sizes)}"
-            )
-        try:
-            local = list(map(operator.index, local_addrs))
-            remote = list(map(operator.index, remote_offsets))
-            size = list(map(operator.index, sizes))
-        except TypeError as e:
-            raise UsageError(f"addresses, offsets and sizes must be integers: {e}") from None
-        if unregistered:  # host memory of the caller's own: only the segment's bounds to check
-            for i, (offset, num_bytes) in enumerate(zip(remote, size)):
-                if num_bytes <= 0 or offset < 0 or offset + num_bytes > segment.size_bytes:
-                    self._outside_segment(segment, i, offset, num_bytes)
-            return _Checked(None, segment, local, remote, size, None)
-        if len(size) > _VECTORIZE_FROM:
-            self._check_vectorized(segment, local, remote, size)
-            return _Checked(None, segment, local, remote, size, self._job_device(local))
-        # a Python loop beats numpy's per-call overhead for the few regions of a typical object
-        segment_bytes, starts, ends = segment.size_bytes, self._starts_list, self._ends_list
-        for i, (addr, offset, num_bytes) in enumerate(zip(local, remote, size)):
-            if num_bytes <= 0 or offset < 0 or offset + num_bytes > segment_bytes:
-                self._outside_segment(segment, i, offset, num_bytes)
-            slot = bisect.bisect_right(starts, addr) - 1
-            if slot < 0 or addr + num_bytes > ends[slot]:
-                self._not_registered(i, addr, num_bytes)
-        return _Checked(None, segment, local, remote, size, self._job_device(local))
-
-    def _job_device(self, local: list[int]) -> int | None:
-        """The one memory a checked job's local regions lie in (None: host). Free while no GPU
-        memory is registered (the host-only hot path)."""
-        if not self._has_gpu_memory:
-            return None
-        starts, slot_devices = self._starts_list, self._devices_list
-        devices = {slot_devices[bisect.bisect_right(starts, addr) - 1] for addr in local}
-        if len(devices) > 1:
-            where = ", ".join("host" if d is None else f"cuda:{d}" for d in sorted(devices, key=lambda d: -1 if d is None else d))
-            raise UsageError(f"one transfer's local regions lie in different memories ({where}): split it per device")
-        return next(iter(devices), None)
-
-    def _check_vectorized(self, segment: SegmentInfo, local: list[int], remote: list[int], size: list[int]) -> None:
-        try:
-            addr = np.array(local, dtype=np.int64)
-            offset = np.array(remote, dtype=np.int64)
-            num_bytes = np.array(size, dtype=np.int64)
-        except OverflowError as e:
-            raise UsageError(f"addresses, offsets and sizes must fit in 64 bits: {e}") from None
-        outside = (num_bytes <= 0) | (offset < 0) | (offset + num_bytes > segment.size_bytes)
-        if outside.any():
-            i = int(np.argmax(outside))
-            self._outside_segment(segment, i, remote[i], size[i])
-        starts, ends = self._starts, self._ends
-        slot = np.searchsorted(starts, addr, side="right") - 1
-        inside = (slot >= 0) & (addr + num_bytes <= (ends[np.maximum(slot, 0)] if len(ends) else -1))
-        if not inside.all():
-            i = int(np.argmin(inside))
-            self._not_registered(i, local[i], size[i])
-
-    @staticmethod
-    def _outside_segment(segment: SegmentInfo, i: int, offset: int, num_bytes: int) -> None:
-        raise UsageError(
-            f"region {i} (offset {offset}, {num_bytes} bytes) is outside segment "
-            f"{segment.segment_id} of {segment.size_bytes} bytes"
-        )
-
-    @staticmethod
-    def _not_registered(i: int, addr: int, num_bytes: int) -> None:
-        raise UsageError(
-            f"local region {i} ({addr:#x}+{num_bytes}) is not inside memory registered with DataPlane.register()"
-        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -539,7 +412,7 @@ class DataPlane:
                 self._drop_route(route)
             self._routes.clear()
             if self._endpoint is not None:
-                for region in self._regions.values():
+                for region in self._memory.regions.values():
                     if region.registration is not None:
                         try:
                             self._endpoint.deregister(region.registration)
@@ -556,7 +429,7 @@ class DataPlane:
         self.close()
 
 
-def _path_of(route: _Route) -> str:
+def _path_of(route: Route) -> str:
     return "shm" if route.mapping is not None else "nixl" if route.nixl else "lane"
 
 
