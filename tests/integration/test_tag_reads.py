@@ -1,5 +1,5 @@
 """Plain gets of values a client never saw, read by tag while GetValue travels (transfer/tcp_path_tags.py,
-client/known_places.py; issue 14), with a real master and nodes over the segment lane: the bytes a
+client/known_places.py), with a real master and nodes over the TCP path: the bytes a
 node holds under the key's tag are kept only when the master's answer places the value there and
 they match its checksum. A removed, replaced or wrongly tagged value is never served from the tag."""
 
@@ -10,7 +10,7 @@ import struct
 
 from kvpool.client import Client
 from kvpool.transfer import tcp_path_tags
-from kvpool.transfer import tcp_path as sl
+from kvpool.transfer import tcp_path_wire as wire
 from pool_worker import pattern
 
 KiB = 1024
@@ -73,8 +73,8 @@ def _send_tag(address: str, tag: bytes, offset: int, size: int) -> None:
     `size` bytes at `offset`, whatever is there."""
     host, _, port = address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(sl._HEAD.pack(sl.MAGIC, tcp_path_tags.TAG, 1) + struct.pack("<QQ", offset, size) + tag)
-        sock.sendall(sl._HEAD.pack(sl.MAGIC, tcp_path_tags.READ_TAG, 1) + tag)  # answered once the TAG is in
+        sock.sendall(wire.HEAD.pack(wire.MAGIC, tcp_path_tags.TAG, 1) + struct.pack("<QQ", offset, size) + tag)
+        sock.sendall(wire.HEAD.pack(wire.MAGIC, tcp_path_tags.READ_TAG, 1) + tag)  # answered once the TAG is in
         assert sock.recv(1) == bytes([tcp_path_tags.KNOWN])
 
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from kvpool.core.errors import TransferError
 from kvpool.transfer import DataPlane, SegmentMemory
 from kvpool.transfer import tcp_path as sl
+from kvpool.transfer import tcp_path_wire as wire
 from kvpool.transfer.config import rdma_available
 
 SEGMENT_BYTES = 4 << 20
@@ -87,16 +88,16 @@ def test_path_nixl_never_takes_the_lane(info, buf):
 
 
 def test_a_job_over_the_request_limits_is_cut_into_requests():
-    parts = list(sl._requests([1000, 5000], [0, 100], [10, 25], max_bytes=16, max_regions=2))
+    parts = list(wire.requests([1000, 5000], [0, 100], [10, 25], max_bytes=16, max_regions=2))
     # every part within 16 bytes and 2 regions; together exactly the job
     assert all(sum(sizes) <= 16 and len(sizes) <= 2 for _, _, sizes in parts)
     flat = [(a, o, s) for addrs, offs, sizes in parts for a, o, s in zip(addrs, offs, sizes)]
     assert flat == [(1000, 0, 10), (5000, 100, 6), (5006, 106, 16), (5022, 122, 3)]
-    assert list(sl._requests([1], [2], [3])) == [([1], [2], [3])]
+    assert list(wire.requests([1], [2], [3])) == [([1], [2], [3])]
 
 
 def test_a_job_larger_than_one_request_round_trips(info, monkeypatch):
-    monkeypatch.setattr(sl, "MAX_REQUEST_BYTES", 1 << 20)  # the client's cut; the server keeps 64 MiB
+    monkeypatch.setattr(wire, "MAX_REQUEST_BYTES", 1 << 20)  # the client's cut; the server keeps 64 MiB
     big = np.random.default_rng(1).integers(0, 256, 3 << 20, dtype=np.uint8)
     out = np.zeros_like(big)
     with _plane(big, out, path="lane") as plane:
@@ -112,9 +113,9 @@ def _raw(segment) -> socket.socket:
 
 def _reply(sock) -> tuple[int, bytes]:
     head = b""
-    while len(head) < sl._REPLY.size:
-        head += sock.recv(sl._REPLY.size - len(head))
-    status, length = sl._REPLY.unpack(head)
+    while len(head) < wire.REPLY.size:
+        head += sock.recv(wire.REPLY.size - len(head))
+    status, length = wire.REPLY.unpack(head)
     body = b""
     while len(body) < length:
         body += sock.recv(length - len(body))
@@ -124,7 +125,7 @@ def _reply(sock) -> tuple[int, bytes]:
 @pytest.mark.parametrize("request_bytes,reason", [
     (b"HTTP" + bytes(5), "not a segment-lane request"),
     (struct.pack("<4sBI", b"KVSL", 1, 0), "0 regions"),
-    (struct.pack("<4sBI", b"KVSL", 1, sl.MAX_REGIONS + 1), "regions"),
+    (struct.pack("<4sBI", b"KVSL", 1, wire.MAX_REGIONS + 1), "regions"),
     (struct.pack("<4sBI", b"KVSL", 2, 1) + struct.pack("<QQ", SEGMENT_BYTES - 8, 16), "outside"),
     (struct.pack("<4sBI", b"KVSL", 1, 1) + struct.pack("<QQ", 2**64 - 1, 1), "outside"),
     (struct.pack("<4sBI", b"KVSL", 1, 1) + struct.pack("<QQ", 0, 0), "outside"),
@@ -144,8 +145,8 @@ def test_bad_requests_are_refused_with_a_reason_and_the_lane_keeps_serving(segme
 
 def test_a_refused_job_is_a_transfer_error_and_the_next_one_reconnects(info, buf, monkeypatch):
     with _plane(buf, path="lane") as plane:
-        monkeypatch.setattr(sl, "MAX_REQUEST_BYTES", 1 << 30)  # the client no longer cuts: the server refuses
-        monkeypatch.setattr(sl, "MAX_REGIONS", 1 << 30)
+        monkeypatch.setattr(wire, "MAX_REQUEST_BYTES", 1 << 30)  # the client no longer cuts: the server refuses
+        monkeypatch.setattr(wire, "MAX_REGIONS", 1 << 30)
         error = plane.transfer_many("READ", [(info, [buf.ctypes.data] * 70000, [0] * 70000, [8] * 70000)], 5)[0]
         assert isinstance(error, TransferError)  # refused ("70000 regions"), or reset while sending
         monkeypatch.undo()
@@ -293,7 +294,7 @@ def test_sent_is_called_once_per_write_when_its_bytes_are_out_before_the_node_an
     def take_and_say_nothing():
         peer, _ = silent.accept()
         with peer:
-            need = sl._HEAD.size + sl._REGION.size + 4096
+            need = wire.HEAD.size + wire.REGION.size + 4096
             while need > 0:
                 need -= len(peer.recv(need))
             taken.set()

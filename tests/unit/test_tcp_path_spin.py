@@ -13,6 +13,7 @@ import pytest
 
 from kvpool.transfer import DataPlane
 from kvpool.transfer import tcp_path as sl
+from kvpool.transfer import tcp_path_wire as wire
 from kvpool.transfer.config import DEFAULT_TCP_SPIN_US, TCP_SPIN_ENV
 import test_tcp_path
 from test_tcp_path import _plane
@@ -21,9 +22,9 @@ segment, info = test_tcp_path.segment, test_tcp_path.info  # the fixtures, share
 
 
 def _count_spins(monkeypatch) -> list[int]:
-    """Every non-blocking send or receive a lane job makes (segment_lane._spin_flags' answers)."""
+    """Every non-blocking send or receive a lane job makes (tcp_path_wire.spin_flags' answers)."""
     spun = []
-    real = sl._spin_flags
+    real = wire.spin_flags
 
     def counted(*args):
         flags, until = real(*args)
@@ -31,7 +32,7 @@ def _count_spins(monkeypatch) -> list[int]:
             spun.append(flags)
         return flags, until
 
-    monkeypatch.setattr(sl, "_spin_flags", counted)
+    monkeypatch.setattr(wire, "spin_flags", counted)
     return spun
 
 
@@ -90,14 +91,14 @@ def test_a_job_past_its_spin_blocks_and_a_lane_whose_jobs_come_late_stops_spinni
         peer, _ = server.accept()
         with peer:
             while True:
-                need, got = sl._HEAD.size + sl._REGION.size, b""
+                need, got = wire.HEAD.size + wire.REGION.size, b""
                 while len(got) < need:
                     chunk = peer.recv(need - len(got))
                     if not chunk:
                         return
                     got += chunk
                 time.sleep(delay_s[0])
-                peer.sendall(sl._REPLY.pack(0, len(payload)) + payload)
+                peer.sendall(wire.REPLY.pack(0, len(payload)) + payload)
 
     threading.Thread(target=serve, daemon=True).start()
     spun = _count_spins(monkeypatch)

@@ -14,6 +14,7 @@ import pytest
 from kvpool.core.errors import TransferError
 from kvpool.transfer import tcp_path_tags
 from kvpool.transfer import tcp_path as sl
+from kvpool.transfer import tcp_path_wire as wire
 from kvpool.transfer.tcp_path_tags import TagIndex, tag_of
 
 import test_tcp_path
@@ -100,8 +101,8 @@ def _raw(segment, request: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("request_bytes, reason", [
-    (sl._HEAD.pack(sl.MAGIC, tcp_path_tags.TAG, 2) + b"\0" * 16, b"one tag"),
-    (sl._HEAD.pack(sl.MAGIC, tcp_path_tags.READ_TAG, 0), b"one tag"),
+    (wire.HEAD.pack(wire.MAGIC, tcp_path_tags.TAG, 2) + b"\0" * 16, b"one tag"),
+    (wire.HEAD.pack(wire.MAGIC, tcp_path_tags.READ_TAG, 0), b"one tag"),
 ])
 def test_bad_tag_requests_are_refused_and_the_lane_keeps_serving(segment, info, request_bytes, reason):
     with test_tcp_path._raw(segment) as sock:
@@ -119,15 +120,15 @@ def test_bad_tag_requests_are_refused_and_the_lane_keeps_serving(segment, info, 
 @pytest.mark.parametrize("offset, size", [(test_tcp_path.SEGMENT_BYTES - 10, 4096), (0, 0), (2**64 - 1, 1)])
 def test_a_tag_outside_the_segment_is_not_recorded_nor_answered_and_the_connection_goes_on(segment, offset, size):
     tag = b"o" * 16
-    answer = _raw(segment, sl._HEAD.pack(sl.MAGIC, tcp_path_tags.TAG, 1) + struct.pack("<QQ", offset, size) + tag
-                  + sl._HEAD.pack(sl.MAGIC, tcp_path_tags.READ_TAG, 1) + tag)
-    assert answer == sl._REPLY.pack(tcp_path_tags.NOT_KNOWN, 0)  # only the READ_TAG's answer
+    answer = _raw(segment, wire.HEAD.pack(wire.MAGIC, tcp_path_tags.TAG, 1) + struct.pack("<QQ", offset, size) + tag
+                  + wire.HEAD.pack(wire.MAGIC, tcp_path_tags.READ_TAG, 1) + tag)
+    assert answer == wire.REPLY.pack(tcp_path_tags.NOT_KNOWN, 0)  # only the READ_TAG's answer
 
 
 def test_a_tagged_write_of_more_than_one_request_is_tagged_and_read_back_the_usual_way(segment, info, monkeypatch):
     """A value over one request's bytes: its tag is recorded, the write's answer is the only one
     the writer reads, and a READ_TAG answers "not known" (one reply is at most a request's bytes)."""
-    monkeypatch.setattr(sl, "MAX_REQUEST_BYTES", 64 << 10)  # the client cuts the job into requests of 64 KiB
+    monkeypatch.setattr(wire, "MAX_REQUEST_BYTES", 64 << 10)  # the client cuts the job into requests of 64 KiB
     monkeypatch.setattr(segment._lane, "_max_bytes", 64 << 10)  # and the node takes no more per request
     data = np.random.default_rng(3).integers(0, 256, 200 << 10, dtype=np.uint8)
     tag = tag_of("tenant", "large")
@@ -141,14 +142,14 @@ def test_a_tagged_write_of_more_than_one_request_is_tagged_and_read_back_the_usu
 
 def test_a_tag_request_alone_records_and_read_tag_answers_not_known_in_one_short_reply(segment):
     tag = b"r" * 16
-    assert _raw(segment, sl._HEAD.pack(sl.MAGIC, tcp_path_tags.READ_TAG, 1) + tag) == \
-        sl._REPLY.pack(tcp_path_tags.NOT_KNOWN, 0)
-    answer = _raw(segment, sl._HEAD.pack(sl.MAGIC, tcp_path_tags.TAG, 1) + struct.pack("<QQ", 8192, 100) + tag
-                  + sl._HEAD.pack(sl.MAGIC, tcp_path_tags.READ_TAG, 1) + tag)
-    status, length = sl._REPLY.unpack_from(answer)
+    assert _raw(segment, wire.HEAD.pack(wire.MAGIC, tcp_path_tags.READ_TAG, 1) + tag) == \
+        wire.REPLY.pack(tcp_path_tags.NOT_KNOWN, 0)
+    answer = _raw(segment, wire.HEAD.pack(wire.MAGIC, tcp_path_tags.TAG, 1) + struct.pack("<QQ", 8192, 100) + tag
+                  + wire.HEAD.pack(wire.MAGIC, tcp_path_tags.READ_TAG, 1) + tag)
+    status, length = wire.REPLY.unpack_from(answer)
     assert (status, length) == (tcp_path_tags.KNOWN, 100)
-    assert tcp_path_tags.OFFSET.unpack_from(answer, sl._REPLY.size) == (8192,)
-    assert len(answer) == sl._REPLY.size + 8 + 100
+    assert tcp_path_tags.OFFSET.unpack_from(answer, wire.REPLY.size) == (8192,)
+    assert len(answer) == wire.REPLY.size + 8 + 100
 
 
 def test_several_segments_are_asked_at_once_and_the_one_that_knows_is_read(info):

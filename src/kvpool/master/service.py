@@ -41,7 +41,7 @@ from kvpool.master.limits import RateLimiter
 from kvpool.master.core import MasterCore
 from kvpool.master.gc_pauses import CollectorPauses
 from kvpool.master.metrics import serve_metrics
-from kvpool.rpc.tcp_channel import ONE_WAY_BYTES
+from kvpool.rpc.frames import ONE_WAY_BYTES
 from kvpool.rpc.tcp_server import REPLY_HEAD_BYTES, LaneServer
 
 log = logging.getLogger("kvpool.master")

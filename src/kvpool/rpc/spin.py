@@ -1,11 +1,11 @@
-"""When a lane call spins for its reply and when it blocks at once (pure logic, no I/O).
+"""When a call on a TCP socket spins for its reply and when it blocks at once (pure logic, no I/O).
 
 Spinning (non-blocking receives, the CPU yielded between them) saves a blocked caller the
-hypervisor's wake-up, ~30 us each way on a VM, when the reply comes within the spin. When replies
-come later than that (a master busy with other clients, more runnable processes than CPUs),
-every spin is lost: the caller burns up to `spin_s` of a CPU the master and the nodes need, and
-the tail grows (the 4-client agent loop's P99: 12.8 ms spinning always, 10.0 ms never, per round 0.81x;
-fixes.md 28). So the policy spins only while most recent replies came within the spin:
+hypervisor's wake-up when the reply comes within the spin. When replies come later than that (a
+master busy with other clients, more runnable processes than CPUs), every spin is lost: the caller
+burns up to `spin_s` of a CPU the master and the nodes need, and the tail grows
+(docs/design/data-plane.md). So the policy spins only while most recent replies came within the
+spin:
 
 - every call's wait for its reply (from the end of the send to the first bytes back, spinning or
   blocked) is a sample: 1 if it was within `spin_s`, else 0;
@@ -13,6 +13,8 @@ fixes.md 28). So the policy spins only while most recent replies came within the
   among quick ones changes nothing, a run of late ones stops the spin within a few calls);
 - a call spins while `rate` >= 1/2. A blocked call's wait includes its wake-up, so while not
   spinning the rate is, if anything, low: it comes back once blocked replies come within the spin.
+
+Used by the TCP channel to the master (tcp_channel.py) and the data plane's TCP path.
 """
 
 from __future__ import annotations

@@ -1,56 +1,42 @@
-"""The lane: a plain TCP (or, on the master's host, Unix) request/reply channel to the master,
-beside its ZMQ socket (issue 14).
+"""The TCP channel: a plain TCP (or, on the master's host, Unix) request/reply channel to the
+master, beside its ZMQ socket ("the lane").
 
-Why: a ZMQ message crosses two threads on each side (the caller's and libzmq's I/O thread), so
-one round trip is six thread wake-ups instead of two. On the 2-core VM this was measured on, a
-Python ZMQ echo took ~125 us P50 across hosts and a plain TCP echo ~26 us; the lane is that
-plain socket, with the caller's own thread doing the I/O on both sides.
-
-Wire format (little endian), one frame per request and per reply, in order on one connection:
-    request: u32 payload length | u64 request id | msgpack Request
-    reply:   u32 payload length | u64 request id | u64 master epoch | msgpack Reply
-Same request ids and epochs as the ZMQ channel (zmq_channel.py), so the same rules hold: a reply whose
-id is not the call's is a late one and is dropped; a new epoch empties the caller's caches first.
-Request id 0 (which the channel's ids never take) is one-way: the master answers nothing to it, not
-even an error. `send` (lease releases, quarantine ends: fire-and-forget) uses it, so the master
-spends no send and the client no receive on a reply nobody reads (benchmarks/results/peers/
-fixes.md: no change a single client feels; it takes one reply per read off the master's loop).
+Why: a ZMQ message crosses two threads on each side (the caller's and libzmq's I/O thread); this
+channel is a plain socket, the caller's own thread doing the I/O on both sides, with the ZMQ
+channel's request ids and epochs (frames.py). Measurements: docs/design/data-plane.md.
 
 Rules:
-- Served only without authentication: the lane has no CURVE, so a master with an auth dir offers
-  port 0 and every client stays on ZMQ. Found through the ZMQ channel (LaneQuery -> LaneOffer), so
-  a master without a lane (older, or authenticated) costs one round trip once, then nothing.
-- Master side: `LaneServer` (tcp_server.py), with this module's wire format. It listens on TCP
-  and on an abstract Unix socket with a random name, both offered in LaneOffer; a client tries
-  the Unix socket first (it exists only in the master's network namespace, so only a client on
-  its host reaches it) and TCP otherwise ($KVPOOL_LANE_UNIX=0: TCP always). Same frames; on one
-  host a Unix socket round trip costs less than loopback TCP (no TCP stack: 4 clients' echo P50
-  45-79 vs 92-102 us here; peers/fixes.md 33).
+- Served only without authentication: the channel has no CURVE, so a master with an auth dir
+  offers port 0 and every client stays on ZMQ. Found through the ZMQ channel (LaneQuery ->
+  LaneOffer), so a master without one (or authenticated) costs one round trip once, then nothing.
+- Master side: `LaneServer` (tcp_server.py). It listens on TCP and on an abstract Unix socket with
+  a random name, both offered in LaneOffer; a client tries the Unix socket first (it exists only in
+  the master's network namespace, so only a client on its host reaches it) and TCP otherwise
+  (TcpChannelConfig.unix_socket off: TCP always). Same frames; a Unix socket round trip costs less
+  than loopback TCP.
+- `send` (lease releases, quarantine ends: fire-and-forget) sends a one-way frame (request id 0):
+  the master spends no send and the client no receive on a reply nobody reads.
 - Lazy one-way frames (`send(request, lazy=True)`: lease releases) are written with the socket
-  corked (TCP_CORK; a Unix socket has no cork: sent at once, a few us there) and go out with
-  the next frame, or after the kernel's 200 ms cork limit: a
-  release no longer costs its caller a transmit of its own. The master sees it no later than the
-  caller's next request on this channel, in order, so "release, then ask" still holds.
-- Client side (`LaneChannel`): wraps a MasterChannel and has its interface. A lane that breaks
-  (reset, EOF: the master went away or restarted) is closed and the call is made again over ZMQ,
-  which reconnects and fails over as before; a lane call that times out raises UnavailableError
-  like a ZMQ one. After a failure the lane is looked for again at most every `_REDISCOVER_S`.
-  (A live master closes a lane only for an oversized frame or a peer that does not read its
+  corked (TCP_CORK; a Unix socket has no cork: sent at once) and go out with the next frame, or
+  after the kernel's 200 ms cork limit: a release costs its caller no transmit of its own. The
+  master sees it no later than the caller's next request on this channel, in order, so "release,
+  then ask" still holds.
+- Client side (`LaneChannel`): wraps a MasterChannel and has its interface. A connection that
+  breaks (reset, EOF: the master went away or restarted) is closed and the call is made again over
+  ZMQ, which reconnects and fails over as before; a call that times out raises UnavailableError
+  like a ZMQ one. After a failure the channel is looked for again at most every `_REDISCOVER_S`.
+  (A live master closes a connection only for an oversized frame or a peer that does not read its
   replies; a request it had taken before that is then made twice, as a ZMQ retry would.)
 - `begin` sends a call and returns at once, `finish` takes its reply (client/landing.py: a PutEnd
   that travels while the put's bytes are written). Replies on one connection come in order, so a
   call of another thread that reads a begun call's reply first keeps it for `finish` (`_parked`);
-  a lane that closes in between fails the `finish` (UnavailableError: its outcome is unknown).
-  Without a lane `begin` returns None and the caller makes its call the usual way.
+  a connection that closes in between fails the `finish` (UnavailableError: its outcome is
+  unknown). Without the channel `begin` returns None and the caller makes its call the usual way.
 - A call waits for its reply spinning first: non-blocking receives for up to `spin_s`
-  ($KVPOOL_LANE_SPIN_US, default 100 us; 0: never), the CPU yielded between them
-  (sched_yield: a thread or process beside it on that CPU runs), then a blocking receive. A
-  blocked caller's CPU goes idle, and a reply arriving at an idle vCPU wakes it through the
-  hypervisor: ~30 us each way on the 2-core VM (benchmarks/results/peers/echo_placement.md).
-  Pinned like two machines, a lookup took 86-91 us blocking and 33 us spinning; the 4-client agent
-  loop's throughput held (651 vs 659 loops/s) with the yield and fell 10 % without it (fixes.md 27).
-  A call spins only while recent replies came within the spin (spin.py): where they come later (a
-  busy master, more runnable processes than CPUs) each spin is lost CPU and the tail grows.
+  (TcpChannelConfig), the CPU yielded between them (sched_yield: a thread or process beside it on
+  that CPU runs), then a blocking receive: a reply arriving at an idle vCPU wakes it through the
+  hypervisor. A call spins only while recent replies came within the spin (spin.py): where they
+  come later (a busy master, more runnable processes than CPUs) each spin is lost CPU.
 """
 
 from __future__ import annotations
@@ -58,7 +44,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import struct
 import threading
 import time
 
@@ -68,20 +53,15 @@ from kvpool.core import protocol
 from kvpool.core.errors import ProtocolError, UnavailableError, error_from_reply
 from kvpool.rpc.zmq_channel import BegunCall, MasterChannel, host_of
 from kvpool.rpc.config import TcpChannelConfig
+from kvpool.rpc.frames import DIRECT_BODY_BYTES, ONE_WAY_ID, RECV_CHUNK, REPLY_HEAD, REQUEST_HEAD
 from kvpool.rpc.spin import SpinPolicy
 from kvpool.rpc.timeouts import KernelTimeouts
 
 log = logging.getLogger(__name__)
 
-_REQUEST_HEAD = struct.Struct("<IQ")
-_REPLY_HEAD = struct.Struct("<IQQ")
 _REDISCOVER_S = 5.0
-ONE_WAY_ID = 0  # a request with this id gets no reply (ids of calls start at 1)
-ONE_WAY_BYTES = ONE_WAY_ID.to_bytes(8, "little")  # the same id as it travels in a frame
-_RECV_CHUNK = 1 << 16
 _TCP_CORK = getattr(socket, "TCP_CORK", None)  # Linux; elsewhere lazy frames go out at once
 _AF_UNIX = getattr(socket, "AF_UNIX", None)
-_DIRECT_BODY_BYTES = 16 << 10  # a reply this large is received into its own buffer (LaneChannel._read_body)
 
 
 def _connect_unix(name: str, timeout_s: float) -> socket.socket | None:
@@ -227,7 +207,7 @@ class LaneChannel:
                     if lazy and _TCP_CORK is not None and not self._corked and self._sock.family != _AF_UNIX:
                         self._sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, 1)
                         self._corked = True
-                    self._timeouts.send_all(_REQUEST_HEAD.pack(len(payload), ONE_WAY_ID) + payload,
+                    self._timeouts.send_all(REQUEST_HEAD.pack(len(payload), ONE_WAY_ID) + payload,
                                             time.monotonic() + self.channel.timeout_s)
                     if not lazy:
                         self._uncork()
@@ -298,9 +278,9 @@ class LaneChannel:
         return self._decoded(body)
 
     def _send_call(self, request: protocol.Request, request_id: int, deadline_s: float) -> None:
-        frame = bytearray(_REQUEST_HEAD.size)  # the payload is encoded behind the head: no copy to join them
-        protocol.request_encoder.encode_into(request, frame, _REQUEST_HEAD.size)
-        _REQUEST_HEAD.pack_into(frame, 0, len(frame) - _REQUEST_HEAD.size, request_id)
+        frame = bytearray(REQUEST_HEAD.size)  # the payload is encoded behind the head: no copy to join them
+        protocol.request_encoder.encode_into(request, frame, REQUEST_HEAD.size)
+        REQUEST_HEAD.pack_into(frame, 0, len(frame) - REQUEST_HEAD.size, request_id)
         try:
             self._timeouts.send_all(frame, deadline_s)
             self._uncork()
@@ -338,14 +318,14 @@ class LaneChannel:
         first = True
         waiting_since = None  # perf_counter() when the first receive began (the spin policy's sample)
         while True:
-            if len(inbox) >= _REPLY_HEAD.size:
-                length, reply_id, epoch = _REPLY_HEAD.unpack_from(inbox)
-                end = _REPLY_HEAD.size + length
+            if len(inbox) >= REPLY_HEAD.size:
+                length, reply_id, epoch = REPLY_HEAD.unpack_from(inbox)
+                end = REPLY_HEAD.size + length
                 if len(inbox) >= end:
-                    body = bytes(inbox[_REPLY_HEAD.size : end])
+                    body = bytes(inbox[REPLY_HEAD.size : end])
                     del inbox[:end]
                     return reply_id, epoch, body
-                if length >= _DIRECT_BODY_BYTES:  # a large reply (a value): the rest straight into its body
+                if length >= DIRECT_BODY_BYTES:  # a large reply (a value): the rest straight into its body
                     return reply_id, epoch, self._read_body(sock, length, deadline_s, request)
             try:
                 data = None
@@ -357,7 +337,7 @@ class LaneChannel:
                     self._arm_until(deadline_s, request)
                 first = False
                 if data is None:
-                    data = sock.recv(_RECV_CHUNK)  # a reply under way here is < _DIRECT_BODY_BYTES: it fits
+                    data = sock.recv(RECV_CHUNK)  # a reply under way here is < DIRECT_BODY_BYTES: it fits
             except (TimeoutError, BlockingIOError, InterruptedError):
                 continue
             except OSError as e:
@@ -367,11 +347,11 @@ class LaneChannel:
             if waiting_since is not None and sample:
                 self.spin.record(time.perf_counter() - waiting_since)
                 waiting_since = None
-            if not inbox and len(data) >= _REPLY_HEAD.size:  # the usual case: one whole reply, no copies
-                length, reply_id, epoch = _REPLY_HEAD.unpack_from(data)
-                if len(data) == _REPLY_HEAD.size + length:
-                    return reply_id, epoch, memoryview(data)[_REPLY_HEAD.size :]
-                if len(data) < _REPLY_HEAD.size + length and length >= _DIRECT_BODY_BYTES:
+            if not inbox and len(data) >= REPLY_HEAD.size:  # the usual case: one whole reply, no copies
+                length, reply_id, epoch = REPLY_HEAD.unpack_from(data)
+                if len(data) == REPLY_HEAD.size + length:
+                    return reply_id, epoch, memoryview(data)[REPLY_HEAD.size :]
+                if len(data) < REPLY_HEAD.size + length and length >= DIRECT_BODY_BYTES:
                     # the first part of a large reply: into its body at once, not through the inbox
                     # (appending 64 KiB to an empty bytearray cost ~45 us here: it grows, and faults)
                     return reply_id, epoch, self._read_body(sock, length, deadline_s, request, data)
@@ -382,7 +362,7 @@ class LaneChannel:
         end = time.perf_counter() + self.spin_s
         while True:
             try:
-                return sock.recv(_RECV_CHUNK, socket.MSG_DONTWAIT)
+                return sock.recv(RECV_CHUNK, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 if time.perf_counter() >= end:
                     return None
@@ -405,12 +385,12 @@ class LaneChannel:
         body = bytearray(length)
         if first is None:
             inbox = self._inbox
-            have = len(inbox) - _REPLY_HEAD.size
-            body[:have] = memoryview(inbox)[_REPLY_HEAD.size :]
+            have = len(inbox) - REPLY_HEAD.size
+            body[:have] = memoryview(inbox)[REPLY_HEAD.size :]
             inbox.clear()
         else:
-            have = len(first) - _REPLY_HEAD.size
-            body[:have] = memoryview(first)[_REPLY_HEAD.size :]
+            have = len(first) - REPLY_HEAD.size
+            body[:have] = memoryview(first)[REPLY_HEAD.size :]
         view = memoryview(body)
         while have < length:
             self._arm_until(deadline_s, request)

@@ -1,6 +1,6 @@
-"""The lane's master side: its listener and connections, polled by the master's own loop (issue 14).
+"""The TCP channel's master side: its listener and connections, polled by the master's own loop.
 
-Rules (the wire format and the client side: tcp_channel.py):
+Rules (the frames: frames.py; the client side: tcp_channel.py):
 - Non-blocking sockets polled by the master's loop (zmq.Poller takes plain fds); a frame
   announcing more than `max_frame_bytes` closes that connection (as ZMQ's MAXMSGSIZE does), and so
   does a peer whose unsent replies pass `max_pending_bytes`.
@@ -21,7 +21,7 @@ import sys
 
 import zmq
 
-from kvpool.rpc.tcp_channel import _DIRECT_BODY_BYTES, _RECV_CHUNK, _REPLY_HEAD, _REQUEST_HEAD, ONE_WAY_BYTES
+from kvpool.rpc.frames import DIRECT_BODY_BYTES, ONE_WAY_BYTES, RECV_CHUNK, REPLY_HEAD, REPLY_HEAD_BYTES, REQUEST_HEAD
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,6 @@ _IN_PLACE_MAX_BYTES = 1 << 20
 # plain ints: every test of a zmq.PollEvent flag runs Python code (~1 us, several per request)
 _POLLIN, _POLLOUT, _POLLERR = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLERR)
 
-
-REPLY_HEAD_BYTES = _REPLY_HEAD.size  # room a reply frame leaves for its head (LaneServer.reply_frame)
 
 
 class _Connection:
@@ -106,7 +104,7 @@ class LaneServer:
         if conn.body is not None:
             return self._fill_body(conn)
         try:
-            data = conn.sock.recv(_RECV_CHUNK)
+            data = conn.sock.recv(RECV_CHUNK)
         except (BlockingIOError, InterruptedError):
             return []
         except OSError:
@@ -115,33 +113,33 @@ class LaneServer:
             self._drop(conn)
             return []
         inbox = conn.inbox
-        if not inbox and len(data) >= _REQUEST_HEAD.size:  # the usual case: one whole request, no copies
-            length = _REQUEST_HEAD.unpack_from(data)[0]
-            if len(data) == _REQUEST_HEAD.size + length and length <= self._max_frame:
-                return [(conn.key, data[4:12], memoryview(data)[_REQUEST_HEAD.size :])]
-            if len(data) < _REQUEST_HEAD.size + length and _DIRECT_BODY_BYTES <= length <= min(
+        if not inbox and len(data) >= REQUEST_HEAD.size:  # the usual case: one whole request, no copies
+            length = REQUEST_HEAD.unpack_from(data)[0]
+            if len(data) == REQUEST_HEAD.size + length and length <= self._max_frame:
+                return [(conn.key, data[4:12], memoryview(data)[REQUEST_HEAD.size :])]
+            if len(data) < REQUEST_HEAD.size + length and DIRECT_BODY_BYTES <= length <= min(
                     self._max_frame, _IN_PLACE_MAX_BYTES):
                 # the first part of a large request (a value): into its own body, received on in
                 # place; through the inbox it was copied three times (append, slice, bytes)
                 conn.body = bytearray(length)
-                conn.body_have = len(data) - _REQUEST_HEAD.size
-                conn.body[: conn.body_have] = memoryview(data)[_REQUEST_HEAD.size :]
+                conn.body_have = len(data) - REQUEST_HEAD.size
+                conn.body[: conn.body_have] = memoryview(data)[REQUEST_HEAD.size :]
                 conn.body_id = data[4:12]
                 return self._fill_body(conn)
         inbox += data
         self._read_more(conn)  # a large request: what has arrived of it now, not at the next poll
         out = []
         start, end = 0, len(inbox)
-        while end - start >= _REQUEST_HEAD.size:
-            length = _REQUEST_HEAD.unpack_from(inbox, start)[0]
+        while end - start >= REQUEST_HEAD.size:
+            length = REQUEST_HEAD.unpack_from(inbox, start)[0]
             if length > self._max_frame:
                 log.warning("lane peer sent a %d-byte frame (limit %d): connection closed", length, self._max_frame)
                 self._drop(conn)
                 return out
-            frame_end = start + _REQUEST_HEAD.size + length
+            frame_end = start + REQUEST_HEAD.size + length
             if frame_end > end:
                 break
-            out.append((conn.key, bytes(inbox[start + 4 : start + 12]), bytes(inbox[start + _REQUEST_HEAD.size : frame_end])))
+            out.append((conn.key, bytes(inbox[start + 4 : start + 12]), bytes(inbox[start + REQUEST_HEAD.size : frame_end])))
             start = frame_end
         if start:
             del inbox[:start]
@@ -169,13 +167,13 @@ class LaneServer:
         """Read on while the first frame in the inbox is incomplete and its bytes are there, each
         read as large as what is missing (a broken connection is found at the next poll)."""
         inbox, sock = conn.inbox, conn.sock
-        while len(inbox) >= _REQUEST_HEAD.size:
-            length = _REQUEST_HEAD.unpack_from(inbox)[0]
-            missing = _REQUEST_HEAD.size + length - len(inbox)
+        while len(inbox) >= REQUEST_HEAD.size:
+            length = REQUEST_HEAD.unpack_from(inbox)[0]
+            missing = REQUEST_HEAD.size + length - len(inbox)
             if missing <= 0 or length > self._max_frame:
                 return
             try:
-                data = sock.recv(max(missing, _RECV_CHUNK))
+                data = sock.recv(max(missing, RECV_CHUNK))
             except OSError:  # nothing more yet (or broken: found at the next poll)
                 return
             if not data:
@@ -190,7 +188,7 @@ class LaneServer:
         conn = self._by_key.get(key)
         if conn is None:
             return  # the peer went away while we worked on its request
-        _REPLY_HEAD.pack_into(frame, 0, len(frame) - REPLY_HEAD_BYTES, int.from_bytes(request_id, "little"), epoch)
+        REPLY_HEAD.pack_into(frame, 0, len(frame) - REPLY_HEAD_BYTES, int.from_bytes(request_id, "little"), epoch)
         if conn.outbox:
             conn.outbox += frame
         else:

@@ -1,12 +1,13 @@
 """Timeouts a blocking socket's sends and receives get from the kernel (SO_SNDTIMEO / SO_RCVTIMEO).
 
 Why: `socket.settimeout` makes CPython poll() before every send and receive, and setting it costs
-two fcntl() calls; on the lanes that is two to four extra system calls per round trip (a quarter
-of the Python client's share of a 55 us lookup across hosts) and one poll() per receive of a bulk
-read (hundreds per 64 MiB). The kernel's timeouts cost nothing per call. A send or receive that
-waits past them raises BlockingIOError (EAGAIN), which callers treat as their timeout. They bound
-each send and receive, not a whole message (as settimeout bounds `sendall`): a peer taking a few
-bytes at a time would keep a sender going, so loops call `before(deadline)` between calls.
+two fcntl() calls; the kernel's timeouts cost nothing per call (docs/design/data-plane.md).
+Rules:
+- A send or receive that waits past them raises BlockingIOError (EAGAIN), which callers treat as
+  their timeout.
+- They bound each send and receive, not a whole message (as settimeout bounds `sendall`): a peer
+  taking a few bytes at a time would keep a sender going, so loops call `before(deadline)`
+  between calls.
 """
 
 from __future__ import annotations

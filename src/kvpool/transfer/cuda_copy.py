@@ -11,9 +11,8 @@ Rules:
 - Only this module talks to the CUDA runtime, through ctypes on the libcudart the process already
   loaded (torch's), so nothing is compiled and no CUDA Python package is needed. Without CUDA,
   `available()` is False and any copy is a TransferError that says so.
-- Measured alternatives (benchmarks/gpu_check.py): per-region cudaMemcpyAsync, a gather kernel
-  over the mapped host memory, NIXL on the same host. Untested on a GPU as of this writing: see
-  the issue note.
+- The alternatives benchmarks/gpu_check.py measures against this: per-region cudaMemcpyAsync, a
+  gather kernel over the mapped host memory, NIXL on the same host (docs/design/data-plane.md).
 """
 
 from __future__ import annotations

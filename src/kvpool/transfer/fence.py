@@ -1,7 +1,7 @@
 """A transfer that missed its deadline and may still move bytes: the handle that fences it.
 
-Measured with NIXL 1.5.1 / UCX (tests/integration/test_fencing.py; the notes in nixlio.py): nothing
-in NIXL cancels a one-sided transfer in flight. Releasing its handle only frees the handle, and
+Nothing in NIXL cancels a one-sided transfer in flight (measured with NIXL 1.5.1 / UCX; see
+nixlio.py and docs/design/data-plane.md). Releasing its handle only frees the handle, and
 the bytes still land when a stopped peer resumes, into the remote range (WRITE) or into our
 memory (READ); a WRITE may even read our source buffer after the release. Only the request's own
 end (done, or an error such as the peer's death) says no byte can move any more.

@@ -22,7 +22,7 @@ Rules:
   KiB take it (smaller ones gain less than numpy's per-call cost; larger ones glibc copies with
   vector moves). Regions are reached through one uint8 view of the address space (no mapping
   is made; addresses outside it use memmove). A machine where `rep movsb` has no such case
-  loses ~5 % on these regions (measured here on aligned pairs pushed through numpy).
+  loses ~5 % on these regions (aligned pairs pushed through numpy).
 - `copy_objects` copies the regions of consecutive objects and calls `after(n)` as soon as object
   n's regions are in place, while they are still in the CPU's caches: a reader that checksums what
   it read does it there, not from memory after the whole job (64 MiB in 64 KiB regions: copy then

@@ -2,38 +2,38 @@
 
 Rules:
 - The path is chosen per segment and cached: `auto` maps a same-host segment's memfd and copies
-  with memmove (~13 GB/s here), and uses NIXL UCX one-sided READ/WRITE otherwise (3-5 GB/s here
-  across processes). `shm` / `nixl` force one path, for benchmarks and tests.
-- NIXL requests are progressed by the thread that waits for them, without NIXL's progress thread
-  (measured across hosts over UCX TCP: ~20 % less client CPU, 1 MiB gets ~1.2x; nixlio.py).
-- A cross-host job of at most `lane_max_bytes` goes over the segment's lane when its node serves
-  one (tcp_path.py: one TCP round trip; UCX's TCP transport emulates one-sided ops in several;
-  without RDMA every read, every write of `lane_split_bytes` or more (split in two, below), writes
-  up to 4 MiB and scatter-gather writes of regions of 256 KiB or less at any size:
-  benchmarks/results/peers/segment_lane_sweep.md, fixes.md 25), unless another thread is using
-  that lane right then (it goes to NIXL instead of waiting). GPU jobs never do. `lane` forces the
-  lane for every job (tests).
-- A lane WRITE of `lane_split_bytes` (2 MiB) or more, a READ of `lane_read_split_bytes` (2 MiB)
-  or more, runs as two halves on two connections at once when a second one is free
-  (tcp_path_halves.py); the call returns only when both have ended.
-- The NIXL agent starts lazily on the first segment that needs it (0.4 s), so a client that only
-  talks to same-host segments never pays for it; memory registered before is registered then.
-- Every region is checked before any byte moves: local regions must lie inside registered memory,
-  remote ones inside the segment. Except in a call made with `unregistered=True`: its local
-  regions are host memory the caller owns but did not register (a plain value's bytes), which
-  shared memory and the lane carry as they carry any (the lane waits for a free connection then)
-  and NIXL does not: `carries_unregistered` says beforehand whether a segment's job would go
+  through the mapping, and uses NIXL one-sided READ/WRITE otherwise. `shm` / `nixl` / `lane`
+  force one path, for benchmarks and tests. Which job takes which path, and why:
+  docs/design/data-plane.md.
+- NIXL requests are progressed by the thread that waits for them, without NIXL's progress thread.
+- A cross-host host-memory job goes over the node's TCP path (tcp_path.py) when the node serves
+  one and `_lane_wanted` says so (its size against `lane_max_bytes`, its regions against
+  `lane_region_bytes`, and without RDMA every READ and every split WRITE), unless all of that
+  path's connections are in use right then: it goes to NIXL instead of waiting. GPU jobs never do.
+- A TCP-path WRITE of `lane_split_bytes` or more, a READ of `lane_read_split_bytes` or more, runs
+  as two halves on two connections at once when a second one is free (tcp_path_halves.py); the
+  call returns only when both have ended.
+- The NIXL agent starts lazily on the first job that needs it, so a client that only talks to
+  same-host segments, or over the TCP path, never pays for it; memory registered before is
+  registered with the agent then.
+- Every region is checked before any byte moves (local_memory.py). A call made with
+  `unregistered=True` moves host memory the caller owns but did not register (a plain value's
+  bytes), which shared memory and the TCP path carry (the TCP path waits for a free connection
+  then) and NIXL does not: `carries_unregistered` says beforehand whether a segment's job would go
   where such memory can; one that could not fails with a TransferError, nothing moved.
 - `before_landing(addr, size)`, when given, is called for each local region of a READ before its
-  bytes land: on the lane once its request is sent, before they are received (a caller reading
-  into fresh memory faults its pages in while the node sends: client/fresh_memory.py), by shared
-  memory before the copy; NIXL jobs never call it. A bad list is the caller's bug (UsageError, nothing moved); a
-  failed transfer is a TransferError, per job in `transfer_many`, never a hang (deadline).
+  bytes land: on the TCP path once its request is sent, before they are received (a caller
+  reading into fresh memory faults its pages in while the node sends: client/fresh_memory.py), by
+  shared memory before the copy; NIXL jobs never call it. A bad list is the caller's bug
+  (UsageError, nothing moved); a failed transfer is a TransferError, per job in `transfer_many`,
+  never a hang (deadline).
 - Thread-safe: routes are created under a lock, transfers run concurrently.
 - GPU memory: `register(addr, size, device=N)` registers CUDA device N's memory (NIXL VRAM). A
   job's local regions all lie in one kind of memory (host, or one GPU). To a same-host segment a
   GPU job copies with the copy engines (cuda_copy.py, the mapping page-locked once per route);
-  across hosts NIXL/UCX moves it (GPUDirect RDMA where the NIC allows, UCX's CUDA transports else).
+  across hosts NIXL/UCX moves it.
+- Settings come from a DataPlaneConfig (config.py), read from the environment once, when the
+  plane is made, if the caller passes none.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Route:
     agent_name: str
     mapping: PeerMapping | None = None  # the shm path
     peer: str | None = None  # the nixl path: remote agent name, once a NIXL job needed it (DataPlane._peer)
-    lane: TcpPath | None = None  # the segment lane, for small jobs (or all, with path "lane")
+    lane: TcpPath | None = None  # the TCP path, for small jobs (or all, with path "lane")
     metadata: bytes | None = None  # the remote agent's NIXL metadata: the route has a nixl path
 
     @property
@@ -136,7 +136,7 @@ class DataPlane:
 
     def path_for(self, segment: SegmentInfo) -> str:
         """'shm', 'nixl' or 'lane': the path transfers to this segment take (creates the route);
-        'nixl' routes send their small jobs over the segment lane where the node serves one."""
+        'nixl' routes send their small jobs over the TCP path where the node serves one."""
         return _path_of(self._route(segment))
 
     def paths(self) -> dict[int, str]:
@@ -177,11 +177,10 @@ class DataPlane:
             if segment.lane_address and self.path != "nixl" else None
         if self.path == "lane":
             if lane is None:
-                raise TransferError(f"segment {segment.segment_id} of node {segment.node_id} serves no segment lane")
+                raise TransferError(f"segment {segment.segment_id} of node {segment.node_id} serves no TCP path")
             return Route(segment.agent_name, lane=lane)
         # the NIXL agent and its peer are made by the first job that needs them (_peer): without
-        # RDMA the lane carries every host-memory job, and loading NIXL cost a new client's first
-        # transfer ~0.5 s (fixes.md 40)
+        # RDMA the TCP path carries every host-memory job, and loading NIXL takes ~0.5 s
         return Route(segment.agent_name, lane=lane, metadata=segment.agent_metadata)
 
     def _peer(self, route: Route) -> str:
@@ -264,7 +263,7 @@ class DataPlane:
         way (NIXL requests posted, or a lane request's bytes handed to the kernel), before waiting
         for them to land; never for shared-memory copies, nor if nothing was sent.
         `tags[i]`, None or a 16-byte tag: WRITE job i is one value in one region, and if it goes
-        over the segment lane the node records the tag for it (tcp_path_tags.py, `read_tagged`)."""
+        over the TCP path the node records the tag for it (tcp_path_tags.py, `read_tagged`)."""
         if op not in OPS:
             raise UsageError(f"op must be READ or WRITE, got {op!r}")
         if op == "WRITE" and self.read_only:
@@ -287,7 +286,7 @@ class DataPlane:
                     continue
                 lane = job.route.lane
                 if not job.route.nixl and job.route.mapping is None and job.device is not None:
-                    errors[i] = TransferError("the segment lane moves host memory only: GPU memory needs the nixl path")
+                    errors[i] = TransferError("the TCP path moves host memory only: GPU memory needs the nixl path")
                 elif lane is not None and id(lane) in held:
                     if not job.route.nixl or unregistered:  # after the other job, on its connection
                         on_lane[i] = held[id(lane)][1]
@@ -298,7 +297,7 @@ class DataPlane:
                         on_lane[i] = conn
                 if unregistered and on_lane[i] is None and job.route.mapping is None and errors[i] is None:
                     errors[i] = TransferError(f"segment {job.segment.segment_id}: a job from unregistered memory "
-                                              "goes by shared memory or the segment lane only, not NIXL")
+                                              "goes by shared memory or the TCP path only, not NIXL")
             return self._run_jobs(op, checked, errors, on_lane, deadline, after_objects, before_landing,
                                   _once(sent) if sent is not None and op == "WRITE" else None,
                                   tags if op == "WRITE" else None)
@@ -365,13 +364,13 @@ class DataPlane:
         return found
 
     def _tag_lane(self, segment: SegmentInfo) -> TcpPath | None:
-        """The segment lane a tag read asks (None: shared memory or no lane); TransferError if
+        """The TCP path a tag read asks (None: shared memory or no lane); TransferError if
         no route can be made."""
         route = self._route(segment)
         return route.lane if route.mapping is None else None
 
     def _takes_lane(self, op: str, job: CheckedJob) -> bool:
-        """Whether the job should go over its segment's lane (path "lane": every job; auto: a host-
+        """Whether the job should go over its segment's TCP path (path "lane": every job; auto: a host-
         memory job of at most lane_max_bytes, or whose regions average at most lane_region_bytes,
         or without RDMA any READ, and any WRITE that is split in two; if a connection is free when
         it is asked for)."""
@@ -388,7 +387,7 @@ class DataPlane:
         if self.lane_region_bytes and op == "READ":
             return True  # no RDMA: one TCP stream into the caller's memory beat UCX's reads at every size
         if self.lane_region_bytes and self.lane_split_bytes and total >= self.lane_split_bytes:
-            return True  # no RDMA: two TCP streams beat UCX's writes (one did not from 4 MiB; fixes.md 25)
+            return True  # no RDMA: two TCP streams beat UCX's writes (one did not from 4 MiB)
         return total <= self.lane_max_bytes or total <= self.lane_region_bytes * len(sizes)
 
     def _post(self, op: str, job: CheckedJob):

@@ -4,7 +4,7 @@ Rules:
 - One SegmentMemory is one memfd mapping (see shm.py) registered with its own NIXL agent, so
   other hosts reach it with one-sided UCX READ/WRITE and same-host clients map it directly.
 - The node never touches object bytes: clients write and read; the master decides offsets. With
-  `lane_host` it also serves small transfers over its segment lane (tcp_path.py: one TCP round
+  `lane_host` it also serves small transfers over its TCP path (tcp_path.py: one TCP round
   trip instead of UCX's emulated one-sided ops); the caller offers it only without authentication.
 - Agent names are unique per segment (node id, pid, random suffix): a restarted node must never
   be mistaken for its previous life by a client that cached the old agent.
@@ -49,7 +49,7 @@ class SegmentMemory:
 
     @property
     def lane_tags(self):
-        """The lane's TagIndex (tcp_path_tags.py), or None without a lane."""
+        """The TCP path's TagIndex (tcp_path_tags.py), or None without one."""
         return self._lane.tags if self._lane is not None else None
 
     def mount_request(self, node_id: str, recovering: bool = False) -> MountSegment:

@@ -6,16 +6,16 @@ Rules:
   to clean up. Clients open it as /proc/<node pid>/fd/<fd> (same user, same PID namespace).
   Rejected: /dev/shm files (leak after SIGKILL), SCM_RIGHTS fd passing (needs a socket per node).
 - The node asks for transparent huge pages (MADV_HUGEPAGE: used where the kernel allows them for
-  shmem, /sys/kernel/mm/transparent_hugepage/shmem_enabled; `never` on the machine measured) and
-  populates the whole segment from a background thread, 64 MiB per call (MADV_POPULATE_WRITE
-  through ctypes, which releases the GIL): its RAM is taken seconds after start, not on the first
-  put, yet the node mounts at once (a 16 GiB segment took ~30 s to populate here). A write that
-  reaches a page before the thread does just faults it in. close() stops the thread first.
+  shmem, /sys/kernel/mm/transparent_hugepage/shmem_enabled) and populates the whole segment from
+  a background thread, 64 MiB per call (MADV_POPULATE_WRITE through ctypes, which releases the
+  GIL): its RAM is taken seconds after start, not on the first put, yet the node mounts at once.
+  A write that reaches a page before the thread does just faults it in. close() stops the thread
+  first.
 - A client maps once and keeps the mapping, but populates its page tables per 2 MiB chunk on the
   first copy that touches the chunk (MADV_POPULATE_READ: one call instead of a fault per 4 KiB
   page; read-populated shared pages are mapped writable, so writes do not fault again). Mapping a
-  16 GiB segment whole (MAP_POPULATE) cost every client 1.7 s and 32 MiB of page tables before its
-  first byte (benchmarks/results/peers/segment_first_access.md).
+  large segment whole (MAP_POPULATE) costs every client seconds and page tables before its first
+  byte (docs/design/data-plane.md).
 - A client's mapping outlives a killed node, but the master will drop that node's objects, so a
   mapping watches its node through a pidfd and a copy that ends after the node died is reported
   failed. The memfd name carries the segment's token (its NIXL agent name), checked on open, so a

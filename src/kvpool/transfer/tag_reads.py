@@ -1,7 +1,7 @@
 """Reading a value by its tag from the nodes that may hold it (tcp_path_tags.py): the data plane's side.
 
 Rules:
-- Every given segment whose route has a segment lane (not shared memory) and a connection free
+- Every given segment whose route has a TCP path (not shared memory) and a connection free
   right now is asked at once (READ_TAG sent on each), then the answers are taken in order: the
   first node that knows the tag is read into `make(size)`'s output. After that, another answer is
   read only if it is "not known" (9 bytes); one that would send bytes too (a replica) has its

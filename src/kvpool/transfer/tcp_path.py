@@ -1,10 +1,9 @@
-"""The segment lane: small transfers to a node's segment over one plain TCP round trip (issue 14).
+"""The TCP path: transfers to a node's segment over one plain TCP round trip per request.
 
 Why: across hosts without RDMA, NIXL runs on UCX's TCP transport, which emulates a one-sided read
-with active messages: posting a 64 KiB read cost ~400 us and waiting for it ~200 us more here,
-three times a plain TCP round trip (benchmarks/results/peers/fixes.md, section 7). Small jobs go
-over this lane instead: one request, one reply, the caller's own thread doing the I/O, bytes
-received straight into the caller's memory and sent straight from the segment (no staging copy).
+with active messages in several round trips; this path is one request and one reply, the caller's
+own thread doing the I/O, bytes received straight into the caller's memory and sent straight from
+the segment (no staging copy). Which jobs take it, and the measurements: docs/design/data-plane.md.
 
 Wire format (little endian), one request and one reply at a time per connection:
     request: b"KVSL" | u8 op (1 READ, 2 WRITE) | u32 regions | regions x (u64 offset, u64 size)
@@ -12,79 +11,53 @@ Wire format (little endian), one request and one reply at a time per connection:
     reply:   u8 status (0 ok, 1 refused) | u64 length | READ ok: the bytes | refused: a UTF-8 reason
     ops 3 TAG and 4 READ_TAG: where values were last written, by a digest of their name (tcp_path_tags.py)
 Rules:
-- Served by the segment's owner (SegmentMemory with `lane_host`, tcp_path_server.py) only where nothing is
-  authenticated: the lane has no encryption or keys, like the master's lane (tcp_channel.py). It exposes
-  what NIXL's UCX listener exposes (any byte of the segment to whoever reaches the port), no more.
+- Served by the segment's owner (SegmentMemory with `lane_host`, tcp_path_server.py) only where
+  nothing is authenticated: it has no encryption or keys, like the master's TCP channel
+  (rpc/tcp_channel.py). It exposes what NIXL's UCX listener exposes (any byte of the segment to
+  whoever reaches the port), no more.
 - Every region is checked against the segment before a byte moves; a request over the limits (or
   malformed) is refused with its reason and the connection closed (a WRITE's bytes are then never
   read). One thread per connection, at most 256 connections (more are closed on accept: a client
   that opens many cannot exhaust the node's threads); close() shuts every connection and joins its
   thread before the memory goes away, so no thread touches an unmapped segment.
-- Which jobs (DataPlane decides): where NIXL has no RDMA (`rdma_available()` false: UCX runs on
-  TCP) every read, every write of 1 MiB or more (split in two, below), writes of up to 4 MiB and
-  writes in regions of 256 KiB or less; with RDMA jobs of up to 256 KiB, where one round trip is
-  the whole cost; $KVPOOL_SEGMENT_LANE_MAX_BYTES sets the size limit. Measured across harness
-  hosts (benchmarks/results/peers/segment_lane_sweep.md, one job of 1 MiB regions, lane / NIXL on
-  UCX TCP, one connection): READ 1.36-3.10x from 256 KiB to 64 MiB; WRITE 1.39-2.03x up to 4 MiB,
-  0.85x at 16 MiB, 1.01x at 64 MiB; split over two connections, 64 MiB puts in 1 / 16 MiB objects
-  1.2x / 1.5x NIXL's (peers/fixes.md 25).
 - Client side (`TcpPath`): up to 4 connections per segment route, each used by one thread at a
   time (`try_acquire`: with all in use the job goes to NIXL instead of queueing; a job from
-  unregistered memory waits for one instead). A WRITE or a READ of 2 MiB or more
-  ($KVPOOL_SEGMENT_LANE_SPLIT_BYTES sets both; 0: never) runs as two halves on two
-  connections at once when a second is free (tcp_path_halves.py). A failure closes
-  that connection (the next job reconnects) and is a TransferError for that job, never a hang.
-  A WRITE that failed midway carries `in_flight` (fence.py): bytes already in the node's socket
+  unregistered memory waits for one instead). A large job runs as two halves on two connections
+  at once when a second is free (tcp_path_halves.py). A failure closes that connection (the next
+  job reconnects) and is a TransferError for that job, never a hang.
+- A WRITE that failed midway carries `in_flight` (fence.py): bytes already in the node's socket
   still land when its thread reads them (a stopped node: when it resumes), so the handle is done
   only once the node has closed its end of that connection; until then the range is quarantined.
 - A job run whole on the caller's thread (not in halves) spins: its sends and receives are
-  non-blocking (the CPU yielded between tries) until 1 ns per byte plus `spin_s` (200 us;
-  $KVPOOL_SEGMENT_LANE_SPIN_US, read when a DataPlane is made; 0: never) have passed since it
-  began, not counting its connect and callbacks (a read's page faulting, a write's hash), then
-  block. A blocked receive sleeps until the node's bytes arrive and a blocked send until the node
-  has read, and each wake-up of a halted vCPU costs a VM ~30 us, several per MiB; spinning, the
-  bytes are taken as they come. Across harness hosts, fresh readers' 1 MiB plain gets 1.17x
-  faster (in each of 5 processes), 256 KiB 1.08x, puts 1.08-1.10x
-  (benchmarks/results/peers/ab_segment_lane_spin.txt); the node's side spinning too gained
-  nothing (ab_segment_lane_spin_node_side.txt). As the master's lane (spin.py), a lane spins only
-  while most recent jobs ended within their spin: where they do not (more runnable processes
-  than CPUs) every spin would be lost CPU. Halves never spin: two threads spinning for one GIL.
+  non-blocking (the CPU yielded between tries) until 1 ns per byte plus `spin_s` have passed since
+  it began, not counting its connect and callbacks (a read's page faulting, a write's hash), then
+  block: a blocked call pays a vCPU's wake-up, several per MiB. As on the master's TCP channel
+  (rpc/spin.py), it spins only while most recent jobs ended within their spin: where they do not
+  (more runnable processes than CPUs) every spin would be lost CPU. Halves never spin: two threads
+  spinning for one GIL.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 import socket
-import struct
 import threading
 import time
 from collections.abc import Sequence
 
 from kvpool.core.errors import TransferError
+from kvpool.rpc.spin import SpinPolicy
+from kvpool.rpc.timeouts import KernelTimeouts
 from kvpool.transfer import tcp_path_tags
 from kvpool.transfer.config import DEFAULT_TCP_SPIN_US
 from kvpool.transfer.fence import StuckTransfer
-from kvpool.transfer.tcp_path_tags import READ_TAG, TAG, TAG_BYTES
-from kvpool.rpc.spin import SpinPolicy
-from kvpool.rpc.timeouts import KernelTimeouts
+from kvpool.transfer.tcp_path_tags import READ_TAG
+from kvpool.transfer.tcp_path_wire import (
+    HEAD, MAGIC, MAX_REQUEST_BYTES, READ, REGION, REPLY, WRITE, recv_all, requests, send_all, tag_request, view,
+)
 
 
 _SPIN_S_PER_BYTE = 1e-9  # a job's spin also covers its bytes at 1 GB/s
-
-
-MAGIC = b"KVSL"
-READ, WRITE = 1, 2
-_HEAD = struct.Struct("<4sBI")
-_REGION = struct.Struct("<QQ")
-_REPLY = struct.Struct("<BQ")
-MAX_REGIONS = 1 << 16
-MAX_REQUEST_BYTES = 64 << 20
 _OPS = {"READ": READ, "WRITE": WRITE}
-
-
-def _view(addr: int, size: int) -> memoryview:
-    return memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
 
 
 def reachable_address(peer_host: str) -> str:
@@ -99,12 +72,12 @@ def reachable_address(peer_host: str) -> str:
 
 
 class TcpPath:
-    """A client's connections to one segment's lane: up to `max_connections`, each used by one
+    """A client's connections to one segment's TCP path: up to `max_connections`, each used by one
     thread at a time and connected on first use."""
 
     def __init__(self, address: str, max_connections: int = 4, spin_s: float = DEFAULT_TCP_SPIN_US * 1e-6) -> None:
         """`spin_s`: how long beyond 1 ns per byte a whole job spins (0: never; DataPlane passes
-        its config's tcp_spin_s). The policy is shared by the lane's connections:
+        its config's tcp_spin_s). The policy is shared by the route's connections:
         two threads recording at once may lose a sample, which only delays its verdict."""
         self.address = address
         self.spin = SpinPolicy(spin_s)
@@ -154,7 +127,7 @@ class TcpPath:
 
 
 class TcpPathConnection:
-    """One connection to a segment's lane (connected on first use, again after a failure)."""
+    """One connection to a segment's TCP path (connected on first use, again after a failure)."""
 
     def __init__(self, address: str) -> None:
         host, _, port = address.rpartition(":")
@@ -172,24 +145,24 @@ class TcpPathConnection:
         size)`: called for each local region of a READ request once it is sent (plane.py).
         `sent()`: called once a WRITE request's bytes are all handed to the kernel, before its
         reply is awaited (it must not raise: the request is then still unanswered). `spin`: the
-        lane's policy, for a job that may spin (see the module rules). `tag` (tag, offset, size):
+        route's policy, for a job that may spin (see the module rules). `tag` (tag, offset, size):
         a TAG request recording it goes just before the WRITE's first request (tcp_path_tags.py)."""
         began = time.monotonic()
         spin_s = spin.spin_s if spin is not None and spin.spins else None
         aside = 0.0  # seconds of the job spent connecting and in the callbacks, not moving bytes
-        tag_request = _tag_request(*tag) if tag is not None and op == "WRITE" else None
+        tag_frame = tag_request(*tag) if tag is not None and op == "WRITE" else None
         try:
-            for n, (addrs, offsets, lengths) in enumerate(_requests(local_addrs, remote_offsets, sizes)):
+            for n, (addrs, offsets, lengths) in enumerate(requests(local_addrs, remote_offsets, sizes)):
                 aside += self._transfer(_OPS[op], addrs, offsets, lengths, deadline_s, before_landing, sent, spin_s,
-                                        tag_request if n == 0 else None)
+                                        tag_frame if n == 0 else None)
         except TransferError:  # refused, or a wrong answer: the node has stopped reading this request
             self._close()
             raise
         except (TimeoutError, BlockingIOError):  # BlockingIOError: a send or receive waited past its timeout
-            raise TransferError(f"segment lane {self.address}: {op} timed out",
+            raise TransferError(f"TCP path {self.address}: {op} timed out",
                                 in_flight=self._give_up(op)) from None
         except OSError as e:
-            raise TransferError(f"segment lane {self.address}: {op} failed: {e}", in_flight=self._give_up(op)) from None
+            raise TransferError(f"TCP path {self.address}: {op} failed: {e}", in_flight=self._give_up(op)) from None
         if spin is not None:  # how long beyond its bytes' share the job's I/O took, spinning or blocked
             spin.record(time.monotonic() - began - aside - sum(sizes) * _SPIN_S_PER_BYTE)
 
@@ -206,7 +179,7 @@ class TcpPathConnection:
         if op != "WRITE":
             sock.close()
             return None
-        stuck = StuckTransfer(f"segment lane WRITE to {self.address}")
+        stuck = StuckTransfer(f"TCP path WRITE to {self.address}")
         threading.Thread(target=_wait_for_close, args=(sock, self._timeouts, stuck), name="kvpool-lane-fence",
                          daemon=True).start()
         return stuck
@@ -224,10 +197,10 @@ class TcpPathConnection:
         return self._sock, self._timeouts
 
     def _transfer(self, op: int, local_addrs, remote_offsets, sizes, deadline_s: float, before_landing=None,
-                  sent=None, spin_s: float | None = None, tag_request: bytes | None = None) -> float:
+                  sent=None, spin_s: float | None = None, tag_frame: bytes | None = None) -> float:
         """One request; returns the seconds it spent connecting and in `sent` / `before_landing`.
         `spin_s`: its sends and receives spin for that plus 1 ns per byte, not counting those.
-        `tag_request`: a WRITE's TAG, sent in the same send just before it (no reply)."""
+        `tag_frame`: a WRITE's TAG, sent in the same send just before it (no reply)."""
         started = time.monotonic()
         sock, timeouts = self._connected(deadline_s)
         now = time.monotonic()
@@ -235,40 +208,40 @@ class TcpPathConnection:
         timeouts.arm(deadline_s - now)
         spin_until = min(deadline_s, now + spin_s + sum(sizes) * _SPIN_S_PER_BYTE) if spin_s is not None else 0.0
         count = len(sizes)
-        request = bytearray(_HEAD.size + count * _REGION.size)
-        _HEAD.pack_into(request, 0, MAGIC, op, count)
+        request = bytearray(HEAD.size + count * REGION.size)
+        HEAD.pack_into(request, 0, MAGIC, op, count)
         for i, (offset, size) in enumerate(zip(remote_offsets, sizes)):
-            _REGION.pack_into(request, _HEAD.size + i * _REGION.size, offset, size)
-        views = [_view(a, s) for a, s in zip(local_addrs, sizes)]
-        reply = bytearray(_REPLY.size)
+            REGION.pack_into(request, HEAD.size + i * REGION.size, offset, size)
+        views = [view(a, s) for a, s in zip(local_addrs, sizes)]
+        reply = bytearray(REPLY.size)
         if op == WRITE:
-            head = [memoryview(tag_request)] if tag_request is not None else []
-            _send_all(sock, head + [memoryview(request)] + views, timeouts, deadline_s, spin_until)
+            head = [memoryview(tag_frame)] if tag_frame is not None else []
+            send_all(sock, head + [memoryview(request)] + views, timeouts, deadline_s, spin_until)
             if sent is not None:  # while the node receives
                 took, spin_until = _aside(spin_until, deadline_s, sent)
                 aside += took
-            _recv_all(sock, [memoryview(reply)], 0, timeouts=timeouts, deadline_s=deadline_s, spin_until=spin_until)
+            recv_all(sock, [memoryview(reply)], 0, timeouts=timeouts, deadline_s=deadline_s, spin_until=spin_until)
         else:
-            _send_all(sock, [memoryview(request)], timeouts, deadline_s, spin_until)
+            send_all(sock, [memoryview(request)], timeouts, deadline_s, spin_until)
             if before_landing is not None:  # while the node sends
                 took, spin_until = _aside(spin_until, deadline_s, _prepare, before_landing, local_addrs, sizes)
                 aside += took
             # the reply's head and bytes in as few receives as the kernel allows (one, when small); on
             # a refusal the reason lands in the caller's memory, which a failed read leaves undefined
-            received = _recv_all(sock, [memoryview(reply), *views], _REPLY.size, timeouts=timeouts,
+            received = recv_all(sock, [memoryview(reply), *views], REPLY.size, timeouts=timeouts,
                                  deadline_s=deadline_s, spin_until=spin_until)
-        status, length = _REPLY.unpack(reply)
+        status, length = REPLY.unpack(reply)
         if status != 0:
             if op == WRITE:
                 reason = bytearray(min(length, 4096))
-                _recv_all(sock, [memoryview(reason)], 0, timeouts=timeouts, deadline_s=deadline_s)
+                recv_all(sock, [memoryview(reason)], 0, timeouts=timeouts, deadline_s=deadline_s)
             else:
-                reason = views[0][: max(0, min(length, received - _REPLY.size))].tobytes()
-            raise TransferError(f"segment lane {self.address} refused the {('', 'READ', 'WRITE')[op]}: "
+                reason = views[0][: max(0, min(length, received - REPLY.size))].tobytes()
+            raise TransferError(f"TCP path {self.address} refused the {('', 'READ', 'WRITE')[op]}: "
                                 f"{reason.decode(errors='replace')}")
         expected = sum(sizes) if op == READ else 0
         if length != expected:
-            raise TransferError(f"segment lane {self.address} answered {length} bytes, expected {expected}")
+            raise TransferError(f"TCP path {self.address} answered {length} bytes, expected {expected}")
         return aside
 
     def ask_tag(self, tag: bytes, deadline_s: float) -> None:
@@ -294,10 +267,10 @@ class TcpPathConnection:
             raise
         except (TimeoutError, BlockingIOError):
             self._close()
-            raise TransferError(f"segment lane {self.address}: {op} timed out") from None
+            raise TransferError(f"TCP path {self.address}: {op} timed out") from None
         except OSError as e:
             self._close()
-            raise TransferError(f"segment lane {self.address}: {op} failed: {e}") from None
+            raise TransferError(f"TCP path {self.address}: {op} failed: {e}") from None
         except BaseException:
             self._close()
             raise
@@ -305,36 +278,36 @@ class TcpPathConnection:
     def _ask_tag(self, tag: bytes, deadline_s: float) -> None:
         sock, timeouts = self._connected(deadline_s)
         timeouts.arm(deadline_s - time.monotonic())
-        _send_all(sock, [memoryview(_HEAD.pack(MAGIC, READ_TAG, 1) + tag)], timeouts, deadline_s)
+        send_all(sock, [memoryview(HEAD.pack(MAGIC, READ_TAG, 1) + tag)], timeouts, deadline_s)
 
     def _take_tagged(self, make, deadline_s: float, before_landing, spin: SpinPolicy | None):
         began = time.monotonic()
         sock, timeouts = self._sock, self._timeouts
         if sock is None:
-            raise TransferError(f"segment lane {self.address}: no READ_TAG was asked on this connection")
+            raise TransferError(f"TCP path {self.address}: no READ_TAG was asked on this connection")
         timeouts.arm(deadline_s - began)
         spin_s = spin.spin_s if spin is not None and spin.spins else None
         spin_until = min(deadline_s, began + spin_s) if spin_s is not None else 0.0
-        head = bytearray(_REPLY.size + tcp_path_tags.OFFSET.size)
-        got = _recv_all(sock, [memoryview(head)], _REPLY.size, timeouts=timeouts, deadline_s=deadline_s,
+        head = bytearray(REPLY.size + tcp_path_tags.OFFSET.size)
+        got = recv_all(sock, [memoryview(head)], REPLY.size, timeouts=timeouts, deadline_s=deadline_s,
                         spin_until=spin_until)
-        status, size = _REPLY.unpack_from(head)
-        if status == tcp_path_tags.NOT_KNOWN and size == 0 and got == _REPLY.size:
+        status, size = REPLY.unpack_from(head)
+        if status == tcp_path_tags.NOT_KNOWN and size == 0 and got == REPLY.size:
             return None
         if status != tcp_path_tags.KNOWN:
-            reason = bytes(head[_REPLY.size : got])
-            raise TransferError(f"segment lane {self.address} refused the READ_TAG: "
+            reason = bytes(head[REPLY.size : got])
+            raise TransferError(f"TCP path {self.address} refused the READ_TAG: "
                                 f"{reason.decode(errors='replace')}...")
         if not 0 < size <= MAX_REQUEST_BYTES:
-            raise TransferError(f"segment lane {self.address} answered a tag of {size} bytes")
-        (offset,) = tcp_path_tags.OFFSET.unpack_from(head, _REPLY.size)
+            raise TransferError(f"TCP path {self.address} answered a tag of {size} bytes")
+        (offset,) = tcp_path_tags.OFFSET.unpack_from(head, REPLY.size)
         out, addr = make(size)
         aside = 0.0
         if before_landing is not None:  # while the node sends
             aside, spin_until = _aside(spin_until, deadline_s, before_landing, addr, size)
         if spin_until:
             spin_until = min(deadline_s, spin_until + size * _SPIN_S_PER_BYTE)
-        _recv_all(sock, [_view(addr, size)], 0, timeouts=timeouts, deadline_s=deadline_s, spin_until=spin_until)
+        recv_all(sock, [view(addr, size)], 0, timeouts=timeouts, deadline_s=deadline_s, spin_until=spin_until)
         if spin is not None:
             spin.record(time.monotonic() - began - aside - size * _SPIN_S_PER_BYTE)
         return offset, size, out, addr
@@ -363,97 +336,6 @@ def _wait_for_close(sock: socket.socket, timeouts: KernelTimeouts, stuck: StuckT
         stuck.finish(outcome)
 
 
-def _tag_request(tag: bytes, offset: int, size: int) -> bytes:
-    """A TAG request (tcp_path_tags.py): `tag` names the `size` bytes at `offset`."""
-    if len(tag) != TAG_BYTES:
-        raise ValueError(f"a tag is {TAG_BYTES} bytes, not {len(tag)}")
-    return _HEAD.pack(MAGIC, TAG, 1) + _REGION.pack(offset, size) + tag
-
-
-def _requests(local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
-              max_bytes: int | None = None, max_regions: int | None = None):
-    """The job cut into requests within the server's limits (a region larger than one request is
-    cut into parts): yields (local addrs, remote offsets, sizes) per request."""
-    max_bytes = MAX_REQUEST_BYTES if max_bytes is None else max_bytes
-    max_regions = MAX_REGIONS if max_regions is None else max_regions
-    if len(sizes) <= max_regions and sum(sizes) <= max_bytes:
-        yield local_addrs, remote_offsets, sizes  # the usual case: one request
-        return
-    addrs: list[int] = []
-    offsets: list[int] = []
-    lengths: list[int] = []
-    total = 0
-    for addr, offset, size in zip(local_addrs, remote_offsets, sizes):
-        done = 0
-        while done < size:
-            part = min(size - done, max_bytes - total)
-            addrs.append(addr + done)
-            offsets.append(offset + done)
-            lengths.append(part)
-            total += part
-            done += part
-            if total == max_bytes or len(lengths) == max_regions:
-                yield addrs, offsets, lengths
-                addrs, offsets, lengths, total = [], [], [], 0
-    if lengths:
-        yield addrs, offsets, lengths
-
-
-def _recv_all(sock: socket.socket, buffers: list[memoryview], at_least: int, total: int | None = None,
-              timeouts: KernelTimeouts | None = None, deadline_s: float = 0.0, spin_until: float = 0.0) -> int:
-    """Scatter received bytes over `buffers` (recvmsg_into, at most 512 at a time) until `total`
-    bytes (default: all the buffers hold) or, once the first `at_least` bytes are in and their first
-    byte is not 0 (a refusal: only its reason follows), at once. Returns the bytes received.
-    With `timeouts`: TimeoutError at `deadline_s`, however the bytes trickle in. Non-blocking
-    receives (the CPU yielded between them) until the monotonic `spin_until`, if given."""
-    total = sum(len(b) for b in buffers) if total is None else total
-    got, i, offset = 0, 0, 0  # bytes so far; the buffer being filled and how far
-    while got < total:
-        flags, spin_until = _spin_flags(spin_until, timeouts, deadline_s)
-        try:
-            n = sock.recvmsg_into([buffers[i][offset:], *buffers[i + 1 : i + 512]], 0, flags)[0]
-        except (BlockingIOError, InterruptedError):
-            if not flags:
-                raise  # a blocking receive past its kernel timeout
-            os.sched_yield()
-            continue
-        if n == 0:
-            raise ConnectionError("connection closed mid-message")
-        if at_least and got < at_least <= got + n and buffers[0][0] != 0:
-            return got + n
-        got += n
-        while n:
-            left = len(buffers[i]) - offset
-            if n < left:
-                offset += n
-                break
-            n -= left
-            i, offset = i + 1, 0
-    return got
-
-
-def _send_all(sock: socket.socket, buffers: list[memoryview], timeouts: KernelTimeouts | None = None,
-              deadline_s: float = 0.0, spin_until: float = 0.0) -> None:
-    """sendmsg until every buffer is sent (the kernel may take part of them per call, and at most
-    IOV_MAX = 1024 buffers per call). With `timeouts`: TimeoutError at `deadline_s`. Non-blocking
-    sends (the CPU yielded between them) until the monotonic `spin_until`, if given."""
-    i = 0
-    while i < len(buffers):
-        flags, spin_until = _spin_flags(spin_until, timeouts, deadline_s)
-        try:
-            sent = sock.sendmsg(buffers[i : i + 512], (), flags)
-        except (BlockingIOError, InterruptedError):
-            if not flags:
-                raise  # a blocking send past its kernel timeout
-            os.sched_yield()
-            continue
-        while i < len(buffers) and sent >= len(buffers[i]):
-            sent -= len(buffers[i])
-            i += 1
-        if sent:
-            buffers[i] = buffers[i][sent:]
-
-
 def _aside(spin_until: float, deadline_s: float, fn, *args) -> tuple[float, float]:
     """Run `fn(*args)`, work beside the job's I/O: (seconds it took, the spin's end moved that much later)."""
     started = time.monotonic()
@@ -467,11 +349,3 @@ def _prepare(before_landing, local_addrs, sizes) -> None:
         before_landing(addr, size)
 
 
-def _spin_flags(spin_until: float, timeouts: KernelTimeouts | None, deadline_s: float) -> tuple[int, float]:
-    """The next send's or receive's flags and what is left of the spin: (MSG_DONTWAIT, spin_until)
-    while the spin lasts, then (0, 0.0), a blocking call whose kernel timeout ends at `deadline_s`."""
-    if spin_until and time.monotonic() < spin_until:
-        return socket.MSG_DONTWAIT, spin_until
-    if timeouts is not None:
-        timeouts.before(deadline_s)
-    return 0, 0.0

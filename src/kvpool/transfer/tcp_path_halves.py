@@ -1,11 +1,11 @@
-"""A segment-lane job run as two halves on two connections of the same lane (plane.py's lane jobs).
+"""A TCP-path job run as two halves on two connections of the same route (plane.py's TCP-path jobs).
 
-Why: on two cores, two TCP streams carry more than one (the kernel's work for each on its own
-core): a 64 MiB get 1.89-2.47 -> 2.75-2.83 GB/s (benchmarks/results/peers/fixes.md 15, 18, 25).
+Why: two TCP streams carry more than one (the kernel's work for each on its own core); the
+thresholds and their measurements: docs/design/data-plane.md.
 
 Rules:
 - A job of `split_bytes` or more (0: never) is cut at its middle byte (a region across it is cut
-  in two) when a second connection of the lane is free right now; else it runs whole.
+  in two) when a second connection of the route is free right now; else it runs whole.
 - The second half runs on one of a few kept threads (started lazily, remade in a forked child),
   so a split costs no thread start; the first runs on the caller's thread and alone calls
   `sent` (DataPlane.transfer_many's hook).

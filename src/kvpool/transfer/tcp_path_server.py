@@ -1,4 +1,4 @@
-"""The segment lane's server: the segment's owner serving READ / WRITE (and tags) to lane clients.
+"""The TCP path's server: the segment's owner serving READ / WRITE (and tags) to its clients.
 
 The wire format and the rules are tcp_path.py's (and tcp_path_tags.py's for ops 3 and 4); this is
 the node's side of it: one thread per connection, requests checked against the segment before a
@@ -14,8 +14,8 @@ import time
 
 from kvpool.transfer import tcp_path_tags
 from kvpool.transfer.tcp_path_tags import READ_TAG, TAG, TAG_BYTES, TagIndex
-from kvpool.transfer.tcp_path import (
-    _HEAD, _REGION, _REPLY, MAGIC, MAX_REGIONS, MAX_REQUEST_BYTES, READ, WRITE, _recv_all, _send_all, _view,
+from kvpool.transfer.tcp_path_wire import (
+    HEAD, MAGIC, MAX_REGIONS, MAX_REQUEST_BYTES, READ, REGION, REPLY, WRITE, recv_all, send_all, view,
 )
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ class TcpPathServer:
     """Serves READ/WRITE of [base_addr, base_addr + size_bytes) to lane clients."""
 
     def __init__(self, base_addr: int, size_bytes: int, host: str) -> None:
-        self._segment = _view(base_addr, size_bytes)
+        self._segment = view(base_addr, size_bytes)
         self._size = size_bytes
         self.tags = TagIndex()  # where values were last written, by tag (tcp_path_tags.py)
         self._max_regions, self._max_bytes, self._max_connections = MAX_REGIONS, MAX_REQUEST_BYTES, MAX_CONNECTIONS
@@ -60,27 +60,27 @@ class TcpPathServer:
                     conn.close()
                     return
                 if len(self._connections) >= self._max_connections:
-                    log.warning("segment lane: %d connections open, refusing another", len(self._connections))
+                    log.warning("TCP path: %d connections open, refusing another", len(self._connections))
                     conn.close()
                     continue
                 self._connections[conn] = thread
             thread.start()
 
     def _serve(self, conn: socket.socket) -> None:
-        first = bytearray(_HEAD.size + _REGION.size)  # a request's head and its first region, usually one recv
-        view = memoryview(first)
+        first = bytearray(HEAD.size + REGION.size)  # a request's head and its first region, usually one recv
+        first_view = memoryview(first)
         try:
             while True:
                 got = 0
-                while got < _HEAD.size:
-                    n = conn.recv_into(view[got:])
+                while got < HEAD.size:
+                    n = conn.recv_into(first_view[got:])
                     if n == 0:
                         return  # the client went away (between requests, or mid-head)
                     got += n
                 refusal = self._serve_one(conn, first, got)
                 if refusal is not None:
-                    log.warning("segment lane: refused a request (%s); connection closed", refusal)
-                    conn.sendall(_REPLY.pack(1, len(refusal)) + refusal.encode())
+                    log.warning("TCP path: refused a request (%s); connection closed", refusal)
+                    conn.sendall(REPLY.pack(1, len(refusal)) + refusal.encode())
                     return
         except OSError:
             return  # reset, or close() shut the connection
@@ -92,19 +92,19 @@ class TcpPathServer:
     def _serve_one(self, conn: socket.socket, first: bytearray, got: int) -> str | None:
         """One request, whose first `got` bytes (>= its head) are in `first`; the reason it was
         refused, or None once it was answered."""
-        magic, op, count = _HEAD.unpack_from(first)
+        magic, op, count = HEAD.unpack_from(first)
         if magic != MAGIC or op not in (READ, WRITE, TAG, READ_TAG):
             return "not a segment-lane request"
         if op in (TAG, READ_TAG):
             return self._serve_tag(conn, op, count, first, got)
         if not 0 < count <= self._max_regions:
             return f"{count} regions (1..{self._max_regions} allowed)"
-        table = bytearray(count * _REGION.size)
-        have = got - _HEAD.size
-        table[:have] = first[_HEAD.size : got]
+        table = bytearray(count * REGION.size)
+        have = got - HEAD.size
+        table[:have] = first[HEAD.size : got]
         if have < len(table):
-            _recv_all(conn, [memoryview(table)[have:]], 0)
-        regions = list(_REGION.iter_unpack(table))
+            recv_all(conn, [memoryview(table)[have:]], 0)
+        regions = list(REGION.iter_unpack(table))
         total = 0
         for offset, size in regions:
             if size == 0 or offset + size > self._size:
@@ -114,37 +114,37 @@ class TcpPathServer:
             return f"{total} bytes in one request (at most {self._max_bytes})"
         segment = self._segment
         if op == READ:
-            _send_all(conn, [memoryview(_REPLY.pack(0, total))] + [segment[o : o + s] for o, s in regions])
+            send_all(conn, [memoryview(REPLY.pack(0, total))] + [segment[o : o + s] for o, s in regions])
         else:  # scattered straight into the regions, many per receive (not one receive loop per region)
-            _recv_all(conn, [segment[o : o + s] for o, s in regions], 0)
-            conn.sendall(_REPLY.pack(0, 0))
+            recv_all(conn, [segment[o : o + s] for o, s in regions], 0)
+            conn.sendall(REPLY.pack(0, 0))
         return None
 
     def _serve_tag(self, conn: socket.socket, op: int, count: int, first: bytearray, got: int) -> str | None:
         """A TAG (recorded, no reply) or a READ_TAG (answered) request (tcp_path_tags.py)."""
         if count != 1:
             return f"a tag request names one tag, not {count}"
-        body = bytearray(_REGION.size + TAG_BYTES if op == TAG else TAG_BYTES)
-        have = min(got - _HEAD.size, len(body))
-        body[:have] = first[_HEAD.size : _HEAD.size + have]
+        body = bytearray(REGION.size + TAG_BYTES if op == TAG else TAG_BYTES)
+        have = min(got - HEAD.size, len(body))
+        body[:have] = first[HEAD.size : HEAD.size + have]
         if have < len(body):
-            _recv_all(conn, [memoryview(body)[have:]], 0)
+            recv_all(conn, [memoryview(body)[have:]], 0)
         if op == TAG:  # no reply (a refusal would be read as the answer to the writer's next request)
-            offset, size = _REGION.unpack_from(body)
+            offset, size = REGION.unpack_from(body)
             if size == 0 or offset + size > self._size:
-                log.warning("segment lane: a tag for %d bytes at offset %d is outside the %d-byte segment: not "
+                log.warning("TCP path: a tag for %d bytes at offset %d is outside the %d-byte segment: not "
                             "recorded", size, offset, self._size)
             else:
-                self.tags.note(bytes(body[_REGION.size :]), offset, size)
+                self.tags.note(bytes(body[REGION.size :]), offset, size)
             return None
         place = self.tags.find(bytes(body))
         if place is None or place[1] > self._max_bytes:  # too large for one reply: read the usual way
             self.tags.not_known += 1
-            conn.sendall(_REPLY.pack(tcp_path_tags.NOT_KNOWN, 0))
+            conn.sendall(REPLY.pack(tcp_path_tags.NOT_KNOWN, 0))
             return None
         self.tags.known += 1
         offset, size = place
-        _send_all(conn, [memoryview(_REPLY.pack(tcp_path_tags.KNOWN, size) + tcp_path_tags.OFFSET.pack(offset)),
+        send_all(conn, [memoryview(REPLY.pack(tcp_path_tags.KNOWN, size) + tcp_path_tags.OFFSET.pack(offset)),
                          self._segment[offset : offset + size]])
         return None
 

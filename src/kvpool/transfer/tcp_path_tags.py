@@ -1,10 +1,10 @@
-"""Tags on the segment lane: where a value was last written, under a digest of its name, so that a
-reader that never saw it can read it while it asks the master where it is (issue 14).
+"""Tags on the TCP path: where a value was last written, under a digest of its name, so that a
+reader that never saw it can read it while it asks the master where it is.
 
-Why: a plain get by a client that never saw the value was two exchanges one after the other,
-GetValue to the master (~120-150 us across harness hosts, a wake-up included) and then the read
-from the node; Redis answers a GET in one. A writer that knows where its value went (known_places.py)
-already reads there while GetValue travels; a tag lets any client do the same.
+Why: without a tag, a plain get by a client that never saw the value is two exchanges one after
+the other (GetValue to the master, then the read from the node). A writer that knows where its
+value went (client/known_places.py) already reads there while GetValue travels; a tag lets any
+client do the same (docs/design/data-plane.md).
 
 Wire (after tcp_path.py's head b"KVSL" | u8 op | u32 count; little endian):
     TAG (3), count 1:       (u64 offset, u64 size) | 16-byte tag. No reply. A writer sends it in
@@ -25,7 +25,7 @@ Rules:
   A READ_TAG of a tag over one request's bytes (64 MiB) is answered "not known".
   Tags live in the node's memory only: a restarted node knows none (readers then ask the master
   first, as before).
-- Pure bookkeeping and wire helpers: the lane's server and connections (tcp_path.py) do the I/O.
+- Pure bookkeeping and wire helpers: the TCP path's server and connections (tcp_path.py) do the I/O.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class TagIndex:
         self._max = max_tags
         self._lock = threading.Lock()
         self._places: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
-        self.known = self.not_known = 0  # READ_TAG answers so far, by outcome (the lane server counts them)
+        self.known = self.not_known = 0  # READ_TAG answers so far, by outcome (the TCP path's server counts them)
 
     def note(self, tag: bytes, offset: int, size: int) -> None:
         with self._lock:
