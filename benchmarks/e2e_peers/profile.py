@@ -81,7 +81,7 @@ PATTERNS = {
     "  scheduler side (lookups, plans)": ("kvpool/connector/scheduler.py", "kvpool/connector/lookups.py"),
     "  worker: load (start_load_kv)": ("start_load_kv (kvpool",),
     "  worker: save (wait_for_save, save_kv_layer)": ("wait_for_save (kvpool", "save_kv_layer (kvpool"),
-    "kvpool client + data plane": ("kvpool/client/", "kvpool/transfer/"),
+    "kvpool client + data plane": ("kvpool/client/", "kvpool/transfer/", "kvpool/rpc/"),
     "model forward": ("forward (vllm/model_executor/models/",),
     "  attention": ("vllm/v1/attention/", "vllm/attention/"),
     "vLLM scheduler": ("vllm/v1/core/sched/",),

@@ -1,4 +1,4 @@
-"""The plain TCP lane to the master (transfer/tcp_channel.py) against a real in-process MasterService:
+"""The plain TCP channel to the master (rpc/tcp_channel.py) against a real in-process MasterService:
 calls go over it, late replies are dropped by id, a restart is seen (epoch listeners) and the call
 goes over ZMQ while the lane is gone, bad frames close only the sender's connection, and a master
 with authentication offers no lane."""
@@ -271,7 +271,7 @@ def test_a_reply_that_cannot_be_encoded_is_an_internal_error_on_either_channel(m
 
 
 def test_a_master_that_stops_answering_is_unavailable_at_the_call_deadline(tmp_path):
-    """The lane waits with the kernel's timeouts (transfer/timeouts.py): a stopped master makes a
+    """The lane waits with the kernel's timeouts (rpc/timeouts.py): a stopped master makes a
     call fail at its deadline (the lane is closed then, so the next, shorter call waits on ZMQ),
     and calls are answered again once the master resumes."""
     import os

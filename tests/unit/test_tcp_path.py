@@ -1,4 +1,4 @@
-"""The segment lane (transfer/tcp_path.py): a SegmentMemory serving its lane on loopback and a
+"""The TCP path to a node (transfer/tcp_path.py): a SegmentMemory serving it on loopback and a
 DataPlane reaching it as if from another host. Round trips, the request limits, refusals of bad
 requests (nothing moves, the connection closes, the server keeps serving), and which jobs take it."""
 
@@ -252,7 +252,7 @@ def test_without_rdma_reads_and_scatter_gather_or_split_writes_of_any_size_take_
 
 
 def test_a_peer_that_never_answers_is_a_timeout_within_the_deadline(buf):
-    """The lane's sockets wait with the kernel's timeouts (transfer/timeouts.py): a node that takes
+    """The lane's sockets wait with the kernel's timeouts (rpc/timeouts.py): a node that takes
     the request and says nothing ends the job at its deadline, as a TransferError."""
     import time
 

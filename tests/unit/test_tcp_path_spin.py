@@ -1,4 +1,4 @@
-"""Segment-lane jobs that spin (transfer/tcp_path.py): a whole job sends and receives without
+"""TCP-path jobs that spin (transfer/tcp_path.py): a whole job sends and receives without
 blocking while its spin lasts and moves the same bytes; planes made without the spin and halves of
 split jobs never spin; a job past its spin blocks, and a lane whose jobs come late stops spinning."""
 

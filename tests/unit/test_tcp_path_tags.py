@@ -1,4 +1,4 @@
-"""Tags on the segment lane (transfer/tcp_path_tags.py): a WRITE that carries a tag has the node record
+"""Tags on the TCP path (transfer/tcp_path_tags.py): a WRITE that carries a tag has the node record
 where it wrote, and READ_TAG returns the bytes there now with their offset; an unknown tag is a
 short "not known"; bad tag requests are refused and the lane keeps serving; the index forgets the
 least recently used tag first."""

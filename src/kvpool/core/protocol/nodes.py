@@ -28,7 +28,7 @@ class MountSegment(Struct, tag="mount", frozen=True):
     recovering: bool = False  # the node will announce objects (AnnounceObjects) before new puts land here
     disk_bytes: int = 0  # the node's disk tier (0: none): DRAM evictions go there, lookups promote back
     tenant: str = ""  # "": shared; a name: the segment holds only that tenant's objects (`kvpool node --tenant`)
-    lane_address: str | None = None  # "host:port" of the node's segment lane (small transfers), if it serves one
+    lane_address: str | None = None  # "host:port" of the node's TCP path (transfer/tcp_path.py), if it serves one
 
 
 class AnnounceObjects(Struct, tag="announce", frozen=True):

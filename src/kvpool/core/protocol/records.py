@@ -108,7 +108,7 @@ class SegmentInfo(Struct, frozen=True):
     agent_name: str
     agent_metadata: bytes
     shm_path: str | None = None
-    lane_address: str | None = None  # "host:port" of the segment lane (transfer/tcp_path.py), if served
+    lane_address: str | None = None  # "host:port" of the node's TCP path (transfer/tcp_path.py), if served
 
 
 CHECKSUM_BYTES = 8  # one checksum in LookupReply.checksums
