@@ -53,10 +53,10 @@ from kvpool.core.protocol import SegmentInfo
 from kvpool.transfer.config import TCP_REGION_BYTES, DataPlaneConfig
 from kvpool.transfer.hostinfo import host_id
 from kvpool.transfer.local_memory import CheckedJob, Region, RegisteredMemory, validate_region
-from kvpool.transfer.tcp_path_halves import run_on_lane
-from kvpool.transfer.tcp_path import TcpPath
 from kvpool.transfer.shm import PeerMapping
 from kvpool.transfer.tag_reads import TagReader
+from kvpool.transfer.tcp_path import TcpPath
+from kvpool.transfer.tcp_path_halves import run_on_lane
 
 PATHS = ("auto", "nixl", "shm", "lane")
 OPS = ("READ", "WRITE")
