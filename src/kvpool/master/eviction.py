@@ -44,71 +44,17 @@ from collections.abc import Callable, Iterable
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
-from kvpool.core.protocol import REPLICA_BYTES, Replica, unpack_replicas
+from kvpool.core.protocol import REPLICA_BYTES, unpack_replicas
+from kvpool.master.records import COMPLETE, DRAINING, GONE, IN_HEAP, PINNED, ObjectRecord
 
 if TYPE_CHECKING:
     from kvpool.master.index import ObjectIndex
     from kvpool.master.quotas import TenantAccount
     from kvpool.master.segments import Segment
 
-# record flags
-COMPLETE = 1  # put_end arrived: readable
-PINNED = 2  # never evicted (removed only explicitly)
-IN_HEAP = 4  # has an entry in the eviction heap
-DEAD = 8  # gone from the index; an old heap entry or a child may still point at it
-DRAINING = 16  # eviction waits for its lease to end: no new lease
-LANDING = 32  # pending, ended while its bytes travel (PutEnd.landing): readable once PutLanded names it
-
-NO_CHECKSUM = bytes(8)
 PUT_EVICTION_FACTOR = 2  # a put above the high watermark evicts at most this many times its bytes beyond it
 EVICTION_SLICE_BYTES = 1 << 20  # one slice of eviction towards the low watermark (~4 objects of 256 KiB)
 EVICTION_SLICE_OBJECTS = 32  # ... and at most this many evictions (small objects: ~10 us each here)
-
-
-class ObjectRecord:
-    __slots__ = (
-        "space",  # the tenant's dict that holds this record
-        "key",
-        "locations",  # bytes: its replicas packed (protocol.pack_replicas), sent as-is by leased lookups
-        "flags",
-        "parent",  # ObjectRecord | None
-        "num_children",
-        "last_access_s",
-        "heap_access_s",  # last_access_s when pushed onto the eviction heap
-        "lease_until_s",  # float | None
-        "lease_since_s",  # start of the current unbroken lease, float | None
-        "lease_count",  # leased lookups holding it and not yet released nor expired (index._leases)
-        "token",  # the write token of its allocation (PutStart): PutEnd / PutRevoke must name it
-        "checksum",  # bytes: the writer's checksum, little-endian uint64 (all zeros: none)
-    )
-
-    def __init__(self, space: dict, key: str, locations: bytes, flags: int, now_s: float, token: int = 0) -> None:
-        self.space = space
-        self.key = key
-        self.locations = locations
-        self.flags = flags
-        self.parent: ObjectRecord | None = None
-        self.num_children = 0
-        self.last_access_s = now_s
-        self.heap_access_s = now_s
-        self.lease_until_s: float | None = None
-        self.lease_since_s: float | None = None
-        self.lease_count = 0
-        self.token = token
-        self.checksum = NO_CHECKSUM
-
-    def __lt__(self, other: "ObjectRecord") -> bool:
-        return self.heap_access_s < other.heap_access_s
-
-    @property
-    def replicas(self) -> list[Replica]:
-        """Unpacked (cold paths: freeing space, dropping a segment, tests)."""
-        return unpack_replicas(self.locations)
-
-    @property
-    def size_bytes(self) -> int:
-        loc = self.locations
-        return int.from_bytes(loc[16:REPLICA_BYTES], "little") if loc else 0
 
 
 class Evictor:
@@ -128,7 +74,7 @@ class Evictor:
         waiting = []
         if self.order is None:
             for heap in [self.heap, *(account.heap for account in self.own)]:
-                waiting += [rec for rec in heap if not rec.flags & DEAD]
+                waiting += [rec for rec in heap if rec.state != GONE]
                 heap.clear()
         self.order = order
         self.heap = []
@@ -148,7 +94,7 @@ class Evictor:
         self.own.append(account)
 
     def push(self, rec: ObjectRecord) -> None:
-        rec.flags |= IN_HEAP
+        rec.heaps |= IN_HEAP
         if self.order is not None:
             self.order.push(rec)
             return
@@ -159,7 +105,7 @@ class Evictor:
             return
         heappush(heap, rec)
         if len(heap) > 2 * rec.space.account.num_objects + 1024:
-            live = [r for r in heap if not r.flags & DEAD]
+            live = [r for r in heap if r.state != GONE]
             heapify(live)
             heap[:] = live
 
@@ -266,9 +212,8 @@ class Evictor:
             rec = self._pop(now_s, account, shared_only)
             if rec is None:
                 break
-            flags = rec.flags & ~IN_HEAP
-            rec.flags = flags
-            if flags & (DEAD | PINNED) or not flags & COMPLETE or rec.num_children:
+            rec.heaps &= ~IN_HEAP
+            if rec.state != COMPLETE or rec.flags & PINNED or rec.num_children:
                 continue  # a parent comes back when its last child goes
             if self._moved(rec, now_s):
                 self.push(rec)  # used since it was pushed: take its place by the new time
@@ -282,20 +227,12 @@ class Evictor:
             if lease_until is not None:
                 if lease_until > now_s:
                     if now_s - rec.lease_since_s >= max_hold_s:
-                        rec.flags = flags | DRAINING
+                        rec.flags |= DRAINING
                     set_aside.append(rec)
                     continue
                 rec.lease_until_s = rec.lease_since_s = None
                 index.lease_expiries += 1
-            frees = 0
-            on_recovering = False
-            for replica in unpack_replicas(rec.locations):
-                segment = index.segments.by_id.get(replica.segment_id)
-                if segment is not None:
-                    if segment.recovering:
-                        on_recovering = True
-                    else:
-                        frees += segment.allocator.aligned(replica.size)
+            frees, on_recovering = index.space.eviction_frees(unpack_replicas(rec.locations))
             if on_recovering and not frees:
                 set_aside.append(rec)  # its space is not the allocator's yet: evicting it frees nothing now
                 continue
@@ -313,7 +250,7 @@ class Evictor:
             self.order.compact()
             return
         for heap in [self.heap, *(account.heap for account in self.own)]:
-            live = [rec for rec in heap if not rec.flags & DEAD]
+            live = [rec for rec in heap if rec.state != GONE]
             if len(live) < len(heap):
                 heapify(live)
                 heap[:] = live
@@ -455,7 +392,7 @@ class SessionAwareOrder:
 
     def _anonymous_return(self, now_s: float) -> float | None:
         heap = self.anonymous
-        while heap and heap[0].flags & DEAD:
+        while heap and heap[0].state == GONE:
             heappop(heap)
         if not heap:
             return None
@@ -480,7 +417,7 @@ class SessionAwareOrder:
                 if self._refuse(anonymous):
                     return None
                 rec = heappop(self.anonymous)
-            if rec.flags & IN_HEAP and not rec.flags & DEAD:
+            if rec.heaps & IN_HEAP and rec.state != GONE:
                 return rec
 
     def _refuse(self, candidate_return_s: float) -> bool:
@@ -497,8 +434,8 @@ class SessionAwareOrder:
 
     def compact(self) -> None:
         for hint in self.sessions.values():
-            hint.tails = [r for r in hint.tails if r.flags & IN_HEAP and not r.flags & DEAD]
-        live = [r for r in self.anonymous if not r.flags & DEAD]
+            hint.tails = [r for r in hint.tails if r.heaps & IN_HEAP and r.state != GONE]
+        live = [r for r in self.anonymous if r.state != GONE]
         heapify(live)
         self.anonymous = live
 

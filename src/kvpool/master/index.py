@@ -68,16 +68,18 @@ from kvpool.core.protocol import (
     pack_replicas,
 )
 from kvpool.master.config import MasterConfig
-from kvpool.master.eviction import (COMPLETE, DEAD, DRAINING, IN_HEAP, LANDING, PINNED,
-                                     PUT_EVICTION_FACTOR, Evictor, ObjectRecord)
+from kvpool.master import chains
+from kvpool.master.eviction import PUT_EVICTION_FACTOR, Evictor
 from kvpool.master.ids import IdSource
-from kvpool.master.placement import why_nowhere
 from kvpool.master.access import namespace_owner
 from kvpool.master.quotas import TenantAccount, TenantSpace
 from kvpool.master.recovery import Recovery
 from kvpool.master.replicas import keep_other_replicas, on_segment
 from kvpool.master.segments import Segment, SegmentTable
-from kvpool.master.tiers import IN_DISK_HEAP, Tiers, TieredRecord
+from kvpool.master.records import (COMPLETE, DRAINING, GONE, IN_DISK_HEAP, IN_HEAP, LANDING, PENDING, PINNED,
+                                   ObjectRecord, move)
+from kvpool.master.space import SegmentSpace
+from kvpool.master.tiers import Tiers
 
 _NO_REPLICAS: tuple = ()
 # byte length of a hit's packed replicas -> its replica count (protocol.MAX_REPLICAS fit in a byte)
@@ -88,6 +90,7 @@ class ObjectIndex:
     def __init__(self, config: MasterConfig, segments: SegmentTable, ids: IdSource) -> None:
         self.config = config
         self.segments = segments
+        self.space = SegmentSpace(segments)
         self.ids = ids
         self.tenants: dict[str, TenantSpace] = {}  # stored namespace -> its objects
         self.accounts: dict[str, TenantAccount] = {}  # owning tenant -> usage and quota
@@ -102,10 +105,8 @@ class ObjectIndex:
         self._zombies: set[ObjectRecord] = set()  # removed while leased: space freed when the lease ends
         self._leases: dict[int, tuple[str, list[ObjectRecord]]] = {}  # lease id -> (tenant, records)
         self._lease_order: deque[tuple[float, int]] = deque()  # (until_s, lease id), in grant order
-        self._quarantine: dict[int, tuple[ObjectRecord, float]] = {}  # token -> (record, held until)
         self.lease_releases = 0
         self.refused_put_ends = 0
-        self.quarantine_expiries = 0
         self.recovered_objects = 0
         self.rejected_announcements = 0
         self._sizes: dict[int, int] = {}  # interned size ints: KV blocks mostly share a few sizes
@@ -151,7 +152,7 @@ class ObjectIndex:
         for i, key in enumerate(keys):
             rec = space.get(key)
             if rec is not None:
-                if rec.flags & COMPLETE:
+                if rec.state == COMPLETE:
                     rec.last_access_s = now_s
                 statuses.append(PUT_EXISTS)
                 replicas.append(_NO_REPLICAS)
@@ -161,7 +162,7 @@ class ObjectIndex:
             parent_key = parents[i] if parents else None
             parent = space.get(parent_key) if parent_key is not None else None
             if parent is not None:
-                parent.num_children += 1  # before placing: eviction for this put must spare its prefix
+                chains.hold_parent(parent)  # before placing: eviction for this put must spare its prefix
             own_only = account.dedicated  # eviction for it takes only its own objects
             if not account.fits(size, num_replicas):
                 own_only = True
@@ -183,8 +184,8 @@ class ObjectIndex:
                 message = message or why
                 continue
             token = self.ids.next()
-            rec = TieredRecord(space, key, pack_replicas(placed), base_flags, now_s, token)
-            rec.parent = parent
+            rec = ObjectRecord(space, key, pack_replicas(placed), PENDING, base_flags, now_s, token)
+            chains.attach(rec, parent)
             space[key] = rec
             account.charge(rec, 1)
             self.num_pending += 1
@@ -202,10 +203,10 @@ class ObjectIndex:
         """Allocate replicas on the segments the tenant may use; `own_only`: eviction for room
         takes only its own objects (it is at its quota, or places on its dedicated segments);
         without `evict`, free space only."""
-        placeable = self.segments.placeable(account.name)
+        placeable = self.space.placeable(account.name)
         chosen = placeable.choose(size, num_replicas)
         if not chosen:
-            why = why_nowhere(self.segments, placeable, account.name, account.dedicated, size)
+            why = self.space.why_nowhere(placeable, account.name, account.dedicated, size)
             if why:
                 return _NO_REPLICAS, why
             if evict and self.evictor.evict_for(size, now_s, placeable.segments.values(), account if own_only else None):
@@ -219,16 +220,11 @@ class ObjectIndex:
                     f"(used {used} of {capacity} bytes; the rest is leased, pending or pinned, or fragmented); "
                     "retry later or add nodes"
                 )
-        placed = []
-        for segment in chosen:
-            offset = segment.allocator.allocate(size)
-            segment.num_objects += 1
-            placed.append(Replica(segment.segment_id, offset, size))
-        return tuple(placed), ""
+        return self.space.allocate(chosen, size), ""
 
     def _pending_with_token(self, space: dict | None, key: str, token: int) -> ObjectRecord | None:
         rec = space.get(key) if space is not None else None
-        if rec is None or rec.flags & COMPLETE or rec.token != token:
+        if rec is None or rec.state not in (PENDING, LANDING) or rec.token != token:
             return None
         return rec
 
@@ -247,7 +243,7 @@ class ObjectIndex:
         existed: list[int] = []
         for i, key in enumerate(keys):
             rec = self._pending_with_token(space, key, tokens[i])
-            if rec is None or rec.flags & LANDING:
+            if rec is None or rec.state == LANDING:
                 refused.append(i)
                 continue
             if as_keys and as_keys[i] != key:
@@ -263,7 +259,7 @@ class ObjectIndex:
                 rec.checksum = checksum.to_bytes(8, "little")
             ended += 1
             if landing:
-                rec.flags |= LANDING
+                move(rec, LANDING)
             else:
                 self._complete(rec, tenant, now_s)
         if not landing:
@@ -279,12 +275,11 @@ class ObjectIndex:
         landed = 0
         for i, (key, token) in enumerate(zip(keys, tokens)):
             rec = self._pending_with_token(space, key, token)
-            if rec is None or not rec.flags & LANDING:
+            if rec is None or rec.state != LANDING:
                 self.refused_landings += 1
                 continue
             if checksums and checksums[i]:
                 rec.checksum = checksums[i].to_bytes(8, "little")
-            rec.flags &= ~LANDING
             self._complete(rec, tenant, now_s)
             landed += 1
         self._count_completed(landed)
@@ -294,18 +289,12 @@ class ObjectIndex:
     def _complete(self, rec: ObjectRecord, tenant: str, now_s: float) -> None:
         """A pending record becomes readable: evictable, logged in its segments' directories (the
         caller counts it: _count_completed)."""
-        rec.flags |= COMPLETE
+        move(rec, COMPLETE)
         rec.last_access_s = now_s
         if not rec.num_children and not rec.flags & PINNED:
             self.evictor.push(rec)
-        key = rec.key
         parent_key = rec.parent.key if rec.parent is not None else None
-        checksum = int.from_bytes(rec.checksum, "little")
-        by_id = self.segments.by_id
-        for replica in rec.replicas:
-            segment = by_id.get(replica.segment_id)
-            if segment is not None:
-                segment.log.append(DirEntry(replica.offset, replica.size, tenant, key, parent_key, checksum))
+        self.space.log_commit(rec.replicas, tenant, rec.key, parent_key, int.from_bytes(rec.checksum, "little"))
 
     def _count_completed(self, num: int) -> None:
         """Counted once per batch of _complete calls (a chain's put ends many at once)."""
@@ -325,7 +314,7 @@ class ObjectIndex:
             revoked += 1
             if i in uncertain:
                 self.drop(rec, free_space=False)
-                self._quarantine[rec.token] = (rec, now_s + self.config.quarantine_max_s)
+                self.space.quarantine(rec.token, space, rec.replicas, now_s + self.config.quarantine_max_s)
             else:
                 self.drop(rec)
         return revoked
@@ -333,26 +322,19 @@ class ObjectIndex:
     def end_quarantine(self, tenant: str, tokens: list[int]) -> int:
         """Free quarantined space of these tokens (only the tenant's own: tokens of another are ignored)."""
         space = self.tenants.get(tenant)
-        freed = 0
-        for token in tokens:
-            held = self._quarantine.get(token)
-            if held is not None and held[0].space is space:
-                del self._quarantine[token]
-                self._free_replicas(held[0].replicas)
-                freed += 1
-        return freed
+        return self.space.end_quarantine(space, tokens) if space is not None else 0
 
     def expire_quarantine(self, now_s: float) -> int:
         """Free quarantines past their limit: a writer silent that long is taken to be gone."""
-        done = [token for token, (_, until_s) in self._quarantine.items() if until_s <= now_s]
-        for token in done:
-            self._free_replicas(self._quarantine.pop(token)[0].replicas)
-        self.quarantine_expiries += len(done)
-        return len(done)
+        return self.space.expire_quarantine(now_s)
 
     @property
     def num_quarantined(self) -> int:
-        return len(self._quarantine)
+        return self.space.num_quarantined
+
+    @property
+    def quarantine_expiries(self) -> int:
+        return self.space.quarantine_expiries
 
     @property
     def ahead_timeout_s(self) -> float:
@@ -400,9 +382,11 @@ class ObjectIndex:
                     if not rec.locations:  # disk-only
                         self.last_num_promoting = self._promote(space, keys, len(hits), now_s)
                         break
+                    if rec.state != COMPLETE:
+                        break
                     flags = rec.flags
-                    if flags & (COMPLETE | DRAINING) != COMPLETE:
-                        if not flags & COMPLETE or (rec.lease_until_s or 0.0) > reopen_s:
+                    if flags & DRAINING:
+                        if (rec.lease_until_s or 0.0) > reopen_s:
                             break
                         rec.flags = flags & ~DRAINING  # eviction had its window and did not need it
                     lease_until = rec.lease_until_s
@@ -428,7 +412,7 @@ class ObjectIndex:
             else:
                 for key in keys:
                     rec = get(key)
-                    if rec is None or not rec.flags & COMPLETE:
+                    if rec is None or rec.state != COMPLETE:
                         break
                     if not rec.locations:  # disk-only
                         self.last_num_promoting = self._promote(space, keys, num_hit, now_s)
@@ -445,7 +429,7 @@ class ObjectIndex:
         chain = []
         for key in keys[start : start + self.config.max_promotions_per_lookup]:
             rec = space.get(key)
-            if rec is None or rec.locations or not rec.flags & COMPLETE:
+            if rec is None or rec.locations or rec.state != COMPLETE:
                 break
             chain.append(rec)
         return self.tiers.promote_chain(chain, now_s)
@@ -482,7 +466,7 @@ class ObjectIndex:
                 rec.lease_until_s = rec.lease_since_s = None  # no reader holds it any more
                 if rec in zombies:
                     zombies.discard(rec)
-                    self._free_replicas(rec.replicas)
+                    self.space.free(rec.replicas)
 
     def count_hits_after(self, num_hits: int) -> None:
         """Keys the last lookup counted as misses were hits found elsewhere (inline values)."""
@@ -500,7 +484,7 @@ class ObjectIndex:
         if space is None:
             return [False] * len(keys)
         get = space.get
-        return [(rec := get(key)) is not None and bool(rec.flags & COMPLETE) for key in keys]
+        return [(rec := get(key)) is not None and rec.state == COMPLETE for key in keys]
 
     # ---- removal -------------------------------------------------------------------------------
 
@@ -513,7 +497,7 @@ class ObjectIndex:
         removed = 0
         for key in keys:
             rec = space.get(key)
-            if rec is None or not rec.flags & COMPLETE:
+            if rec is None or rec.state != COMPLETE:
                 continue
             removed += 1
             if rec.lease_until_s is not None and rec.lease_until_s > now_s:
@@ -528,78 +512,51 @@ class ObjectIndex:
         done = [rec for rec in self._zombies if rec.lease_until_s is None or rec.lease_until_s <= now_s]
         for rec in done:
             self._zombies.discard(rec)
-            self._free_replicas(rec.replicas)
+            self.space.free(rec.replicas)
 
     def drop(self, rec: ObjectRecord, free_space: bool = True) -> None:
         """Forget an object: out of its namespace, out of its parent's child count, space freed."""
-        flags = rec.flags
-        if flags & DEAD:
+        if rec.state == GONE:
             return
-        rec.flags = flags | DEAD
+        was = move(rec, GONE)
         space = rec.space
         del space[rec.key]
         space.account.charge(rec, -1)
-        if flags & COMPLETE:
+        if was == COMPLETE:
             self.num_complete -= 1
-            self._log_removal(rec)
+            self.space.log_removal(rec.replicas)
         else:
             self.num_pending -= 1
-        disk_only = not rec.locations
         if rec.disk_segment is not None:
             self.tiers.forget(rec)
-        parent = rec.parent
-        if parent is not None:
-            rec.parent = None
-            if disk_only:
-                parent.disk_children -= 1
-                if not parent.disk_children and not parent.num_children:
-                    self._became_tail(parent)
-            else:
-                self._release_child(parent)
+        tail = chains.detach(rec)
+        if tail is not None:
+            self.became_tail(tail)
         if free_space:
-            self._free_replicas(rec.replicas)
+            self.space.free(rec.replicas)
 
     def evict(self, rec: ObjectRecord) -> None:
         """DRAM eviction chose `rec` (eviction.py): to its disk tier if it has a copy there, else gone."""
         if not self.tiers.demote(rec):
             self.drop(rec)
 
-    def _log_removal(self, rec: ObjectRecord) -> None:
-        by_id = self.segments.by_id
-        for replica in rec.replicas:
-            segment = by_id.get(replica.segment_id)
-            if segment is not None:
-                segment.log.append(DirEntry(replica.offset, 0))
-
     def _release_child(self, parent: ObjectRecord) -> None:
-        parent.num_children -= 1
-        if not parent.num_children:
-            self._became_tail(parent)
+        tail = chains.release_parent(parent)
+        if tail is not None:
+            self.became_tail(tail)
 
-    def _became_tail(self, rec: ObjectRecord) -> None:
+    def became_tail(self, rec: ObjectRecord) -> None:
         """No child holds DRAM any more (and, for a disk-only record, none is left on disk): an
         eviction candidate again, at its own access time, in the tier that holds it."""
-        if rec.flags & (COMPLETE | PINNED | DEAD) != COMPLETE:
+        if rec.state != COMPLETE or rec.flags & PINNED:
             return
         if rec.locations:
-            if not rec.flags & IN_HEAP:
+            if not rec.heaps & IN_HEAP:
                 self.evictor.push(rec)
-        elif not rec.disk_children and not rec.flags & IN_DISK_HEAP:
+        elif not rec.disk_children and not rec.heaps & IN_DISK_HEAP:
             tier = self.tiers.by_segment.get(rec.disk_segment)
             if tier is not None:
                 self.tiers.push(rec, tier)
-
-    def _free_replicas(self, replicas: list[Replica]) -> None:
-        by_id = self.segments.by_id
-        for replica in replicas:
-            segment = by_id.get(replica.segment_id)
-            if segment is None:
-                continue  # an unmounted segment's space is gone with it
-            if segment.recovering:
-                segment.recovered.pop(replica.offset, None)  # the allocator is built when recovery ends
-            else:
-                segment.allocator.free(replica.offset, replica.size)
-            segment.num_objects -= 1
 
     def drop_segment(self, segment_id: int) -> int:
         """The segment is gone: drop its replicas; objects left without any replica disappear."""
@@ -613,9 +570,7 @@ class ObjectIndex:
         for rec in [z for z in self._zombies if on_segment(z.locations, segment_id)]:
             if not keep_other_replicas(rec, segment_id, charged=False):
                 self._zombies.discard(rec)
-        for token, (rec, _) in list(self._quarantine.items()):
-            if on_segment(rec.locations, segment_id) and not keep_other_replicas(rec, segment_id, charged=False):
-                del self._quarantine[token]  # the transfer's target is gone, and so is the risk
+        self.space.forget_segment(segment_id)
         lost += self.tiers.drop_segment(segment_id)
         self.recovery.forget_orphans_unless_recovering()
         self.dropped += lost
@@ -673,7 +628,7 @@ def _reclaim(index: ObjectIndex, pending: deque, started_before_s: float) -> int
     reclaimed = 0
     while pending:
         rec = pending[0]
-        if not rec.flags & (COMPLETE | DEAD):
+        if rec.state in (PENDING, LANDING):
             if rec.last_access_s > started_before_s:
                 break  # put order: every later entry started later
             index.drop(rec)

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvpool.core.protocol import MAX_REPLICAS, REPLICA_BYTES, DirEntry, pack_replicas
-from kvpool.master.eviction import COMPLETE, DEAD, IN_HEAP, PINNED, ObjectRecord
+from kvpool.core.protocol import MAX_REPLICAS, REPLICA_BYTES, DirEntry, Replica, pack_replicas
+from kvpool.master.chains import Orphans
+from kvpool.master.records import COMPLETE, GONE, IN_HEAP, PINNED, ObjectRecord
 from kvpool.master.replicas import on_segment, pack_replica
 from kvpool.master.segments import Segment
-from kvpool.master.tiers import TieredRecord
 
 if TYPE_CHECKING:
     from kvpool.master.index import ObjectIndex
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 class Recovery:
     def __init__(self, index: "ObjectIndex") -> None:
         self.index = index
-        self.orphans: dict[tuple[str, str], list[ObjectRecord]] = {}  # recovered, parent not (yet) seen
+        self.orphans = Orphans()  # recovered, parent not (yet) seen
 
     def announce(
         self, segment: Segment, entries: list[DirEntry], ages_s: list[float], now_s: float
@@ -57,7 +57,7 @@ class Recovery:
             rec = space.get(key)
             if rec is not None:
                 # another node's replica of it, or a put since the restart: take it only if it is the same object
-                if (not rec.flags & COMPLETE or rec.size_bytes != size or rec.checksum != checksum
+                if (rec.state != COMPLETE or rec.size_bytes != size or rec.checksum != checksum
                         or on_segment(rec.locations, segment_id)
                         or len(rec.locations) >= REPLICA_BYTES * MAX_REPLICAS):
                     rejected.append(offset)
@@ -67,41 +67,18 @@ class Recovery:
                 space.account.charge(rec, 1)
             else:
                 last_access_s = now_s - (ages_s[i] if i < len(ages_s) and ages_s[i] > 0 else 0.0)
-                rec = TieredRecord(space, key, packed, COMPLETE, last_access_s)
+                rec = ObjectRecord(space, key, packed, COMPLETE, 0, last_access_s)
                 rec.checksum = checksum
                 space[key] = rec
                 space.account.charge(rec, 1)
                 index.num_complete += 1
-                self.link(rec, tenant, entry.parent)  # it joins the eviction heap in finish_recovery
+                self.orphans.link(rec, tenant, entry.parent)  # it joins the eviction heap in finish_recovery
             recovered[offset] = (size, rec)
             segment.num_objects += 1
             accepted += 1
         index.recovered_objects += accepted
         index.rejected_announcements += len(rejected)
         return accepted, rejected
-
-    def link(self, rec: ObjectRecord, tenant: str, parent_key: str | None) -> None:
-        """Join a recovered record to its parent (and its waiting children to it) once both are known."""
-        waiting = self.orphans.pop((tenant, rec.key), None)
-        if waiting:
-            for child in waiting:
-                if not child.flags & DEAD and child.parent is None:
-                    child.parent = rec
-                    if child.locations:
-                        rec.num_children += 1
-                    else:
-                        rec.disk_children += 1
-        if parent_key is None:
-            return
-        parent = rec.space.get(parent_key)
-        if parent is not None and parent.flags & COMPLETE:
-            rec.parent = parent
-            if rec.locations:
-                parent.num_children += 1
-            else:
-                parent.disk_children += 1
-        else:
-            self.orphans.setdefault((tenant, parent_key), []).append(rec)
 
     def finish(self, segment: Segment) -> int:
         """Build the segment's allocator from the announced ranges and let it take new objects;
@@ -127,14 +104,14 @@ class Recovery:
                 rec.space.account.charge(rec, -1)
                 rec.locations = pack_replicas(rest)
                 rec.space.account.charge(rec, 1)
-                segment.log.append(DirEntry(offset, 0))
+                index.space.log_removal([Replica(segment_id, offset, 0)])
             else:
                 index.drop(rec, free_space=False)  # logs the removal
         segment.allocator.rebuild(used)
         push = index.evictor.push
         for _, rec in segment.recovered.values():
             # not before: evicting it while its segment recovered would have freed nothing
-            if not rec.num_children and not rec.flags & (IN_HEAP | DEAD | PINNED):
+            if not rec.num_children and not rec.heaps & IN_HEAP and rec.state != GONE and not rec.flags & PINNED:
                 push(rec)
         segment.recovered = {}
         segment.recovering = False

@@ -36,9 +36,10 @@ from __future__ import annotations
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
-from kvpool.core.protocol import DIR_DISK_DROP, DIR_PROMOTE, DirEntry, DiskEntry, TierReport, TierStats, pack_replicas
+from kvpool.core.protocol import DiskEntry, TierReport, TierStats, pack_replicas
 from kvpool.core.protocol import Replica
-from kvpool.master.eviction import COMPLETE, DEAD, PINNED, ObjectRecord
+from kvpool.master import chains
+from kvpool.master.records import COMPLETE, GONE, IN_DISK_HEAP, PINNED, PROMOTING, ObjectRecord
 
 if TYPE_CHECKING:
     from kvpool.master.index import ObjectIndex
@@ -53,30 +54,7 @@ def stored_bytes(size: int) -> int:
     return STORED_BLOCK + -(-size // STORED_BLOCK) * STORED_BLOCK
 
 
-PROMOTING = 1 << 10  # disk-only, a DRAM range reserved and the node asked to fill it
-IN_DISK_HEAP = 1 << 11  # has an entry in its disk tier's eviction heap
-
-
-class TieredRecord(ObjectRecord):
-    """An ObjectRecord that may also live in a node's disk tier."""
-
-    __slots__ = ("disk_segment", "disk_size", "disk_children", "disk_heap_s")
-
-    def __init__(self, space: dict, key: str, locations: bytes, flags: int, now_s: float, token: int = 0) -> None:
-        super().__init__(space, key, locations, flags, now_s, token)
-        self.disk_segment: int | None = None  # the segment whose node holds a disk copy
-        self.disk_size = 0
-        self.disk_children = 0  # children held on disk only
-        self.disk_heap_s = now_s  # last_access_s when pushed onto the disk heap
-
-    @property
-    def size_bytes(self) -> int:
-        loc = self.locations
-        return int.from_bytes(loc[16:24], "little") if loc else self.disk_size
-
-    @property
-    def disk_only(self) -> bool:
-        return not self.locations
+TieredRecord = ObjectRecord  # every record may have a disk copy (records.py)
 
 
 class _DiskHeapEntry:
@@ -169,7 +147,7 @@ class Tiers:
     def _find(self, entry: DiskEntry) -> TieredRecord | None:
         space = self.index.tenants.get(entry.tenant)
         rec = space.get(entry.key) if space is not None else None
-        if rec is None or not rec.flags & COMPLETE or rec.size_bytes != entry.size:
+        if rec is None or rec.state != COMPLETE or rec.size_bytes != entry.size:
             return None
         if int.from_bytes(rec.checksum, "little") != entry.checksum:
             return None
@@ -182,7 +160,7 @@ class Tiers:
         if rec is None or rec.disk_segment is not None or rec.disk_only or rec.flags & PINNED or not any(
                 r.segment_id == tier.segment_id for r in rec.replicas):
             # not this object any more (gone, re-put, or already on another disk): the file is of no use
-            segment.log.append(DirEntry(0, 0, entry.tenant, entry.key, None, entry.checksum, DIR_DISK_DROP))
+            self.index.space.log_disk_drop(segment.segment_id, entry.tenant, entry.key, entry.checksum)
             return
         self._add_copy(rec, tier, entry.size)
 
@@ -199,23 +177,18 @@ class Tiers:
             return  # a resent report, or a promotion this master never asked for
         rec.flags &= ~PROMOTING
         size = rec.disk_size
-        if not ok or rec.flags & DEAD:
-            segment.allocator.free(offset, size)
-            segment.num_objects -= 1
-            segment.log.append(DirEntry(offset, 0))
+        if not ok or rec.state == GONE:
+            self.index.space.free_range(segment, offset, size)
             if not ok:
                 tier.promotions_failed += 1
-                if not rec.flags & DEAD:
+                if rec.state != GONE:
                     self.index.drop(rec)  # its disk copy is bad (the node dropped it) and it has no other
             return
         tier.promotions += 1
         tier.num_disk_only -= 1
         rec.locations = pack_replicas([Replica(segment.segment_id, offset, size)])
         rec.space.account.charge(rec, 1)
-        parent = rec.parent
-        if parent is not None:
-            parent.disk_children -= 1
-            parent.num_children += 1
+        chains.to_dram(rec)
         if not rec.num_children and not rec.flags & PINNED:
             self.index.evictor.push(rec)
 
@@ -227,18 +200,15 @@ class Tiers:
         if tier is None:
             return False
         index = self.index
-        index._free_replicas(rec.replicas)
-        index._log_removal(rec)
+        index.space.free(rec.replicas)
+        index.space.log_removal(rec.replicas)
         rec.space.account.charge(rec, -1)  # disk-only objects do not count in the tenant's quota (quotas.py)
         rec.locations = b""
         tier.num_disk_only += 1
         tier.demotions += 1
-        parent = rec.parent
-        if parent is not None:
-            parent.num_children -= 1
-            parent.disk_children += 1
-            if not parent.num_children:
-                index._became_tail(parent)
+        tail = chains.to_disk(rec)
+        if tail is not None:
+            index.became_tail(tail)
         return True
 
     def promote_chain(self, records: list[TieredRecord], now_s: float) -> int:
@@ -262,29 +232,29 @@ class Tiers:
         if segment is None or segment.recovering:
             return False
         size = rec.disk_size
-        offset = segment.allocator.allocate(size)
+        space = self.index.space
+        offset = space.allocate_on(segment, size)
         if offset is None:
             if segment.tenant:  # a dedicated segment: room only from its tenant's objects there
                 self.index.evictor.evict(now_s, segment.allocator.aligned(size), rec.space.account,
                                          on_segments={segment.segment_id})
             else:
                 self.index.evictor.evict(now_s, segment.allocator.aligned(size))
-            offset = segment.allocator.allocate(size)
+            offset = space.allocate_on(segment, size)
             if offset is None:
                 return False
-        segment.num_objects += 1
         rec.flags |= PROMOTING
         rec.last_access_s = now_s
         tier.promoting[offset] = rec
         parent_key = rec.parent.key if rec.parent is not None else None
-        segment.log.append(DirEntry(offset, size, self.tenant_of(rec), rec.key, parent_key,
-                                    int.from_bytes(rec.checksum, "little"), DIR_PROMOTE))
+        space.log_promote(segment, offset, size, self.tenant_of(rec), rec.key, parent_key,
+                          int.from_bytes(rec.checksum, "little"))
         return True
 
     # ---- disk eviction -------------------------------------------------------------------------
 
     def push(self, rec: TieredRecord, tier: DiskTier) -> None:
-        rec.flags |= IN_DISK_HEAP
+        rec.heaps |= IN_DISK_HEAP
         rec.disk_heap_s = rec.last_access_s
         heappush(tier.heap, _DiskHeapEntry(rec))
 
@@ -301,8 +271,8 @@ class Tiers:
         set_aside: list[TieredRecord] = []
         while freed < bytes_to_free and heap:
             rec = heappop(heap).rec
-            rec.flags &= ~IN_DISK_HEAP
-            if rec.flags & DEAD or rec.disk_segment != tier.segment_id:
+            rec.heaps &= ~IN_DISK_HEAP
+            if rec.state == GONE or rec.disk_segment != tier.segment_id:
                 continue
             if rec.last_access_s != rec.disk_heap_s:
                 self.push(rec, tier)
@@ -342,10 +312,8 @@ class Tiers:
         self._forget_copy(rec, tier, tell_node=True)
 
     def _log_disk_drop(self, rec: TieredRecord, tier: DiskTier) -> None:
-        segment = self.index.segments.by_id.get(tier.segment_id)
-        if segment is not None:
-            segment.log.append(DirEntry(0, 0, self.tenant_of(rec), rec.key, None,
-                                        int.from_bytes(rec.checksum, "little"), DIR_DISK_DROP))
+        self.index.space.log_disk_drop(tier.segment_id, self.tenant_of(rec), rec.key,
+                                       int.from_bytes(rec.checksum, "little"))
 
     def tenant_of(self, rec: ObjectRecord) -> str:
         return rec.space.name
@@ -376,16 +344,16 @@ class Tiers:
                     else:
                         ok = False
                 else:
-                    rec = TieredRecord(space, entry.key, b"", COMPLETE, now_s - max(0.0, entry.age_s))
+                    rec = ObjectRecord(space, entry.key, b"", COMPLETE, 0, now_s - max(0.0, entry.age_s))
                     rec.checksum = entry.checksum.to_bytes(8, "little")
                     space[entry.key] = rec
                     index.num_complete += 1
                     tier.num_disk_only += 1
                     self._add_copy(rec, tier, entry.size)
-                    index.recovery.link(rec, entry.tenant, entry.parent)
+                    index.recovery.orphans.link(rec, entry.tenant, entry.parent)
             if not ok:
                 refused += 1
-                segment.log.append(DirEntry(0, 0, entry.tenant, entry.key, None, entry.checksum, DIR_DISK_DROP))
+                self.index.space.log_disk_drop(segment.segment_id, entry.tenant, entry.key, entry.checksum)
         index.recovered_objects += len(entries) - refused
         index.rejected_announcements += refused
         return refused
