@@ -26,7 +26,7 @@ import msgspec
 
 from kvpool.core import protocol as p
 from kvpool.core.errors import ForbiddenError, KVPoolError, UsageError
-from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
+from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH, NodeId
 from kvpool.master.access import OPEN, TENANT_CALLS, Principal, namespace_owner, refusal, scoped_tenant
 from kvpool.master.config import MasterConfig
 from kvpool.master.eviction import EVICTION_SLICE_BYTES, Evictor
@@ -86,7 +86,7 @@ class MasterCore:
                                    min(config.max_inline_bytes, config.inline_capacity_bytes, self._max_inline_reply))
         self.segments_expired = 0
         self.forbidden = 0  # requests refused by the access policy
-        self._node_owners: dict[str, str] = {}  # node id -> public key of the identity that mounted it
+        self._node_owners: dict[NodeId, str] = {}  # node id -> public key of the identity that mounted it
         self._handlers = {
             p.MountSegment: self._mount,
             p.AnnounceObjects: self._announce,

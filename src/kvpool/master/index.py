@@ -81,7 +81,7 @@ class ObjectIndex:
                 self.evictor.give_own_heap(account)
         return account
 
-    def tenant_segments(self, tenant: str) -> set[int]:
+    def tenant_segments(self, tenant: str) -> set[SegmentId]:
         """Ids of the segments holding a replica of any pending or complete object of `tenant`, in
         any of its namespaces (a stored namespace `<tenant>/<ns>` names its owner too). Kept per put
         and drop (quotas.TenantAccount.charge), not scanned."""

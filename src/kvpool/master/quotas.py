@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from kvpool.core.protocol import REPLICA_BYTES, KeyGroupStats, TenantStats
 from kvpool.core.sizes import format_size, parse_size
-from kvpool.core.types import MAX_TENANT_LENGTH
+from kvpool.core.types import MAX_TENANT_LENGTH, SegmentId
 
 DEFAULT_TENANT = "*"  # in `--quota *=SIZE` and the TOML [default] table: tenants not listed
 
@@ -203,7 +203,7 @@ class TenantAccount:
         self.quota = quota
         self.used_bytes = 0
         self.num_objects = 0
-        self.segment_replicas: dict[int, int] = {}  # segment id -> its replicas of this tenant's objects
+        self.segment_replicas: dict[SegmentId, int] = {}  # segment id -> its replicas of this tenant's objects
         self.heap: list | None = None  # its own eviction heap (eviction.py), or None: in the shared one
         self.dedicated = False  # places only on segments dedicated to it (segments.py)
         self.quota_refusals = 0
@@ -265,7 +265,7 @@ class TenantAccount:
     def describe_quota(self) -> str:
         return self.quota.describe() if self.quota is not None else "no limit"
 
-    def segments(self) -> set[int]:
+    def segments(self) -> set[SegmentId]:
         return set(self.segment_replicas)
 
     def stats(self) -> TenantStats:

@@ -42,6 +42,7 @@ from kvpool.core.protocol import Replica
 from kvpool.master.chains import to_dram
 from kvpool.master.records import COMPLETE, GONE, IN_DISK_HEAP, PINNED, PROMOTING, ObjectRecord
 
+from kvpool.core.types import NodeId, SegmentId
 from kvpool.master.config import MasterConfig
 from kvpool.master.eviction import Evictor
 from kvpool.master.space import SegmentSpace
@@ -76,7 +77,7 @@ class DiskTier:
     __slots__ = ("segment_id", "node_id", "capacity_bytes", "used_bytes", "num_objects", "num_disk_only", "heap",
                  "promoting", "demotions", "promotions", "promotions_failed", "disk_hits", "disk_evictions")
 
-    def __init__(self, segment_id: int, node_id: str, capacity_bytes: int) -> None:
+    def __init__(self, segment_id: SegmentId, node_id: NodeId, capacity_bytes: int) -> None:
         self.segment_id = segment_id
         self.node_id = node_id
         self.capacity_bytes = capacity_bytes
@@ -102,7 +103,7 @@ class Tiers:
         self.config = config
         self.space = space
         self.evictor = evictor
-        self.by_segment: dict[int, DiskTier] = {}
+        self.by_segment: dict[SegmentId, DiskTier] = {}
 
     # ---- membership ----------------------------------------------------------------------------
 
@@ -111,7 +112,7 @@ class Tiers:
         self.by_segment[segment.segment_id] = tier
         return tier
 
-    def drop_segment(self, segment_id: int, tenants: Tenants) -> list[ObjectRecord]:
+    def drop_segment(self, segment_id: SegmentId, tenants: Tenants) -> list[ObjectRecord]:
         """The segment (and with it its node's disk tier) is gone: the others lose their disk copy;
         returns the disk-only objects there, which go (the caller drops them)."""
         tier = self.by_segment.pop(segment_id, None)
