@@ -4,13 +4,17 @@ Rules:
 - Lifecycle (`state`): PENDING -> COMPLETE, PENDING -> LANDING -> COMPLETE, and any state -> GONE.
   `LIFECYCLE` is the table; `ObjectIndex` is the only code that moves a record through it (`move`),
   and a move the table does not list raises (a bug, never a request's fault).
-- Policy flags (`flags`), independent of the lifecycle: PINNED (never evicted), DRAINING (eviction
-  waits for its lease to end: no new lease), PROMOTING (disk-only, a DRAM range reserved and the node
-  asked to fill it). Written by the index only.
+- Policy flags (`flags`), independent of the lifecycle: PINNED (never evicted; set by the index
+  when the record is made), DRAINING (eviction waits for its lease to end: no new lease; leases.py),
+  PROMOTING (disk-only, a DRAM range reserved and the node asked to fill it; tiers.py).
 - Heap membership (`heaps`): IN_HEAP (an entry in a DRAM eviction heap), IN_DISK_HEAP (an entry in
   its disk tier's heap). Written only by the heap that holds the entry (eviction.py, tiers.py).
 - Chain fields (`parent`, `num_children`, `disk_children`) are written only by chains.py; lease
-  fields (`lease_until_s`, `lease_since_s`, `lease_count`) only by leases.py.
+  fields (`lease_until_s`, `lease_since_s`, `lease_count`) only by leases.py; disk fields
+  (`disk_segment`, `disk_size`, `disk_heap_s`) only by tiers.py.
+- Where the bytes are (`locations`) is set when the record is made and changed only by a move
+  between tiers (tiers.py), a replica announced or found overlapping (recovery.py), or a replica's
+  segment going (replicas.keep_other_replicas, called by the index and the lease table).
 - Residency is derived, not stored: `locations` empty means disk-only (the copy is on
   `disk_segment`'s disk); PROMOTING says it is on its way back to DRAM.
 - One record per object, with __slots__, sharing what can be shared (a batch's `now_s` float, the

@@ -1,6 +1,10 @@
 """Disk tiers: which objects have a copy on a node's disk, demotion, promotion, disk eviction (pure).
 
 Rules:
+- This module takes the segment space and the evictor, never the index: it keeps each tier's
+  accounting, its disk heap and the records' disk fields, and returns (or yields, where the order
+  matters) the records that must leave the pool; the index drops them. Between two yielded records
+  the caller's drop has run, so a parent whose last child went is already a candidate.
 - A segment whose node mounted it with `disk_bytes > 0` has a DiskTier here. The node writes
   committed objects of its segment to disk in the background (write-back, bounded queue, off the put
   path) and reports each one written (TierReport.written, with the checksum it verified on the bytes
@@ -272,7 +276,7 @@ class Tiers:
                 continue
             if rec.disk_only:
                 if rec.num_children or rec.disk_children:
-                    continue  # pushed again when its last child goes (ObjectIndex._became_tail)
+                    continue  # pushed again when its last child goes (ObjectIndex.became_tail)
                 if rec.flags & PROMOTING:
                     set_aside.append(rec)
                     continue
