@@ -144,7 +144,7 @@ class Pressure:
             rec = selection.next()
             if rec is None:
                 break
-            if not evictable(rec, now_s, max_hold_s):
+            if rec.lease_until_s is not None and not evictable(rec, now_s, max_hold_s):
                 selection.keep(rec)
                 continue
             frees, on_recovering = eviction_frees(unpack_replicas(rec.locations))
