@@ -1,6 +1,9 @@
 """The master's logic behind one entry point: `handle(request, now_s) -> reply`, plus `tick(now_s)`.
 
 Rules:
+- It builds the master's parts and routes each request to the one that owns its state
+  (docs/design/master.md): puts to `writes`, lookups, releases and removals to `reads`, segments,
+  announcements and tier reports to the index, watermark eviction to `pressure`.
 - No I/O and no clock: the ZMQ service passes `time.monotonic()`, tests and the simulator pass
   their own clock. Decoding bytes is the service's job; this takes decoded protocol structs.
 - Bad requests raise UsageError here and become ErrorReply(kind="usage") in `handle`; nothing a

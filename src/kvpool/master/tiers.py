@@ -37,24 +37,23 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from heapq import heappop, heappush
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from kvpool.core.protocol import DiskEntry, TierReport, TierStats, pack_replicas
-from kvpool.core.protocol import Replica
-from kvpool.master.chains import to_dram
-from kvpool.master.records import COMPLETE, GONE, IN_DISK_HEAP, PINNED, PROMOTING, ObjectRecord
-
+from kvpool.core.protocol import DiskEntry, Replica, TierReport, TierStats, pack_replicas
 from kvpool.core.types import NodeId, SegmentId
+from kvpool.master.chains import to_dram
 from kvpool.master.config import MasterConfig
 from kvpool.master.eviction import Evictor
+from kvpool.master.quotas import TenantSpace
+from kvpool.master.records import COMPLETE, GONE, IN_DISK_HEAP, PINNED, PROMOTING, ObjectRecord
 from kvpool.master.space import SegmentSpace
 
 if TYPE_CHECKING:
     from kvpool.master.segments import Segment
 
-Tenants = dict  # stored namespace -> its records (ObjectIndex.tenants)
+Tenants = Mapping[str, TenantSpace]  # stored namespace -> its records (ObjectIndex.tenants)
 
 STORED_BLOCK = 4096  # node/disk_store.py: a 4 KiB header, the payload in 4 KiB blocks
 
