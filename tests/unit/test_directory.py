@@ -151,7 +151,7 @@ def test_put_ends_add_and_drops_of_complete_objects_remove_on_every_replicas_seg
     assert core.handle(p.Remove("t", ["both"]), 2.0).count == 1
     assert heartbeat(core, "n1", s1, d1, 3.0).deltas == [p.DirectoryDelta(s1, 3, [p.DirEntry(0, 0)])]
     assert heartbeat(core, "n2", s2, d2, 3.0).deltas == [p.DirectoryDelta(s2, 2, [p.DirEntry(0, 0)])]
-    core.index.evictor.evict(4.0, SLOT)  # "one" is the only candidate
+    core.pressure.evict(4.0, SLOT)  # "one" is the only candidate
     heartbeat(core, "n1", s1, d1, 5.0)
     assert (len(d1), len(d2)) == (0, 0)
     assert heartbeat(core, "n1", s1, d1, 6.0).deltas == [] and heartbeat(core, "n2", s2, d2, 6.0).deltas == []

@@ -76,7 +76,7 @@ def test_ahead_allocates_after_the_ends_and_an_unused_one_is_reclaimed_after_ahe
     assert core.stats(1.0).num_pending == 1
     core.tick(1.6)  # never ended: reclaimed, its space free again, and not counted as a writer that died
     stats = core.stats(1.6)
-    assert (stats.num_pending, stats.ahead_expired, core.index.reclaimed) == (0, 1, 0)
+    assert (stats.num_pending, stats.ahead_expired, core.writes.reclaimed) == (0, 1, 0)
     late = core.handle(p.PutEnd("t", ["ahead:1"], list(reply.ahead.tokens), [0x6], as_keys=["b"]), 1.7)
     assert (late.ended, late.refused) == (0, [0])
     assert hits(core, ["a"], 2.0)[0] == 1 and core.stats(2.0).num_objects == 1

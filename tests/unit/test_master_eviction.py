@@ -29,7 +29,7 @@ def present(core, keys):
 
 def evict_one(core, now_s, keys):
     before = set(present(core, keys))
-    core.index.evictor.evict(now_s, SLOT)
+    core.pressure.evict(now_s, SLOT)
     gone = before - set(present(core, keys))
     assert len(gone) <= 1
     return gone.pop() if gone else None
@@ -72,7 +72,7 @@ def test_eviction_work_per_call_is_bounded_on_a_full_pool(monkeypatch):
     evicted = core.stats(20.0).evictions
     core.tick(20.0)
     assert core.stats(20.0).evictions - evicted == 20  # one slice of bytes
-    core.index.evictor.evict_slice(20.0, 1 << 30, max_objects=5)
+    core.pressure.evict_slice(20.0, 1 << 30, max_objects=5)
     assert core.stats(20.0).evictions - evicted == 25  # one slice of a count
     assert core.has_idle_work  # the count ended it, not a lack of candidates
     for _ in range(30):
@@ -165,7 +165,7 @@ def test_a_drained_object_is_leasable_again_when_eviction_did_not_take_it():
     put(core, ["a"], now_s=0.0)
     core.handle(p.LookupPrefix("t", ["a"]), 0.0)
     core.handle(p.LookupPrefix("t", ["a"]), 4.0)  # leased until 9.0, held since 0
-    core.index.evictor.evict(6.0, SLOT)  # wants it: drained
+    core.pressure.evict(6.0, SLOT)  # wants it: drained
     assert core.handle(p.LookupPrefix("t", ["a"]), 9.0).num_hit == 0
     assert core.handle(p.LookupPrefix("t", ["a"]), 13.9).num_hit == 0  # eviction's window: one TTL
     assert core.handle(p.LookupPrefix("t", ["a"]), 14.0).num_hit == 1

@@ -44,7 +44,7 @@ def release(core, lease_ids, now_s, tenant="t") -> int:
 def evictable(core, now_s) -> list[str]:
     """Evict everything evictable right now; the keys that went."""
     before = set(core.index.tenants["t"])
-    core.index.evictor.evict(now_s, 1 << 40)
+    core.pressure.evict(now_s, 1 << 40)
     return sorted(before - set(core.index.tenants["t"]))
 
 
@@ -98,7 +98,7 @@ def test_expired_lease_entries_are_purged_by_tick_and_their_ids_release_nothing(
     assert core.index.tenants["t"]["a"].lease_count == 1
     core.tick(6.0)
     assert (core.index.tenants["t"]["a"].lease_count, core.index.tenants["t"]["b"].lease_count) == (0, 0)
-    assert core.index._leases == {}
+    assert core.leases.entries == {}
     assert release(core, [reply.lease_id], 6.5) == 0
 
 
@@ -133,7 +133,7 @@ def test_lookups_without_hits_or_without_lease_get_no_lease_id():
     put(core, ["a"])
     assert lease(core, ["zz", "a"], 1.0).lease_id == 0
     assert core.handle(p.LookupPrefix("t", ["a"], lease=False), 1.0).lease_id == 0
-    assert core.index._leases == {}
+    assert core.leases.entries == {}
 
 
 def test_a_multi_replica_reply_packs_each_hits_replicas_with_counts():

@@ -66,7 +66,7 @@ def announce(core, segment_id, directory, now_s, chunk, last=True) -> list[p.Ann
 
 def evict_one(core, now_s) -> str | None:
     before = set(core.index.tenants["t"])
-    core.index.evictor.evict(now_s, SLOT)
+    core.pressure.evict(now_s, SLOT)
     gone = before - set(core.index.tenants["t"])
     assert len(gone) <= 1
     return gone.pop() if gone else None

@@ -4,6 +4,7 @@ driven through MasterCore with a fake clock and a fake node that answers like a 
 
 from kvpool.core import protocol as p
 from kvpool.master import MasterConfig, MasterCore
+from kvpool.master.records import PROMOTING
 
 SLOT = 64
 DISK_SLOT = 8192  # what one 64-byte object takes on disk (a 4 KiB header + one 4 KiB block)
@@ -80,7 +81,7 @@ def where(core, key) -> str:
         return "gone"
     if rec.locations:
         return "dram+disk" if rec.disk_segment is not None else "dram"
-    return "promoting" if rec.flags & (1 << 10) else "disk"
+    return "promoting" if rec.flags & PROMOTING else "disk"
 
 
 def test_eviction_demotes_to_disk_tails_first_and_lookups_promote_back():

@@ -41,7 +41,7 @@ def eviction_order(core, now_s, keys):
     order = []
     for _ in keys:
         before = set(present(core, keys))
-        core.index.evictor.evict(now_s, SLOT)
+        core.pressure.evict(now_s, SLOT)
         gone = before - set(present(core, keys))
         assert len(gone) <= 1
         if gone:

@@ -1,4 +1,4 @@
-"""The metadata master: pure logic (allocator, segments, index, eviction, placement) and its ZMQ shell."""
+"""The metadata master: pure logic in layers (docs/design/master.md) and its ZMQ shell (service)."""
 
 from kvpool.master.config import MasterConfig
 from kvpool.master.core import MasterCore

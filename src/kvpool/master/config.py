@@ -15,7 +15,7 @@ class MasterConfig:
     metrics_port: int | None = None  # None: no Prometheus endpoint; 0: the OS chooses
     # used / capacity above this after a put starts eviction towards low_watermark: the put evicts
     # back under it (and at most twice its bytes more), slices while the master idles and one per
-    # tick the rest (eviction.py).
+    # tick the rest (pressure.py).
     # Close together: the pool's average fill is between them, and every point of it is hit rate
     # once the pool is full (the long e2e trace: 0.95 / 0.85 -> 0.99 / 0.98 simulate 73.5 -> 79.4 %
     # pool hits, benchmarks/results/e2e_peers/long/capacity_bound.md); a burst evicts 1 % of the

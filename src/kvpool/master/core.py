@@ -1,6 +1,9 @@
 """The master's logic behind one entry point: `handle(request, now_s) -> reply`, plus `tick(now_s)`.
 
 Rules:
+- It builds the master's parts and routes each request to the one that owns its state
+  (docs/design/master.md): puts to `writes`, lookups, releases and removals to `reads`, segments,
+  announcements and tier reports to the index, watermark eviction to `pressure`.
 - No I/O and no clock: the ZMQ service passes `time.monotonic()`, tests and the simulator pass
   their own clock. Decoding bytes is the service's job; this takes decoded protocol structs.
 - Bad requests raise UsageError here and become ErrorReply(kind="usage") in `handle`; nothing a
@@ -26,14 +29,19 @@ import msgspec
 
 from kvpool.core import protocol as p
 from kvpool.core.errors import ForbiddenError, KVPoolError, UsageError
-from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
+from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH, NodeId
 from kvpool.master.access import OPEN, TENANT_CALLS, Principal, namespace_owner, refusal, scoped_tenant
 from kvpool.master.config import MasterConfig
-from kvpool.master.eviction import EVICTION_SLICE_BYTES
+from kvpool.master.eviction import EVICTION_SLICE_BYTES, Evictor
 from kvpool.master.ids import IdSource, new_epoch
 from kvpool.master.index import ObjectIndex
 from kvpool.master.inline import InlineValues
+from kvpool.master.leases import LeaseTable
+from kvpool.master.pressure import Pressure
+from kvpool.master.reads import Reads
 from kvpool.master.segments import SegmentTable
+from kvpool.master.space import SegmentSpace
+from kvpool.master.writes import Writes
 
 
 MAX_SEGMENT_BYTES = 1 << 60  # per segment
@@ -70,13 +78,18 @@ class MasterCore:
         self.ids = IdSource(self.epoch)
         self.segments = SegmentTable(config.alignment_bytes, config.heartbeat_interval_s, config.node_ttl_s, self.ids,
                                      config.directory_max_ops)
-        self.index = ObjectIndex(config, self.segments, self.ids)
+        self.space = SegmentSpace(self.segments)
+        self.leases = LeaseTable(self.space)
+        self.index = ObjectIndex(config, self.space, Evictor(), self.leases)
+        self.pressure = Pressure(config, self.space, self.index.evictor, self.leases, self.index)
+        self.reads = Reads(config, self.index, self.leases, self.pressure, self.ids)
+        self.writes = Writes(config, self.index, self.pressure, self.ids)
         self._max_inline_reply = config.max_message_bytes // 4  # inline bytes in one lookup reply
         self.inline = InlineValues(config.inline_capacity_bytes,
                                    min(config.max_inline_bytes, config.inline_capacity_bytes, self._max_inline_reply))
         self.segments_expired = 0
         self.forbidden = 0  # requests refused by the access policy
-        self._node_owners: dict[str, str] = {}  # node id -> public key of the identity that mounted it
+        self._node_owners: dict[NodeId, str] = {}  # node id -> public key of the identity that mounted it
         self._handlers = {
             p.MountSegment: self._mount,
             p.AnnounceObjects: self._announce,
@@ -184,7 +197,7 @@ class MasterCore:
         for report in req.tier_reports:
             segment = by_id.get(report.segment_id)
             if segment is not None and segment.node_id == req.node_id:
-                self.index.tiers.apply_report(segment, report, now_s)
+                self.index.apply_tier_report(segment, report, now_s)
         for i, segment_id in enumerate(req.segment_ids):
             segment = by_id.get(segment_id)
             if segment is None or segment.node_id != req.node_id:
@@ -212,7 +225,7 @@ class MasterCore:
                 if entry.size and self.inline.holds_any(entry.tenant) and self.index.holds(entry.tenant, entry.key):
                     self.inline.remove(entry.tenant, [entry.key])
         if req.disk_entries:
-            accepted += len(req.disk_entries) - self.index.tiers.announce(segment, req.disk_entries, now_s)
+            accepted += len(req.disk_entries) - self.index.announce_disk(segment, req.disk_entries, now_s)
         if req.last:
             self.index.finish_recovery(segment)
         return p.AnnounceReply(accepted=accepted, rejected_offsets=rejected)
@@ -237,14 +250,14 @@ class MasterCore:
             raise UsageError(f"num_replicas must be in 1..{p.MAX_REPLICAS}, got {req.num_replicas}")
         if self.inline.holds_any(req.tenant):
             return self._put_start_beside_inline(req, now_s, ahead)
-        statuses, replicas, message, tokens = self.index.put_start(
+        statuses, replicas, message, tokens = self.writes.put_start(
             req.tenant, req.keys, req.sizes, req.parents, req.num_replicas, req.pinned, now_s, ahead
         )
         return p.PutStartReply(statuses=statuses, replicas=replicas, message=message,  # type: ignore[arg-type]
                                tokens=tokens, put_timeout_s=self._put_timeout_s(ahead), lands=True)
 
     def _put_timeout_s(self, ahead: bool) -> float:
-        return self.index.ahead_timeout_s if ahead else self.config.put_timeout_s
+        return self.writes.ahead_timeout_s if ahead else self.config.put_timeout_s
 
     def _put_start_beside_inline(self, req: p.PutStart, now_s: float, ahead: bool) -> p.PutStartReply:
         """PutStart in a namespace that holds inline values: those keys exist (one namespace)."""
@@ -254,7 +267,7 @@ class MasterCore:
         message = ""
         if rest:
             parents = [req.parents[i] for i in rest] if req.parents else []
-            got, placed, message, granted = self.index.put_start(
+            got, placed, message, granted = self.writes.put_start(
                 req.tenant, [req.keys[i] for i in rest], [req.sizes[i] for i in rest], parents,
                 req.num_replicas, req.pinned, now_s, ahead)
             for n, i in enumerate(rest):
@@ -284,10 +297,7 @@ class MasterCore:
         _check_keys([req.key])
         value = self.inline.get(req.tenant, req.key)
         if value is not None:
-            index = self.index  # counted as the leased lookup it replaces
-            index.lookups += 1
-            index.gets += 1
-            index.hit_keys += 1
+            self.reads.count_inline_get()
             return p.ValueReply(True, value, None, self.inline.max_value_bytes)
         lookup = self._lookup_prefix(p.LookupPrefix(req.tenant, [req.key], True), now_s)
         return p.ValueReply(False, b"", lookup, self.inline.max_value_bytes)
@@ -306,7 +316,7 @@ class MasterCore:
             _check_keys(req.as_keys)
             if self.inline.holds_any(req.tenant):
                 taken = partial(self.inline.contains, req.tenant)
-        ended, refused, existed = self.index.put_end(req.tenant, req.keys, req.tokens, req.checksums, now_s,
+        ended, refused, existed = self.writes.put_end(req.tenant, req.keys, req.tokens, req.checksums, now_s,
                                                      req.as_keys, taken, req.landing)
         ahead = None
         if req.ahead:  # after the ends: the space they leave pending stays the writer's either way
@@ -319,21 +329,21 @@ class MasterCore:
         if req.checksums:
             _check_same_length("put_landed", req.keys, req.checksums)
             _check_checksums(req.checksums)
-        return p.OkReply(count=self.index.put_landed(req.tenant, req.keys, req.tokens, now_s, req.checksums))
+        return p.OkReply(count=self.writes.put_landed(req.tenant, req.keys, req.tokens, now_s, req.checksums))
 
     def _put_revoke(self, req: p.PutRevoke, now_s: float) -> p.OkReply:
         _check_same_length("put_revoke", req.keys, req.tokens)
         if req.in_flight and (min(req.in_flight) < 0 or max(req.in_flight) >= len(req.keys)):
             raise UsageError(f"in_flight indices must be within 0..{len(req.keys) - 1}")
-        return p.OkReply(count=self.index.put_revoke(req.tenant, req.keys, req.tokens, req.in_flight, now_s))
+        return p.OkReply(count=self.writes.put_revoke(req.tenant, req.keys, req.tokens, req.in_flight, now_s))
 
     def _end_quarantine(self, req: p.EndQuarantine, now_s: float) -> p.OkReply:
-        return p.OkReply(count=self.index.end_quarantine(req.tenant, req.tokens))
+        return p.OkReply(count=self.writes.end_quarantine(req.tenant, req.tokens))
 
     def _lookup_prefix(self, req: p.LookupPrefix, now_s: float) -> p.LookupReply:
-        index = self.index
-        num_hit, lease_id, locations, counts, checksums = index.lookup_prefix(req.tenant, req.keys, req.lease, now_s)
-        promoting = index.last_num_promoting
+        reads = self.reads
+        num_hit, lease_id, locations, counts, checksums = reads.lookup_prefix(req.tenant, req.keys, req.lease, now_s)
+        promoting = reads.last_num_promoting
         inline_values: list[bytes] = []
         if num_hit < len(req.keys) and not promoting and self.inline.holds_any(req.tenant):
             before = num_hit
@@ -342,14 +352,14 @@ class MasterCore:
                 num_hit += len(inline_values)
             else:
                 num_hit, promoting = self._count_beside_inline(req, num_hit, now_s)
-            index.count_hits_after(num_hit - before)
+            reads.count_hits_after(num_hit - before)
         return p.LookupReply(num_hit, self.config.lease_ttl_s, lease_id, locations, counts, checksums,
                              promoting, inline_values)
 
     def _count_beside_inline(self, req: p.LookupPrefix, num_hit: int, now_s: float) -> tuple[int, int]:
         """A counting lookup walks on through inline and index keys alike: (hits, promoting). The
         index's own counters see one lookup (the caller's), not one per stretch of index keys."""
-        index, keys = self.index, req.keys
+        reads, keys = self.reads, req.keys
         promoting = 0
         while num_hit < len(keys):
             run = len(self.inline.run(req.tenant, keys, num_hit, False, _UNBOUNDED))
@@ -357,36 +367,36 @@ class MasterCore:
                 break
             num_hit += run
             if num_hit < len(keys):
-                num_hit += index.lookup_prefix(req.tenant, keys[num_hit:], False, now_s, counted=False)[0]
-                promoting = index.last_num_promoting
+                num_hit += reads.lookup_prefix(req.tenant, keys[num_hit:], False, now_s, counted=False)[0]
+                promoting = reads.last_num_promoting
                 if promoting:
                     break
         return num_hit, promoting
 
     def _release_leases(self, req: p.ReleaseLeases, now_s: float) -> p.OkReply:
-        return p.OkReply(count=self.index.release_leases(req.tenant, req.lease_ids, now_s))
+        return p.OkReply(count=self.reads.release_leases(req.tenant, req.lease_ids))
 
     def _exists(self, req: p.Exists, now_s: float) -> p.ExistsReply:
-        exists = self.index.exists(req.tenant, req.keys)
+        exists = self.reads.exists(req.tenant, req.keys)
         if self.inline.holds_any(req.tenant):
             contains = self.inline.contains
             exists = [e or contains(req.tenant, key) for e, key in zip(exists, req.keys)]
         return p.ExistsReply(exists=exists)
 
     def _remove(self, req: p.Remove, now_s: float) -> p.OkReply:
-        return p.OkReply(count=self.index.remove(req.tenant, req.keys, now_s) + self.inline.remove(req.tenant, req.keys))
+        return p.OkReply(count=self.reads.remove(req.tenant, req.keys, now_s) + self.inline.remove(req.tenant, req.keys))
 
     # ---- timed work and stats ------------------------------------------------------------------
 
     @property
     def has_idle_work(self) -> bool:
         """Whether `idle_work` has something to do (the service then polls without waiting)."""
-        return self.index.evictor.descending
+        return self.pressure.descending
 
     def idle_work(self, now_s: float) -> None:
         """One short slice of deferred work, for a master with no request waiting: eviction
-        towards the low watermark (eviction.py)."""
-        self.index.evictor.evict_slice(now_s, EVICTION_SLICE_BYTES)
+        towards the low watermark (pressure.py)."""
+        self.pressure.evict_slice(now_s, EVICTION_SLICE_BYTES)
 
     def tick(self, now_s: float) -> list[str]:
         """The timed work; returns what an operator should read in the log."""
@@ -397,10 +407,10 @@ class MasterCore:
             self.segments_expired += 1
             events.append(f"node {segment.node_id} silent for over {self.config.node_ttl_s:g} s: segment "
                           f"{segment.segment_id:x} dropped with {lost} objects that had no other replica")
-        self.index.reclaim_pending(now_s)
-        self.index.expire_leases(now_s)
-        self.index.free_zombies(now_s)
-        expired = self.index.expire_quarantine(now_s)
+        self.writes.reclaim_pending(now_s)
+        self.leases.expire(now_s)
+        self.leases.free_removed(now_s)
+        expired = self.space.expire_quarantine(now_s)
         if expired:
             events.append(f"{expired} quarantined writes freed after {self.config.quarantine_max_s:g} s "
                           "without word from their writer")
@@ -409,16 +419,16 @@ class MasterCore:
                 self.index.finish_recovery(segment)  # its node went quiet mid-announcement: keep what came
                 events.append(f"segment {segment.segment_id:x} of node {segment.node_id}: announcement "
                               f"unfinished after {self.config.recovery_timeout_s:g} s; taking new objects")
-        self.index.evictor.evict_slice(now_s, EVICTION_SLICE_BYTES)  # also above the high watermark without a put
-        for tier in self.index.tiers.by_segment.values():
-            self.index.tiers.maybe_evict(tier, now_s)
+        self.pressure.evict_slice(now_s, EVICTION_SLICE_BYTES)  # also above the high watermark without a put
+        for tier in list(self.index.tiers.by_segment.values()):
+            self.index.evict_disk(tier, now_s)
         evictor = self.index.evictor
-        if len(evictor.heap) > 2 * self.index.num_complete + 1024:
+        if evictor.num_entries > 2 * self.index.num_complete + 1024:
             evictor.compact()
         return events
 
     def stats(self, now_s: float) -> p.StatsReply:
-        index = self.index
+        index, reads, writes, leases = self.index, self.reads, self.writes, self.leases
         segments = self.segments
         nodes = [
             p.NodeStats(
@@ -440,26 +450,26 @@ class MasterCore:
             num_objects=index.num_complete,
             num_pending=index.num_pending,
             puts=index.puts,
-            gets=index.gets,
-            lookups=index.lookups,
-            hit_keys=index.hit_keys,
-            miss_keys=index.miss_keys,
+            gets=reads.gets,
+            lookups=reads.lookups,
+            hit_keys=reads.hit_keys,
+            miss_keys=reads.miss_keys,
             evictions=index.evictor.evictions,
             evicted_bytes=index.evictor.evicted_bytes,
-            lease_grants=index.lease_grants,
-            lease_expiries=index.lease_expiries,
-            lease_releases=index.lease_releases,
+            lease_grants=leases.grants,
+            lease_expiries=leases.expiries,
+            lease_releases=leases.releases,
             fragmentation=segments.fragmentation(),
             nodes=nodes,
             epoch=self.epoch,
-            refused_put_ends=index.refused_put_ends,
-            ahead_expired=index.ahead_expired,
-            landed=index.landed,
-            refused_landings=index.refused_landings,
-            quarantined=index.num_quarantined,
-            quarantine_expiries=index.quarantine_expiries,
-            recovered_objects=index.recovered_objects,
-            rejected_announcements=index.rejected_announcements,
+            refused_put_ends=writes.refused_put_ends,
+            ahead_expired=writes.ahead_expired,
+            landed=writes.landed,
+            refused_landings=writes.refused_landings,
+            quarantined=self.space.num_quarantined,
+            quarantine_expiries=self.space.quarantine_expiries,
+            recovered_objects=index.recovery.recovered_objects,
+            rejected_announcements=index.recovery.rejected_announcements,
             tiers=index.tiers.stats(),
             forbidden=self.forbidden,
             tenants=index.tenant_stats(),

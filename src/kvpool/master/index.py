@@ -1,639 +1,63 @@
-"""The object index: objects per tenant, puts, prefix lookups with read leases, removal, reclaim.
+"""The object index: each tenant's records, and the only code that moves a record through its lifecycle.
 
 Rules:
 - Pure logic: no I/O, no clock (every call takes `now_s`). The service, the simulator and the tests
   drive the same code.
-- Object states: pending (space allocated, writer copying) -> complete (readable) -> gone (evicted,
-  removed, revoked, reclaimed, or its last replica's segment died). A key that exists in either
-  state answers PUT_EXISTS without new space; unknown keys are misses, never errors.
+- Lifecycle (records.LIFECYCLE): pending (space allocated, writer copying) -> [landing ->] complete
+  (readable) -> gone (evicted, removed, revoked, reclaimed, or its last replica's segment died).
+  Only this class calls `records.move`; writes.py, reads.py and pressure.py ask it. A key that
+  exists in any state answers PUT_EXISTS without new space; unknown keys are misses, never errors.
 - Tenants are separate dicts (quotas.TenantSpace, one per stored namespace): no call can reach
   another tenant's keys. The tenant owning a namespace (access.namespace_owner) has an account
-  (quotas.TenantAccount) with its usage (bytes, objects, replicas per segment), kept by
-  `TenantAccount.charge` wherever a record gains or loses DRAM replicas; a tenant at its quota
-  evicts only its own objects and is refused when they do not make room (quotas.py). Placement goes
-  to the segments the tenant may use (segments.placeable: its dedicated ones, else the shared ones).
-- Space is freed only when no reader can still hold it: a removed object that is leased keeps its
-  space until the lease ends (`_zombies`); eviction never picks a leased object.
-- One record per object, with __slots__, sharing what can be shared (a batch's `now_s` float, the
-  interned size int), because the master must hold millions of small KV blocks. Its replicas are
-  kept packed (24 bytes each, one bytes object): a leased lookup sends them as-is, joined.
-- Leases: every leased lookup with hits gets a lease id and an entry in `_leases` (id -> tenant
-  and the records it leased); each record counts the entries holding it (`lease_count`). A reader
-  done with its reads releases its id: the entry goes, its records' counts drop, and a record at 0
-  is unleased at once (evictable, or freed if it was removed). Another reader's lease on the same
-  object keeps the count above 0, so a release never ends someone else's lease. Rejected: a bare
-  per-key count released by key (a release arriving after its lease expired and another reader
-  leased the object would end the new reader's lease; a duplicate release would too; and removed
-  objects are no longer findable by key). The entry also makes a release cost O(its hits) with no
-  key lookups, and a second release of the same id a no-op. Entries whose lease ended are purged
-  by `expire_leases` (ids are granted in expiry order: one TTL for all); the lease_until_s check
-  stays the authority, so an unreleased lease still ends at its TTL.
-- Writes are fenced by tokens: put_start gives each allocation a token (ids.py) kept on its
-  record; put_end and put_revoke act only on a pending record whose token matches, so a late or
-  duplicate end (reclaimed, revoked, or removed and re-put by another writer) is refused and
-  reported, never applied. A revoke whose write may still land (`in_flight`) keeps the space in
-  `_quarantine` until end_quarantine names the token, the segment goes, or quarantine_max_s.
-  put_end's `as_keys` moves a pending record to the key it is ended under (client/ahead.py: an
-  allocation a writer held for its next put), unless that key is held here or inline; its token
-  and space go with it, so every rule above holds for it as for any pending put. Allocations
-  ahead take free space only: nothing is evicted for them.
-- put_end with `landing` (a writer ending while its bytes travel) checks, renames and keeps the
-  checksum as any end, but the record stays pending (flag LANDING) until put_landed names it with
-  its token; until then it is a miss for readers and an existing key for writers, and reclaim,
-  revoke and quarantine treat it as the pending put it is.
-- Every change to what a segment holds committed is appended to its directory log (directory.py):
-  an add on put_end, a removal (size 0) when a committed object goes. Nodes keep that directory
-  and announce it to a new master (`announce`), which rebuilds records, chains, tails and an LRU
-  order (by commit age) from it. Announced entries that conflict with what the index already holds
-  (another checksum or size under the key, a pending put of it, overlapping ranges) are rejected.
-- Disk tiers (tiers.py): an object may also have a copy on its node's disk. DRAM eviction of such
-  an object keeps it as disk-only (no replicas); lookups stop at a disk-only key and start its
-  promotion. `num_children` counts a record's children that hold DRAM (or are pending),
-  `disk_children` those on disk only, so DRAM eviction can take a parent whose children all went to
-  disk, and nothing is dropped from the pool before its suffixes.
+  (quotas.TenantAccount) with its usage, kept by `TenantAccount.charge` wherever a record gains or
+  loses DRAM replicas.
+- This class calls down and is never called back: the segment space frees and logs ranges, the
+  evictor and the disk tiers keep candidates, chains.py keeps parent and child counts, recovery and
+  tiers check and return what must go, and the index drops it. When a record leaves, its parent may
+  become a tail: `became_tail` puts it among the candidates of the tier that holds it.
+- Every change to what a segment holds committed is appended to its directory log (space.py): an
+  add when a record completes, a removal (size 0) when a complete record goes. Nodes keep that
+  directory and announce it to a new master (`announce`), which rebuilds records, chains, tails
+  and an LRU order (by commit age) from it.
+- Disk tiers (tiers.py): DRAM eviction of an object with a disk copy keeps it as disk-only (no
+  replicas), and nothing is dropped from the pool before its suffixes (chains.py).
 """
 
 from __future__ import annotations
 
-from collections import deque
-
-from kvpool.core.protocol import (
-    PUT_ALLOCATED,
-    PUT_EXISTS,
-    PUT_NO_SPACE,
-    REPLICA_BYTES,
-    DirEntry,
-    Replica,
-    TenantStats,
-    pack_replicas,
-)
-from kvpool.master.config import MasterConfig
-from kvpool.master.eviction import (COMPLETE, DEAD, DRAINING, IN_HEAP, LANDING, PINNED,
-                                     PUT_EVICTION_FACTOR, Evictor, ObjectRecord)
-from kvpool.master.ids import IdSource
-from kvpool.master.placement import why_nowhere
+from kvpool.core.protocol import DirEntry, DiskEntry, Replica, TenantStats, TierReport, pack_replicas
+from kvpool.core.types import SegmentId
+from kvpool.master import chains
 from kvpool.master.access import namespace_owner
+from kvpool.master.config import MasterConfig
+from kvpool.master.eviction import Evictor
+from kvpool.master.leases import LeaseTable
 from kvpool.master.quotas import TenantAccount, TenantSpace
+from kvpool.master.records import (COMPLETE, GONE, IN_DISK_HEAP, IN_HEAP, LANDING, PENDING, PINNED, ObjectRecord,
+                                   move)
 from kvpool.master.recovery import Recovery
 from kvpool.master.replicas import keep_other_replicas, on_segment
-from kvpool.master.segments import Segment, SegmentTable
-from kvpool.master.tiers import IN_DISK_HEAP, Tiers, TieredRecord
-
-_NO_REPLICAS: tuple = ()
-# byte length of a hit's packed replicas -> its replica count (protocol.MAX_REPLICAS fit in a byte)
-_COUNT_OF_LENGTH = bytes(n // REPLICA_BYTES if n % REPLICA_BYTES == 0 else 0 for n in range(256))
+from kvpool.master.segments import Segment
+from kvpool.master.space import SegmentSpace
+from kvpool.master.tiers import DiskTier, Tiers
 
 
 class ObjectIndex:
-    def __init__(self, config: MasterConfig, segments: SegmentTable, ids: IdSource) -> None:
+    def __init__(self, config: MasterConfig, space: SegmentSpace, evictor: Evictor, leases: LeaseTable) -> None:
         self.config = config
-        self.segments = segments
-        self.ids = ids
-        self.tenants: dict[str, TenantSpace] = {}  # stored namespace -> its objects
+        self.space = space
+        self.evictor = evictor
+        self.leases = leases
+        self.tiers = Tiers(config, space, evictor)
+        self.recovery = Recovery(space, evictor)
+        self.tenants: dict[str, TenantSpace] = {}  # stored namespace -> its records
         self.accounts: dict[str, TenantAccount] = {}  # owning tenant -> usage and quota
-        self.evictor = Evictor(self)
-        self.tiers = Tiers(self)
-        self.recovery = Recovery(self)
-        segments.dedicated_tenants.update(config.quotas.dedicated)  # dedicated before their segments mount
-        self.last_num_promoting = 0  # of the last lookup: disk-only keys after its hits, being promoted
-        # pending records in put order; a pending record's last_access_s is its put_start time
-        self._pending: deque[ObjectRecord] = deque()
-        self._pending_ahead: deque[ObjectRecord] = deque()  # the same, held for a writer's next put
-        self._zombies: set[ObjectRecord] = set()  # removed while leased: space freed when the lease ends
-        self._leases: dict[int, tuple[str, list[ObjectRecord]]] = {}  # lease id -> (tenant, records)
-        self._lease_order: deque[tuple[float, int]] = deque()  # (until_s, lease id), in grant order
-        self._quarantine: dict[int, tuple[ObjectRecord, float]] = {}  # token -> (record, held until)
-        self.lease_releases = 0
-        self.refused_put_ends = 0
-        self.quarantine_expiries = 0
-        self.recovered_objects = 0
-        self.rejected_announcements = 0
+        space.segments.dedicated_tenants.update(config.quotas.dedicated)  # dedicated before their segments mount
         self._sizes: dict[int, int] = {}  # interned size ints: KV blocks mostly share a few sizes
         self.num_complete = 0
         self.num_pending = 0
         self.puts = 0
-        self.gets = 0
-        self.lookups = 0
-        self.hit_keys = 0
-        self.miss_keys = 0
-        self.lease_grants = 0
-        self.lease_expiries = 0
-        self.reclaimed = 0
-        self.ahead_expired = 0
-        self.landed = 0
-        self.refused_landings = 0
         self.dropped = 0
-
-    # ---- put -----------------------------------------------------------------------------------
-
-    def put_start(
-        self,
-        tenant: str,
-        keys: list[str],
-        sizes: list[int],
-        parents: list[str | None],
-        num_replicas: int,
-        pinned: bool,
-        now_s: float,
-        ahead: bool = False,
-    ) -> tuple[list[int], list[tuple[Replica, ...]], str, list[int]]:
-        """`ahead`: allocations a writer holds for its next put (PutEnd.ahead): they take free space
-        only, never evicting for it (an object is not dropped for a put that may never come), so a
-        full pool, or a tenant at its quota, answers PUT_NO_SPACE for them (not a refusal)."""
-        space = self.space_of(tenant)
-        account = space.account
-        statuses: list[int] = []
-        replicas: list[tuple[Replica, ...]] = []
-        tokens: list[int] = []
-        message = ""
-        allocated = 0
-        base_flags = PINNED if pinned else 0
-        for i, key in enumerate(keys):
-            rec = space.get(key)
-            if rec is not None:
-                if rec.flags & COMPLETE:
-                    rec.last_access_s = now_s
-                statuses.append(PUT_EXISTS)
-                replicas.append(_NO_REPLICAS)
-                tokens.append(0)
-                continue
-            size = self._sizes.setdefault(sizes[i], sizes[i])
-            parent_key = parents[i] if parents else None
-            parent = space.get(parent_key) if parent_key is not None else None
-            if parent is not None:
-                parent.num_children += 1  # before placing: eviction for this put must spare its prefix
-            own_only = account.dedicated  # eviction for it takes only its own objects
-            if not account.fits(size, num_replicas):
-                own_only = True
-                if ahead or not account.fits_when_empty(size, num_replicas) or not self.evictor.evict_for_quota(
-                        account, size, num_replicas, now_s):
-                    if not ahead:
-                        account.quota_refusals += 1
-                    placed, why = _NO_REPLICAS, account.refusal_message(size, num_replicas)
-                else:
-                    placed, why = self._place(account, size, num_replicas, now_s, own_only)
-            else:
-                placed, why = self._place(account, size, num_replicas, now_s, own_only, evict=not ahead)
-            if not placed:
-                if parent is not None:
-                    self._release_child(parent)
-                statuses.append(PUT_NO_SPACE)
-                replicas.append(_NO_REPLICAS)
-                tokens.append(0)
-                message = message or why
-                continue
-            token = self.ids.next()
-            rec = TieredRecord(space, key, pack_replicas(placed), base_flags, now_s, token)
-            rec.parent = parent
-            space[key] = rec
-            account.charge(rec, 1)
-            self.num_pending += 1
-            (self._pending_ahead if ahead else self._pending).append(rec)
-            statuses.append(PUT_ALLOCATED)
-            replicas.append(placed)
-            tokens.append(token)
-            allocated += size * len(placed)
-        if not ahead:  # held ahead: nothing is evicted for a put that may never come
-            self.evictor.evict_over_high(now_s, PUT_EVICTION_FACTOR * allocated)  # the rest: in slices (eviction.py)
-        return statuses, replicas, message, tokens
-
-    def _place(self, account: TenantAccount, size: int, num_replicas: int, now_s: float,
-               own_only: bool, evict: bool = True) -> tuple[tuple[Replica, ...], str]:
-        """Allocate replicas on the segments the tenant may use; `own_only`: eviction for room
-        takes only its own objects (it is at its quota, or places on its dedicated segments);
-        without `evict`, free space only."""
-        placeable = self.segments.placeable(account.name)
-        chosen = placeable.choose(size, num_replicas)
-        if not chosen:
-            why = why_nowhere(self.segments, placeable, account.name, account.dedicated, size)
-            if why:
-                return _NO_REPLICAS, why
-            if evict and self.evictor.evict_for(size, now_s, placeable.segments.values(), account if own_only else None):
-                chosen = placeable.choose(size, num_replicas)
-            if not chosen:
-                where = f"tenant {account.name!r}'s dedicated segments" if account.dedicated else "pool"
-                used = sum(s.used_bytes for s in placeable.segments.values())
-                capacity = sum(s.capacity_bytes for s in placeable.segments.values())
-                return _NO_REPLICAS, (
-                    f"{where} full: no segment has a free range of {size} bytes even after eviction "
-                    f"(used {used} of {capacity} bytes; the rest is leased, pending or pinned, or fragmented); "
-                    "retry later or add nodes"
-                )
-        placed = []
-        for segment in chosen:
-            offset = segment.allocator.allocate(size)
-            segment.num_objects += 1
-            placed.append(Replica(segment.segment_id, offset, size))
-        return tuple(placed), ""
-
-    def _pending_with_token(self, space: dict | None, key: str, token: int) -> ObjectRecord | None:
-        rec = space.get(key) if space is not None else None
-        if rec is None or rec.flags & COMPLETE or rec.token != token:
-            return None
-        return rec
-
-    def put_end(
-        self, tenant: str, keys: list[str], tokens: list[int], checksums: list[int], now_s: float,
-        as_keys: list[str] | None = None, taken=None, landing: bool = False,
-    ) -> tuple[int, list[int], list[int]]:
-        """Make pending objects readable; returns (how many ended, indices refused: no pending
-        allocation under that key has that token any more, indices existed). With `as_keys`, the
-        allocation pending under keys[i] is ended under as_keys[i], unless that key is held here
-        or `taken(key)` says it is held elsewhere (inline): then it stays pending under keys[i].
-        With `landing`, the ended objects stay pending until put_landed names them."""
-        space = self.tenants.get(tenant)
-        ended = 0
-        refused: list[int] = []
-        existed: list[int] = []
-        for i, key in enumerate(keys):
-            rec = self._pending_with_token(space, key, tokens[i])
-            if rec is None or rec.flags & LANDING:
-                refused.append(i)
-                continue
-            if as_keys and as_keys[i] != key:
-                new_key = as_keys[i]
-                if new_key in space or (taken is not None and taken(new_key)):
-                    existed.append(i)
-                    continue
-                del space[key]
-                rec.key = new_key
-                space[new_key] = rec
-            checksum = checksums[i]
-            if checksum:
-                rec.checksum = checksum.to_bytes(8, "little")
-            ended += 1
-            if landing:
-                rec.flags |= LANDING
-            else:
-                self._complete(rec, tenant, now_s)
-        if not landing:
-            self._count_completed(ended)
-        self.refused_put_ends += len(refused)
-        return ended, refused, existed
-
-    def put_landed(self, tenant: str, keys: list[str], tokens: list[int], now_s: float,
-                   checksums: list[int] | None = None) -> int:
-        """Make readable the objects ended with `landing` whose bytes are now written, with their
-        checksums where given (non-zero); returns how many."""
-        space = self.tenants.get(tenant)
-        landed = 0
-        for i, (key, token) in enumerate(zip(keys, tokens)):
-            rec = self._pending_with_token(space, key, token)
-            if rec is None or not rec.flags & LANDING:
-                self.refused_landings += 1
-                continue
-            if checksums and checksums[i]:
-                rec.checksum = checksums[i].to_bytes(8, "little")
-            rec.flags &= ~LANDING
-            self._complete(rec, tenant, now_s)
-            landed += 1
-        self._count_completed(landed)
-        self.landed += landed
-        return landed
-
-    def _complete(self, rec: ObjectRecord, tenant: str, now_s: float) -> None:
-        """A pending record becomes readable: evictable, logged in its segments' directories (the
-        caller counts it: _count_completed)."""
-        rec.flags |= COMPLETE
-        rec.last_access_s = now_s
-        if not rec.num_children and not rec.flags & PINNED:
-            self.evictor.push(rec)
-        key = rec.key
-        parent_key = rec.parent.key if rec.parent is not None else None
-        checksum = int.from_bytes(rec.checksum, "little")
-        by_id = self.segments.by_id
-        for replica in rec.replicas:
-            segment = by_id.get(replica.segment_id)
-            if segment is not None:
-                segment.log.append(DirEntry(replica.offset, replica.size, tenant, key, parent_key, checksum))
-
-    def _count_completed(self, num: int) -> None:
-        """Counted once per batch of _complete calls (a chain's put ends many at once)."""
-        self.num_pending -= num
-        self.num_complete += num
-        self.puts += num
-
-    def put_revoke(self, tenant: str, keys: list[str], tokens: list[int], in_flight: list[int], now_s: float) -> int:
-        """Free pending allocations named by their tokens; those in `in_flight` are quarantined."""
-        space = self.tenants.get(tenant)
-        uncertain = set(in_flight)
-        revoked = 0
-        for i, key in enumerate(keys):
-            rec = self._pending_with_token(space, key, tokens[i])
-            if rec is None:
-                continue
-            revoked += 1
-            if i in uncertain:
-                self.drop(rec, free_space=False)
-                self._quarantine[rec.token] = (rec, now_s + self.config.quarantine_max_s)
-            else:
-                self.drop(rec)
-        return revoked
-
-    def end_quarantine(self, tenant: str, tokens: list[int]) -> int:
-        """Free quarantined space of these tokens (only the tenant's own: tokens of another are ignored)."""
-        space = self.tenants.get(tenant)
-        freed = 0
-        for token in tokens:
-            held = self._quarantine.get(token)
-            if held is not None and held[0].space is space:
-                del self._quarantine[token]
-                self._free_replicas(held[0].replicas)
-                freed += 1
-        return freed
-
-    def expire_quarantine(self, now_s: float) -> int:
-        """Free quarantines past their limit: a writer silent that long is taken to be gone."""
-        done = [token for token, (_, until_s) in self._quarantine.items() if until_s <= now_s]
-        for token in done:
-            self._free_replicas(self._quarantine.pop(token)[0].replicas)
-        self.quarantine_expiries += len(done)
-        return len(done)
-
-    @property
-    def num_quarantined(self) -> int:
-        return len(self._quarantine)
-
-    @property
-    def ahead_timeout_s(self) -> float:
-        return min(self.config.ahead_timeout_s, self.config.put_timeout_s)
-
-    def reclaim_pending(self, now_s: float) -> int:
-        """Free pending objects whose put never ended within put_timeout_s (their writer died), and
-        allocations held ahead not used within ahead_timeout_s (counted apart: nobody died)."""
-        reclaimed = _reclaim(self, self._pending, now_s - self.config.put_timeout_s)
-        self.reclaimed += reclaimed
-        self.ahead_expired += _reclaim(self, self._pending_ahead, now_s - self.ahead_timeout_s)
-        return reclaimed
-
-    # ---- get -----------------------------------------------------------------------------------
-
-    def lookup_prefix(
-        self, tenant: str, keys: list[str], lease: bool, now_s: float, counted: bool = True
-    ) -> tuple[int, int, bytes, bytes, bytes]:
-        """How many leading keys are complete; with `lease`, lease them and return (num_hit,
-        lease_id, packed replica locations, per-hit replica counts or b"" when all are 1, packed
-        checksums). `counted=False`: a continuation of a lookup already counted (lookups, hits).
-
-        A draining object (eviction is waiting for its lease to end) takes no new lease, so a
-        leased lookup stops there; a counting lookup (lease=False) still sees it.
-        """
-        if counted:
-            self.lookups += 1
-        self.last_num_promoting = 0
-        space = self.tenants.get(tenant)
-        hits: list[ObjectRecord] = []
-        num_hit = 0
-        lease_id = 0
-        locations = counts = checksums = b""
-        if space is not None:
-            get = space.get
-            if lease:
-                self.gets += 1
-                until_s = now_s + self.config.lease_ttl_s
-                reopen_s = now_s - self.config.lease_ttl_s  # a draining object is leasable again after
-                append = hits.append
-                for key in keys:
-                    rec = get(key)
-                    if rec is None:
-                        break
-                    if not rec.locations:  # disk-only
-                        self.last_num_promoting = self._promote(space, keys, len(hits), now_s)
-                        break
-                    flags = rec.flags
-                    if flags & (COMPLETE | DRAINING) != COMPLETE:
-                        if not flags & COMPLETE or (rec.lease_until_s or 0.0) > reopen_s:
-                            break
-                        rec.flags = flags & ~DRAINING  # eviction had its window and did not need it
-                    lease_until = rec.lease_until_s
-                    if lease_until is None or lease_until <= now_s:
-                        if lease_until is not None:
-                            self.lease_expiries += 1
-                        rec.lease_since_s = now_s
-                        self.lease_grants += 1
-                    rec.lease_until_s = until_s
-                    rec.last_access_s = now_s
-                    rec.lease_count += 1
-                    append(rec)
-                num_hit = len(hits)
-                if num_hit:
-                    lease_id = self.ids.next()
-                    self._leases[lease_id] = (tenant, hits)
-                    self._lease_order.append((until_s, lease_id))
-                    parts = [rec.locations for rec in hits]
-                    locations = b"".join(parts)
-                    if len(locations) != REPLICA_BYTES * num_hit:
-                        counts = bytes(map(len, parts)).translate(_COUNT_OF_LENGTH)
-                    checksums = b"".join([rec.checksum for rec in hits])
-            else:
-                for key in keys:
-                    rec = get(key)
-                    if rec is None or not rec.flags & COMPLETE:
-                        break
-                    if not rec.locations:  # disk-only
-                        self.last_num_promoting = self._promote(space, keys, num_hit, now_s)
-                        break
-                    rec.last_access_s = now_s
-                    num_hit += 1
-        if counted:
-            self.hit_keys += num_hit
-            self.miss_keys += len(keys) - num_hit
-        return num_hit, lease_id, locations, counts, checksums
-
-    def _promote(self, space: dict, keys: list[str], start: int, now_s: float) -> int:
-        """Promote the disk-only keys from keys[start] on (tiers.py); returns how many are promoting."""
-        chain = []
-        for key in keys[start : start + self.config.max_promotions_per_lookup]:
-            rec = space.get(key)
-            if rec is None or rec.locations or not rec.flags & COMPLETE:
-                break
-            chain.append(rec)
-        return self.tiers.promote_chain(chain, now_s)
-
-    def release_leases(self, tenant: str, lease_ids: list[int], now_s: float) -> int:
-        """End these leased lookups' leases (see the module rules); returns how many were live."""
-        leases = self._leases
-        released = 0
-        for lease_id in lease_ids:
-            entry = leases.get(lease_id)
-            if entry is None or entry[0] != tenant:
-                continue  # unknown, expired, released already, or another tenant's
-            del leases[lease_id]
-            released += 1
-            self._unhold(entry[1], now_s)
-        self.lease_releases += released
-        return released
-
-    def expire_leases(self, now_s: float) -> None:
-        """Drop lease entries whose TTL has passed (their records' lease_until_s already says so)."""
-        order = self._lease_order
-        leases = self._leases
-        while order and order[0][0] <= now_s:
-            entry = leases.pop(order.popleft()[1], None)
-            if entry is not None:
-                self._unhold(entry[1], now_s)
-
-    def _unhold(self, records: list[ObjectRecord], now_s: float) -> None:
-        zombies = self._zombies
-        for rec in records:
-            left = rec.lease_count - 1
-            rec.lease_count = left
-            if left == 0 and rec.lease_until_s is not None:
-                rec.lease_until_s = rec.lease_since_s = None  # no reader holds it any more
-                if rec in zombies:
-                    zombies.discard(rec)
-                    self._free_replicas(rec.replicas)
-
-    def count_hits_after(self, num_hits: int) -> None:
-        """Keys the last lookup counted as misses were hits found elsewhere (inline values)."""
-        self.hit_keys += num_hits
-        self.miss_keys -= num_hits
-
-    def holds(self, tenant: str, key: str) -> bool:
-        """Whether the key names a record here in any state (pending, complete, disk-only)."""
-        space = self.tenants.get(tenant)
-        return space is not None and key in space
-
-    def exists(self, tenant: str, keys: list[str]) -> list[bool]:
-        """Complete or not, per key. Never leases and never touches recency: a probe is not a use."""
-        space = self.tenants.get(tenant)
-        if space is None:
-            return [False] * len(keys)
-        get = space.get
-        return [(rec := get(key)) is not None and bool(rec.flags & COMPLETE) for key in keys]
-
-    # ---- removal -------------------------------------------------------------------------------
-
-    def remove(self, tenant: str, keys: list[str], now_s: float) -> int:
-        """Remove complete objects (pending ones belong to their writer: put_revoke). A leased one
-        vanishes from the namespace at once but keeps its space until its lease ends."""
-        space = self.tenants.get(tenant)
-        if space is None:
-            return 0
-        removed = 0
-        for key in keys:
-            rec = space.get(key)
-            if rec is None or not rec.flags & COMPLETE:
-                continue
-            removed += 1
-            if rec.lease_until_s is not None and rec.lease_until_s > now_s:
-                self.drop(rec, free_space=False)
-                self._zombies.add(rec)
-            else:
-                self.drop(rec)
-        return removed
-
-    def free_zombies(self, now_s: float) -> None:
-        """Free removed objects whose lease ran out unreleased (released ones are freed at once)."""
-        done = [rec for rec in self._zombies if rec.lease_until_s is None or rec.lease_until_s <= now_s]
-        for rec in done:
-            self._zombies.discard(rec)
-            self._free_replicas(rec.replicas)
-
-    def drop(self, rec: ObjectRecord, free_space: bool = True) -> None:
-        """Forget an object: out of its namespace, out of its parent's child count, space freed."""
-        flags = rec.flags
-        if flags & DEAD:
-            return
-        rec.flags = flags | DEAD
-        space = rec.space
-        del space[rec.key]
-        space.account.charge(rec, -1)
-        if flags & COMPLETE:
-            self.num_complete -= 1
-            self._log_removal(rec)
-        else:
-            self.num_pending -= 1
-        disk_only = not rec.locations
-        if rec.disk_segment is not None:
-            self.tiers.forget(rec)
-        parent = rec.parent
-        if parent is not None:
-            rec.parent = None
-            if disk_only:
-                parent.disk_children -= 1
-                if not parent.disk_children and not parent.num_children:
-                    self._became_tail(parent)
-            else:
-                self._release_child(parent)
-        if free_space:
-            self._free_replicas(rec.replicas)
-
-    def evict(self, rec: ObjectRecord) -> None:
-        """DRAM eviction chose `rec` (eviction.py): to its disk tier if it has a copy there, else gone."""
-        if not self.tiers.demote(rec):
-            self.drop(rec)
-
-    def _log_removal(self, rec: ObjectRecord) -> None:
-        by_id = self.segments.by_id
-        for replica in rec.replicas:
-            segment = by_id.get(replica.segment_id)
-            if segment is not None:
-                segment.log.append(DirEntry(replica.offset, 0))
-
-    def _release_child(self, parent: ObjectRecord) -> None:
-        parent.num_children -= 1
-        if not parent.num_children:
-            self._became_tail(parent)
-
-    def _became_tail(self, rec: ObjectRecord) -> None:
-        """No child holds DRAM any more (and, for a disk-only record, none is left on disk): an
-        eviction candidate again, at its own access time, in the tier that holds it."""
-        if rec.flags & (COMPLETE | PINNED | DEAD) != COMPLETE:
-            return
-        if rec.locations:
-            if not rec.flags & IN_HEAP:
-                self.evictor.push(rec)
-        elif not rec.disk_children and not rec.flags & IN_DISK_HEAP:
-            tier = self.tiers.by_segment.get(rec.disk_segment)
-            if tier is not None:
-                self.tiers.push(rec, tier)
-
-    def _free_replicas(self, replicas: list[Replica]) -> None:
-        by_id = self.segments.by_id
-        for replica in replicas:
-            segment = by_id.get(replica.segment_id)
-            if segment is None:
-                continue  # an unmounted segment's space is gone with it
-            if segment.recovering:
-                segment.recovered.pop(replica.offset, None)  # the allocator is built when recovery ends
-            else:
-                segment.allocator.free(replica.offset, replica.size)
-            segment.num_objects -= 1
-
-    def drop_segment(self, segment_id: int) -> int:
-        """The segment is gone: drop its replicas; objects left without any replica disappear."""
-        lost = 0
-        for space in list(self.tenants.values()):
-            hit = [rec for rec in space.values() if on_segment(rec.locations, segment_id)]
-            for rec in hit:
-                if not keep_other_replicas(rec, segment_id):
-                    self.drop(rec)
-                    lost += 1
-        for rec in [z for z in self._zombies if on_segment(z.locations, segment_id)]:
-            if not keep_other_replicas(rec, segment_id, charged=False):
-                self._zombies.discard(rec)
-        for token, (rec, _) in list(self._quarantine.items()):
-            if on_segment(rec.locations, segment_id) and not keep_other_replicas(rec, segment_id, charged=False):
-                del self._quarantine[token]  # the transfer's target is gone, and so is the risk
-        lost += self.tiers.drop_segment(segment_id)
-        self.recovery.forget_orphans_unless_recovering()
-        self.dropped += lost
-        return lost
-
-    # ---- recovery (recovery.py) ----------------------------------------------------------------
-
-    def announce(
-        self, segment: Segment, entries: list[DirEntry], ages_s: list[float], now_s: float
-    ) -> tuple[int, list[int]]:
-        """Take objects a remounted segment's node says it holds committed; returns (accepted,
-        rejected offsets). Only while the segment is recovering (its allocator is built at the end)."""
-        return self.recovery.announce(segment, entries, ages_s, now_s)
-
-    def finish_recovery(self, segment: Segment) -> int:
-        """Build the segment's allocator from the announced ranges and let it take new objects;
-        objects whose ranges overlap an earlier one lose this replica. Returns how many did."""
-        return self.recovery.finish(segment)
 
     # ---- tenants (quotas.py) -------------------------------------------------------------------
 
@@ -644,7 +68,7 @@ class ObjectIndex:
         if space is None:
             space = self.tenants[tenant] = TenantSpace(tenant, self.account_of(namespace_owner(tenant)))
         account = space.account
-        if not account.dedicated and account.name in self.segments.dedicated_tenants:
+        if not account.dedicated and account.name in self.space.segments.dedicated_tenants:
             account.dedicated = True  # from now on it places only on its dedicated segments
             self.evictor.give_own_heap(account)
         return space
@@ -657,7 +81,7 @@ class ObjectIndex:
                 self.evictor.give_own_heap(account)
         return account
 
-    def tenant_segments(self, tenant: str) -> set[int]:
+    def tenant_segments(self, tenant: str) -> set[SegmentId]:
         """Ids of the segments holding a replica of any pending or complete object of `tenant`, in
         any of its namespaces (a stored namespace `<tenant>/<ns>` names its owner too). Kept per put
         and drop (quotas.TenantAccount.charge), not scanned."""
@@ -667,16 +91,213 @@ class ObjectIndex:
     def tenant_stats(self) -> list[TenantStats]:
         return [account.stats() for account in self.accounts.values()]
 
+    def holds(self, tenant: str, key: str) -> bool:
+        """Whether the key names a record here in any state (pending, complete, disk-only)."""
+        space = self.tenants.get(tenant)
+        return space is not None and key in space
 
-def _reclaim(index: ObjectIndex, pending: deque, started_before_s: float) -> int:
-    """Drop the pending records at the head of `pending` (put order) started before the limit."""
-    reclaimed = 0
-    while pending:
-        rec = pending[0]
-        if not rec.flags & (COMPLETE | DEAD):
-            if rec.last_access_s > started_before_s:
-                break  # put order: every later entry started later
-            index.drop(rec)
-            reclaimed += 1
-        pending.popleft()
-    return reclaimed
+    # ---- the write path (writes.py) ------------------------------------------------------------
+
+    def interned_size(self, size: int) -> int:
+        return self._sizes.setdefault(size, size)
+
+    def create(self, space: TenantSpace, key: str, placed: tuple[Replica, ...], pinned: bool, now_s: float,
+               token: int, parent: ObjectRecord | None) -> ObjectRecord:
+        """A pending record for a placed put (its parent already held: chains.hold_parent)."""
+        rec = ObjectRecord(space, key, pack_replicas(placed), PENDING, PINNED if pinned else 0, now_s, token)
+        chains.attach(rec, parent)
+        space[key] = rec
+        space.account.charge(rec, 1)
+        self.num_pending += 1
+        return rec
+
+    def release_parent(self, parent: ObjectRecord) -> None:
+        """A put that held `parent` was refused, or a child holding DRAM left it."""
+        tail = chains.release_parent(parent)
+        if tail is not None:
+            self.became_tail(tail)
+
+    def end(self, rec: ObjectRecord, checksum: int, new_key: str | None, landing: bool, now_s: float) -> None:
+        """A writer ended a pending record (under `new_key` when given): complete it, or, with
+        `landing`, keep it pending until `land`. The caller counts completions (`count_completed`)."""
+        if new_key is not None:
+            space = rec.space
+            del space[rec.key]
+            rec.key = new_key
+            space[new_key] = rec
+        if checksum:
+            rec.checksum = checksum.to_bytes(8, "little")
+        if landing:
+            move(rec, LANDING)
+        else:
+            self._complete(rec, now_s)
+
+    def land(self, rec: ObjectRecord, checksum: int, now_s: float) -> None:
+        """A landing record's bytes are written: complete it (the caller counts it)."""
+        if checksum:
+            rec.checksum = checksum.to_bytes(8, "little")
+        self._complete(rec, now_s)
+
+    def _complete(self, rec: ObjectRecord, now_s: float) -> None:
+        """Readable: evictable, logged in its segments' directories."""
+        move(rec, COMPLETE)
+        rec.last_access_s = now_s
+        if not rec.num_children and not rec.flags & PINNED:
+            self.evictor.push(rec)
+        parent_key = rec.parent.key if rec.parent is not None else None
+        self.space.log_commit(rec.replicas, rec.space.name, rec.key, parent_key, int.from_bytes(rec.checksum, "little"))
+
+    def count_completed(self, num: int) -> None:
+        """Counted once per batch of completions (a chain's put ends many at once)."""
+        self.num_pending -= num
+        self.num_complete += num
+        self.puts += num
+
+    def touch(self, rec: ObjectRecord, now_s: float) -> None:
+        """A put found the object complete already: that is a use."""
+        rec.last_access_s = now_s
+
+    # ---- removal and eviction ------------------------------------------------------------------
+
+    def drop(self, rec: ObjectRecord, free_space: bool = True) -> None:
+        """Forget an object: out of its namespace, out of its parent's child count, space freed
+        (unless the caller keeps it: leased, quarantined, or never the allocator's)."""
+        if rec.state == GONE:
+            return
+        was = move(rec, GONE)
+        space = rec.space
+        del space[rec.key]
+        space.account.charge(rec, -1)
+        if was == COMPLETE:
+            self.num_complete -= 1
+            self.space.log_removal(rec.replicas)
+        else:
+            self.num_pending -= 1
+        if rec.disk_segment is not None:
+            self.tiers.forget(rec)
+        tail = chains.detach(rec)
+        if tail is not None:
+            self.became_tail(tail)
+        if free_space:
+            self.space.free(rec.replicas)
+
+    def evict(self, rec: ObjectRecord) -> None:
+        """DRAM eviction chose `rec` (pressure.py): to its disk tier if it has a copy there, else gone."""
+        if self.tiers.demote(rec):
+            tail = chains.to_disk(rec)
+            if tail is not None:
+                self.became_tail(tail)
+        else:
+            self.drop(rec)
+
+    def became_tail(self, rec: ObjectRecord) -> None:
+        """No child holds DRAM any more (and, for a disk-only record, none is left on disk): an
+        eviction candidate again, at its own access time, in the tier that holds it."""
+        if rec.state != COMPLETE or rec.flags & PINNED:
+            return
+        if rec.locations:
+            if not rec.heaps & IN_HEAP:
+                self.evictor.push(rec)
+        elif not rec.disk_children and not rec.heaps & IN_DISK_HEAP:
+            tier = self.tiers.by_segment.get(rec.disk_segment)
+            if tier is not None:
+                self.tiers.push(rec, tier)
+
+    def drop_segment(self, segment_id: SegmentId) -> int:
+        """The segment is gone: drop its replicas; objects left without any replica disappear."""
+        lost = 0
+        for space in list(self.tenants.values()):
+            hit = [rec for rec in space.values() if on_segment(rec.locations, segment_id)]
+            for rec in hit:
+                if not keep_other_replicas(rec, segment_id):
+                    self.drop(rec)
+                    lost += 1
+        self.leases.forget_segment(segment_id)
+        self.space.forget_segment(segment_id)
+        disk_only = self.tiers.drop_segment(segment_id, self.tenants)
+        for rec in disk_only:
+            self.drop(rec)
+        lost += len(disk_only)
+        self.recovery.forget_orphans_unless_recovering()
+        self.dropped += lost
+        return lost
+
+    # ---- disk tiers (tiers.py) -----------------------------------------------------------------
+
+    def apply_tier_report(self, segment: Segment, report: TierReport, now_s: float) -> None:
+        for rec in self.tiers.apply_report(segment, report, self.tenants, now_s):
+            self.drop(rec)
+
+    def evict_disk(self, tier: DiskTier, now_s: float) -> None:
+        """Disk eviction above the tier's high watermark (tiers.py)."""
+        for rec in self.tiers.maybe_evict(tier, now_s):
+            self.drop(rec)
+
+    # ---- recovery (recovery.py) ----------------------------------------------------------------
+
+    def announce(
+        self, segment: Segment, entries: list[DirEntry], ages_s: list[float], now_s: float
+    ) -> tuple[int, list[int]]:
+        """Take objects a remounted segment's node says it holds committed; returns (accepted,
+        rejected offsets). Only while the segment is recovering (its allocator is built at the end).
+        A record rebuilt from its entry takes the LRU place its age says."""
+        recovery = self.recovery
+        accepted = 0
+        rejected: list[int] = []
+        for i, entry in enumerate(entries):
+            if not recovery.acceptable(segment, entry):
+                rejected.append(entry.offset)
+                continue
+            space = self.space_of(entry.tenant)
+            rec = space.get(entry.key)
+            if rec is not None:
+                if not recovery.add_replica(segment, entry, rec):
+                    rejected.append(entry.offset)
+                    continue
+            else:
+                age_s = ages_s[i] if i < len(ages_s) and ages_s[i] > 0 else 0.0
+                rec = recovery.rebuild(segment, entry, space, now_s - age_s)
+                self._insert_recovered(space, rec)
+                recovery.orphans.link(rec, entry.tenant, entry.parent)  # it joins the eviction heap at finish
+            recovery.taken(segment, entry, rec)
+            accepted += 1
+        recovery.counted(accepted, len(rejected))
+        return accepted, rejected
+
+    def announce_disk(self, segment: Segment, entries: list[DiskEntry], now_s: float) -> int:
+        """Take what a remounted node's disk tier holds; returns how many entries were refused
+        (each answered with a DIR_DISK_DROP, so the node deletes the file)."""
+        tiers = self.tiers
+        tier = tiers.by_segment.get(segment.segment_id)
+        refused = 0
+        for entry in entries:
+            ok = tiers.may_announce(tier, entry)
+            if ok:
+                space = self.space_of(entry.tenant)
+                rec = space.get(entry.key)
+                if rec is not None:
+                    ok = tiers.take_announced_copy(rec, tier, entry, self.tenants)
+                else:
+                    rec = self.recovery.rebuild_disk_only(entry, space, now_s)
+                    self._insert_recovered(space, rec, charged=False)
+                    tiers.take_disk_only(rec, tier, entry.size)
+                    self.recovery.orphans.link(rec, entry.tenant, entry.parent)
+            if not ok:
+                refused += 1
+                tiers.refuse(segment, entry)
+        self.recovery.counted(len(entries) - refused, refused)
+        return refused
+
+    def _insert_recovered(self, space: TenantSpace, rec: ObjectRecord, charged: bool = True) -> None:
+        space[rec.key] = rec
+        if charged:
+            space.account.charge(rec, 1)
+        self.num_complete += 1
+
+    def finish_recovery(self, segment: Segment) -> int:
+        """Build the segment's allocator from the announced ranges and let it take new objects;
+        objects whose ranges overlap an earlier one lose this replica. Returns how many did."""
+        before = self.recovery.rejected_announcements
+        for rec in self.recovery.finish(segment):
+            self.drop(rec, free_space=False)  # logs the removal
+        return self.recovery.rejected_announcements - before

@@ -11,13 +11,13 @@ Rules:
 - Quotas, usage and dedicated segments belong to the tenant that owns a namespace (`TenantAccount`,
   keyed by access.namespace_owner: an authenticated tenant's namespaces are stored as
   `<name>/<namespace>`, all counted in `<name>`'s account); each namespace is a `TenantSpace`.
-- Only `TenantAccount.charge` changes usage. The index calls it with +1 when a record gains DRAM
+- Only `TenantAccount.charge` changes usage. The master calls it with +1 when a record gains DRAM
   replicas (put_start, announce, a promotion done) and with -1 before it loses them (drop, demotion,
   one replica's segment gone, an overlapping announced range), so usage is exact after every call
   (tests compare it with a scan of the index). The same call keeps `segment_replicas`, the tenant's
   replicas per segment: `segments()` is then O(its segments), never a scan of objects.
 - The quota is checked per new key at put_start against size x num_replicas asked and one object.
-  A tenant at its quota evicts its own least recently used unleased tails (eviction.py, its own
+  A tenant at its quota evicts its own least recently used unleased tails (pressure.py, its own
   heap) until the key fits, never another tenant's objects; if it cannot, the key is refused
   (PUT_NO_SPACE, which the client raises as CapacityError) with `refusal_message`, naming the
   tenant and the quota.
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from kvpool.core.protocol import REPLICA_BYTES, KeyGroupStats, TenantStats
 from kvpool.core.sizes import format_size, parse_size
-from kvpool.core.types import MAX_TENANT_LENGTH
+from kvpool.core.types import MAX_TENANT_LENGTH, SegmentId
 
 DEFAULT_TENANT = "*"  # in `--quota *=SIZE` and the TOML [default] table: tenants not listed
 
@@ -203,7 +203,7 @@ class TenantAccount:
         self.quota = quota
         self.used_bytes = 0
         self.num_objects = 0
-        self.segment_replicas: dict[int, int] = {}  # segment id -> its replicas of this tenant's objects
+        self.segment_replicas: dict[SegmentId, int] = {}  # segment id -> its replicas of this tenant's objects
         self.heap: list | None = None  # its own eviction heap (eviction.py), or None: in the shared one
         self.dedicated = False  # places only on segments dedicated to it (segments.py)
         self.quota_refusals = 0
@@ -265,7 +265,7 @@ class TenantAccount:
     def describe_quota(self) -> str:
         return self.quota.describe() if self.quota is not None else "no limit"
 
-    def segments(self) -> set[int]:
+    def segments(self) -> set[SegmentId]:
         return set(self.segment_replicas)
 
     def stats(self) -> TenantStats:

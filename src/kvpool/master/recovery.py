@@ -8,105 +8,85 @@ Rules:
   from its entry takes the LRU place its age says, and joins the eviction heap only at `finish`.
 - Chains are relinked as entries arrive in any order: a child whose parent was not seen yet waits
   in `orphans` until its parent comes or no segment is recovering any more.
+- This module checks announced entries, keeps the announced ranges of a recovering segment and
+  builds its allocator at the end; it holds no reference to the index. The index puts the records
+  it rebuilds into their namespaces (`ObjectIndex.announce`) and drops the ones `finish` yields.
 - Recovered objects count in their tenant's usage (quotas.py) like any other, quota or not: a
   tenant above its quota after a restart evicts its own objects at its next put.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
 
-from kvpool.core.protocol import MAX_REPLICAS, REPLICA_BYTES, DirEntry, pack_replicas
-from kvpool.master.eviction import COMPLETE, DEAD, IN_HEAP, PINNED, ObjectRecord
+from kvpool.core.protocol import MAX_REPLICAS, REPLICA_BYTES, DirEntry, DiskEntry, Replica, pack_replicas
+from kvpool.master.chains import Orphans
+from kvpool.master.eviction import Evictor
+from kvpool.master.records import COMPLETE, GONE, IN_HEAP, PINNED, ObjectRecord
 from kvpool.master.replicas import on_segment, pack_replica
 from kvpool.master.segments import Segment
-from kvpool.master.tiers import TieredRecord
-
-if TYPE_CHECKING:
-    from kvpool.master.index import ObjectIndex
+from kvpool.master.space import SegmentSpace
 
 
 class Recovery:
-    def __init__(self, index: "ObjectIndex") -> None:
-        self.index = index
-        self.orphans: dict[tuple[str, str], list[ObjectRecord]] = {}  # recovered, parent not (yet) seen
+    def __init__(self, space: SegmentSpace, evictor: Evictor) -> None:
+        self.space = space
+        self.evictor = evictor
+        self.orphans = Orphans()  # recovered, parent not (yet) seen
+        self.recovered_objects = 0
+        self.rejected_announcements = 0
 
-    def announce(
-        self, segment: Segment, entries: list[DirEntry], ages_s: list[float], now_s: float
-    ) -> tuple[int, list[int]]:
-        """Take objects a remounted segment's node says it holds committed; returns (accepted,
-        rejected offsets). Only while the segment is recovering (its allocator is built at the end)."""
-        index = self.index
-        accepted = 0
-        rejected: list[int] = []
-        segment_id = segment.segment_id
+    def acceptable(self, segment: Segment, entry: DirEntry) -> bool:
+        """Whether an announced entry can be taken at all: a whole aligned range inside the segment,
+        not announced before, with a checksum (without one its bytes cannot be told from what
+        overwrote them since: the directory lags the master by a heartbeat, so it is not served)."""
         allocator = segment.allocator
-        recovered = segment.recovered
-        for i, entry in enumerate(entries):
-            offset, size, tenant, key = entry.offset, entry.size, entry.tenant, entry.key
-            # no checksum: its bytes cannot be told from what overwrote them since (the directory lags
-            # the master by a heartbeat), so it is not served again
-            if (size <= 0 or offset < 0 or offset % allocator.alignment_bytes
-                    or offset + allocator.aligned(size) > allocator.size_bytes or not tenant or not key
-                    or offset in recovered or not 0 < entry.checksum < (1 << 64)):
-                rejected.append(offset)
-                continue
-            space = index.space_of(tenant)
-            checksum = entry.checksum.to_bytes(8, "little")
-            packed = pack_replica(segment_id, offset, size)
-            rec = space.get(key)
-            if rec is not None:
-                # another node's replica of it, or a put since the restart: take it only if it is the same object
-                if (not rec.flags & COMPLETE or rec.size_bytes != size or rec.checksum != checksum
-                        or on_segment(rec.locations, segment_id)
-                        or len(rec.locations) >= REPLICA_BYTES * MAX_REPLICAS):
-                    rejected.append(offset)
-                    continue
-                space.account.charge(rec, -1)
-                rec.locations += packed
-                space.account.charge(rec, 1)
-            else:
-                last_access_s = now_s - (ages_s[i] if i < len(ages_s) and ages_s[i] > 0 else 0.0)
-                rec = TieredRecord(space, key, packed, COMPLETE, last_access_s)
-                rec.checksum = checksum
-                space[key] = rec
-                space.account.charge(rec, 1)
-                index.num_complete += 1
-                self.link(rec, tenant, entry.parent)  # it joins the eviction heap in finish_recovery
-            recovered[offset] = (size, rec)
-            segment.num_objects += 1
-            accepted += 1
-        index.recovered_objects += accepted
-        index.rejected_announcements += len(rejected)
-        return accepted, rejected
+        offset, size = entry.offset, entry.size
+        return not (size <= 0 or offset < 0 or offset % allocator.alignment_bytes
+                    or offset + allocator.aligned(size) > allocator.size_bytes or not entry.tenant or not entry.key
+                    or offset in segment.recovered or not 0 < entry.checksum < (1 << 64))
 
-    def link(self, rec: ObjectRecord, tenant: str, parent_key: str | None) -> None:
-        """Join a recovered record to its parent (and its waiting children to it) once both are known."""
-        waiting = self.orphans.pop((tenant, rec.key), None)
-        if waiting:
-            for child in waiting:
-                if not child.flags & DEAD and child.parent is None:
-                    child.parent = rec
-                    if child.locations:
-                        rec.num_children += 1
-                    else:
-                        rec.disk_children += 1
-        if parent_key is None:
-            return
-        parent = rec.space.get(parent_key)
-        if parent is not None and parent.flags & COMPLETE:
-            rec.parent = parent
-            if rec.locations:
-                parent.num_children += 1
-            else:
-                parent.disk_children += 1
-        else:
-            self.orphans.setdefault((tenant, parent_key), []).append(rec)
+    def add_replica(self, segment: Segment, entry: DirEntry, rec: ObjectRecord) -> bool:
+        """Another node's replica of an object the index holds, or a put since the restart: taken
+        only if it is the same object (complete, same size and checksum, no replica here yet)."""
+        segment_id = segment.segment_id
+        if (rec.state != COMPLETE or rec.size_bytes != entry.size
+                or rec.checksum != entry.checksum.to_bytes(8, "little")
+                or on_segment(rec.locations, segment_id)
+                or len(rec.locations) >= REPLICA_BYTES * MAX_REPLICAS):
+            return False
+        account = rec.space.account
+        account.charge(rec, -1)
+        rec.locations += pack_replica(segment_id, entry.offset, entry.size)
+        account.charge(rec, 1)
+        return True
 
-    def finish(self, segment: Segment) -> int:
-        """Build the segment's allocator from the announced ranges and let it take new objects;
-        objects whose ranges overlap an earlier one lose this replica. Returns how many did."""
-        index = self.index
+    def rebuild(self, segment: Segment, entry: DirEntry, space: dict, last_access_s: float) -> ObjectRecord:
+        """A record for an announced object the index does not hold (the caller puts it in)."""
+        rec = ObjectRecord(space, entry.key, pack_replica(segment.segment_id, entry.offset, entry.size), COMPLETE, 0,
+                           last_access_s)
+        rec.checksum = entry.checksum.to_bytes(8, "little")
+        return rec
+
+    def rebuild_disk_only(self, entry: DiskEntry, space: dict, now_s: float) -> ObjectRecord:
+        """A record for an object announced on a node's disk only (the caller puts it in)."""
+        rec = ObjectRecord(space, entry.key, b"", COMPLETE, 0, now_s - max(0.0, entry.age_s))
+        rec.checksum = entry.checksum.to_bytes(8, "little")
+        return rec
+
+    def taken(self, segment: Segment, entry: DirEntry, rec: ObjectRecord) -> None:
+        """`rec` holds the announced range: it joins the allocator when the recovery ends."""
+        segment.recovered[entry.offset] = (entry.size, rec)
+        segment.num_objects += 1
+
+    def counted(self, accepted: int, rejected: int) -> None:
+        self.recovered_objects += accepted
+        self.rejected_announcements += rejected
+
+    def finish(self, segment: Segment) -> Iterator[ObjectRecord]:
+        """Build the segment's allocator from the announced ranges and let it take new objects.
+        Objects whose ranges overlap an earlier one lose this replica; yields those left without
+        any (the caller drops each, keeping its space: it was never the allocator's)."""
         alignment = segment.allocator.alignment_bytes
         used: list[tuple[int, int]] = []
         overlapping: list[tuple[int, ObjectRecord]] = []
@@ -127,22 +107,21 @@ class Recovery:
                 rec.space.account.charge(rec, -1)
                 rec.locations = pack_replicas(rest)
                 rec.space.account.charge(rec, 1)
-                segment.log.append(DirEntry(offset, 0))
+                self.space.log_removal([Replica(segment_id, offset, 0)])
             else:
-                index.drop(rec, free_space=False)  # logs the removal
+                yield rec  # its removal is logged as it is dropped
         segment.allocator.rebuild(used)
-        push = index.evictor.push
+        push = self.evictor.push
         for _, rec in segment.recovered.values():
             # not before: evicting it while its segment recovered would have freed nothing
-            if not rec.num_children and not rec.flags & (IN_HEAP | DEAD | PINNED):
+            if not rec.num_children and not rec.heaps & IN_HEAP and rec.state != GONE and not rec.flags & PINNED:
                 push(rec)
         segment.recovered = {}
         segment.recovering = False
         self.forget_orphans_unless_recovering()
-        index.rejected_announcements += len(overlapping)
-        index.recovered_objects -= len(overlapping)
-        return len(overlapping)
+        self.rejected_announcements += len(overlapping)
+        self.recovered_objects -= len(overlapping)
 
     def forget_orphans_unless_recovering(self) -> None:
-        if not any(s.recovering for s in self.index.segments.by_id.values()):
+        if not any(s.recovering for s in self.space.segments.by_id.values()):
             self.orphans.clear()

@@ -29,7 +29,7 @@ Rules:
 from __future__ import annotations
 
 from kvpool.core.protocol import MountSegment, SegmentInfo
-from kvpool.core.types import MAX_TENANT_LENGTH
+from kvpool.core.types import MAX_TENANT_LENGTH, NodeId, SegmentId
 from kvpool.master.allocator import RangeAllocator
 from kvpool.master.directory import DirectoryLog
 from kvpool.master.ids import IdSource
@@ -57,12 +57,12 @@ class Segment:
         self.recovered: dict[int, tuple[int, object]] = {}  # offset -> (size, record), while recovering
 
     @property
-    def segment_id(self) -> int:
-        return self.info.segment_id
+    def segment_id(self) -> SegmentId:
+        return SegmentId(self.info.segment_id)
 
     @property
-    def node_id(self) -> str:
-        return self.info.node_id
+    def node_id(self) -> NodeId:
+        return NodeId(self.info.node_id)
 
     @property
     def capacity_bytes(self) -> int:
@@ -82,7 +82,7 @@ class SegmentTable:
         self.alignment_bytes = alignment_bytes
         self.heartbeat_interval_s = heartbeat_interval_s
         self.node_ttl_s = node_ttl_s
-        self.by_id: dict[int, Segment] = {}
+        self.by_id: dict[SegmentId, Segment] = {}
         self._ids = ids
         self._max_log_ops = max_log_ops
         self.capacity_bytes = 0
@@ -109,7 +109,7 @@ class SegmentTable:
         for s in replaced:
             self.unmount(s.segment_id)
         info = SegmentInfo(
-            segment_id=self._ids.next(),
+            segment_id=SegmentId(self._ids.next()),
             node_id=msg.node_id,
             host_id=msg.host_id,
             size_bytes=msg.size_bytes,
@@ -131,7 +131,7 @@ class SegmentTable:
         self.capacity_bytes += segment.capacity_bytes
         return segment, replaced
 
-    def unmount(self, segment_id: int) -> Segment | None:
+    def unmount(self, segment_id: SegmentId) -> Segment | None:
         segment = self.by_id.pop(segment_id, None)
         if segment is not None:
             segment.allocator.on_change = None  # whatever it does now is no longer the pool's
@@ -147,7 +147,7 @@ class SegmentTable:
         self.used_bytes += used_change
         group.changed(segment)
 
-    def heartbeat(self, node_id: str, segment_ids: list[int], now_s: float) -> list[int]:
+    def heartbeat(self, node_id: NodeId, segment_ids: list[SegmentId], now_s: float) -> list[SegmentId]:
         """Refresh the node's segments; returns the ids this table does not know (mount again)."""
         unknown = []
         for segment_id in segment_ids:

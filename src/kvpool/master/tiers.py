@@ -1,6 +1,10 @@
 """Disk tiers: which objects have a copy on a node's disk, demotion, promotion, disk eviction (pure).
 
 Rules:
+- This module takes the segment space and the evictor, never the index: it keeps each tier's
+  accounting, its disk heap and the records' disk fields, and returns (or yields, where the order
+  matters) the records that must leave the pool; the index drops them. Between two yielded records
+  the caller's drop has run, so a parent whose last child went is already a candidate.
 - A segment whose node mounted it with `disk_bytes > 0` has a DiskTier here. The node writes
   committed objects of its segment to disk in the background (write-back, bounded queue, off the put
   path) and reports each one written (TierReport.written, with the checksum it verified on the bytes
@@ -33,16 +37,23 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
-from kvpool.core.protocol import DIR_DISK_DROP, DIR_PROMOTE, DirEntry, DiskEntry, TierReport, TierStats, pack_replicas
-from kvpool.core.protocol import Replica
-from kvpool.master.eviction import COMPLETE, DEAD, PINNED, ObjectRecord
+from kvpool.core.protocol import DiskEntry, Replica, TierReport, TierStats, pack_replicas
+from kvpool.core.types import NodeId, SegmentId
+from kvpool.master.chains import to_dram
+from kvpool.master.config import MasterConfig
+from kvpool.master.eviction import Evictor
+from kvpool.master.quotas import TenantSpace
+from kvpool.master.records import COMPLETE, GONE, IN_DISK_HEAP, PINNED, PROMOTING, ObjectRecord
+from kvpool.master.space import SegmentSpace
 
 if TYPE_CHECKING:
-    from kvpool.master.index import ObjectIndex
     from kvpool.master.segments import Segment
+
+Tenants = Mapping[str, TenantSpace]  # stored namespace -> its records (ObjectIndex.tenants)
 
 STORED_BLOCK = 4096  # node/disk_store.py: a 4 KiB header, the payload in 4 KiB blocks
 
@@ -53,36 +64,10 @@ def stored_bytes(size: int) -> int:
     return STORED_BLOCK + -(-size // STORED_BLOCK) * STORED_BLOCK
 
 
-PROMOTING = 1 << 10  # disk-only, a DRAM range reserved and the node asked to fill it
-IN_DISK_HEAP = 1 << 11  # has an entry in its disk tier's eviction heap
-
-
-class TieredRecord(ObjectRecord):
-    """An ObjectRecord that may also live in a node's disk tier."""
-
-    __slots__ = ("disk_segment", "disk_size", "disk_children", "disk_heap_s")
-
-    def __init__(self, space: dict, key: str, locations: bytes, flags: int, now_s: float, token: int = 0) -> None:
-        super().__init__(space, key, locations, flags, now_s, token)
-        self.disk_segment: int | None = None  # the segment whose node holds a disk copy
-        self.disk_size = 0
-        self.disk_children = 0  # children held on disk only
-        self.disk_heap_s = now_s  # last_access_s when pushed onto the disk heap
-
-    @property
-    def size_bytes(self) -> int:
-        loc = self.locations
-        return int.from_bytes(loc[16:24], "little") if loc else self.disk_size
-
-    @property
-    def disk_only(self) -> bool:
-        return not self.locations
-
-
 class _DiskHeapEntry:
     __slots__ = ("rec",)
 
-    def __init__(self, rec: TieredRecord) -> None:
+    def __init__(self, rec: ObjectRecord) -> None:
         self.rec = rec
 
     def __lt__(self, other: "_DiskHeapEntry") -> bool:
@@ -95,7 +80,7 @@ class DiskTier:
     __slots__ = ("segment_id", "node_id", "capacity_bytes", "used_bytes", "num_objects", "num_disk_only", "heap",
                  "promoting", "demotions", "promotions", "promotions_failed", "disk_hits", "disk_evictions")
 
-    def __init__(self, segment_id: int, node_id: str, capacity_bytes: int) -> None:
+    def __init__(self, segment_id: SegmentId, node_id: NodeId, capacity_bytes: int) -> None:
         self.segment_id = segment_id
         self.node_id = node_id
         self.capacity_bytes = capacity_bytes
@@ -103,7 +88,7 @@ class DiskTier:
         self.num_objects = 0
         self.num_disk_only = 0
         self.heap: list[_DiskHeapEntry] = []
-        self.promoting: dict[int, TieredRecord] = {}  # DRAM offset -> record being promoted into it
+        self.promoting: dict[int, ObjectRecord] = {}  # DRAM offset -> record being promoted into it
         self.demotions = 0
         self.promotions = 0
         self.promotions_failed = 0
@@ -117,9 +102,11 @@ class DiskTier:
 
 
 class Tiers:
-    def __init__(self, index: "ObjectIndex") -> None:
-        self.index = index
-        self.by_segment: dict[int, DiskTier] = {}
+    def __init__(self, config: MasterConfig, space: SegmentSpace, evictor: Evictor) -> None:
+        self.config = config
+        self.space = space
+        self.evictor = evictor
+        self.by_segment: dict[SegmentId, DiskTier] = {}
 
     # ---- membership ----------------------------------------------------------------------------
 
@@ -128,18 +115,17 @@ class Tiers:
         self.by_segment[segment.segment_id] = tier
         return tier
 
-    def drop_segment(self, segment_id: int) -> int:
-        """The segment (and with it its node's disk tier) is gone: disk-only objects there go, the
-        others lose their disk copy. Returns how many objects went."""
+    def drop_segment(self, segment_id: SegmentId, tenants: Tenants) -> list[ObjectRecord]:
+        """The segment (and with it its node's disk tier) is gone: the others lose their disk copy;
+        returns the disk-only objects there, which go (the caller drops them)."""
         tier = self.by_segment.pop(segment_id, None)
         if tier is None:
-            return 0
-        lost = 0
-        for space in list(self.index.tenants.values()):
-            for rec in [r for r in space.values() if getattr(r, "disk_segment", None) == segment_id]:
+            return []
+        lost = []
+        for space in list(tenants.values()):
+            for rec in [r for r in space.values() if r.disk_segment == segment_id]:
                 if rec.disk_only:
-                    self.index.drop(rec)
-                    lost += 1
+                    lost.append(rec)
                 else:
                     rec.disk_segment = None
         tier.promoting.clear()  # their ranges were on the segment: gone with it
@@ -147,184 +133,163 @@ class Tiers:
 
     # ---- reports from the node -----------------------------------------------------------------
 
-    def apply_report(self, segment: "Segment", report: TierReport, now_s: float) -> None:
+    def apply_report(self, segment: "Segment", report: TierReport, tenants: Tenants,
+                     now_s: float) -> Iterator[ObjectRecord]:
+        """Apply a node's report; yields the objects that go from the pool (the caller drops each
+        before the next is decided: a dropped tail makes its parent a disk eviction candidate)."""
         tier = self.by_segment.get(segment.segment_id)
         if tier is None:
             return
         for entry in report.written:
-            self._written(segment, tier, entry)
+            self._written(segment, tier, entry, tenants)
         for entry in report.lost:
-            rec = self._find(entry)
+            rec = self.find(entry, tenants)
             if rec is not None and rec.disk_segment == tier.segment_id:
                 if rec.disk_only and not rec.flags & PROMOTING:
-                    self.index.drop(rec)
+                    yield rec
                 elif not rec.disk_only:
                     self._forget_copy(rec, tier, tell_node=False)
         for offset in report.promoted:
             self._promoted(segment, tier, offset, ok=True)
         for offset in report.failed:
-            self._promoted(segment, tier, offset, ok=False)
-        self.maybe_evict(tier, now_s)
+            rec = self._promoted(segment, tier, offset, ok=False)
+            if rec is not None:
+                yield rec  # its disk copy is bad (the node dropped it) and it has no other
+        yield from self.maybe_evict(tier, now_s)
 
-    def _find(self, entry: DiskEntry) -> TieredRecord | None:
-        space = self.index.tenants.get(entry.tenant)
+    def find(self, entry: DiskEntry, tenants: Tenants) -> ObjectRecord | None:
+        """The complete record this entry describes (same size and checksum), if the index holds it."""
+        space = tenants.get(entry.tenant)
         rec = space.get(entry.key) if space is not None else None
-        if rec is None or not rec.flags & COMPLETE or rec.size_bytes != entry.size:
+        if rec is None or rec.state != COMPLETE or rec.size_bytes != entry.size:
             return None
         if int.from_bytes(rec.checksum, "little") != entry.checksum:
             return None
         return rec
 
-    def _written(self, segment: "Segment", tier: DiskTier, entry: DiskEntry) -> None:
-        rec = self._find(entry)
+    def _written(self, segment: "Segment", tier: DiskTier, entry: DiskEntry, tenants: Tenants) -> None:
+        rec = self.find(entry, tenants)
         if rec is not None and rec.disk_segment == tier.segment_id:
             return  # a resent report
         if rec is None or rec.disk_segment is not None or rec.disk_only or rec.flags & PINNED or not any(
                 r.segment_id == tier.segment_id for r in rec.replicas):
             # not this object any more (gone, re-put, or already on another disk): the file is of no use
-            segment.log.append(DirEntry(0, 0, entry.tenant, entry.key, None, entry.checksum, DIR_DISK_DROP))
+            self.space.log_disk_drop(segment.segment_id, entry.tenant, entry.key, entry.checksum)
             return
-        self._add_copy(rec, tier, entry.size)
+        self.add_copy(rec, tier, entry.size)
 
-    def _add_copy(self, rec: TieredRecord, tier: DiskTier, size: int) -> None:
+    def add_copy(self, rec: ObjectRecord, tier: DiskTier, size: int) -> None:
         rec.disk_segment = tier.segment_id
         rec.disk_size = size
         tier.used_bytes += stored_bytes(size)
         tier.num_objects += 1
         self.push(rec, tier)
 
-    def _promoted(self, segment: "Segment", tier: DiskTier, offset: int, ok: bool) -> None:
+    def _promoted(self, segment: "Segment", tier: DiskTier, offset: int, ok: bool) -> ObjectRecord | None:
+        """A promotion ended; returns the record when it must go (its disk copy failed)."""
         rec = tier.promoting.pop(offset, None)
         if rec is None:
-            return  # a resent report, or a promotion this master never asked for
+            return None  # a resent report, or a promotion this master never asked for
         rec.flags &= ~PROMOTING
         size = rec.disk_size
-        if not ok or rec.flags & DEAD:
-            segment.allocator.free(offset, size)
-            segment.num_objects -= 1
-            segment.log.append(DirEntry(offset, 0))
+        if not ok or rec.state == GONE:
+            self.space.free_range(segment, offset, size)
             if not ok:
                 tier.promotions_failed += 1
-                if not rec.flags & DEAD:
-                    self.index.drop(rec)  # its disk copy is bad (the node dropped it) and it has no other
-            return
+                if rec.state != GONE:
+                    return rec
+            return None
         tier.promotions += 1
         tier.num_disk_only -= 1
         rec.locations = pack_replicas([Replica(segment.segment_id, offset, size)])
         rec.space.account.charge(rec, 1)
-        parent = rec.parent
-        if parent is not None:
-            parent.disk_children -= 1
-            parent.num_children += 1
+        to_dram(rec)
         if not rec.num_children and not rec.flags & PINNED:
-            self.index.evictor.push(rec)
+            self.evictor.push(rec)
+        return None
 
     # ---- DRAM eviction and promotion -----------------------------------------------------------
 
-    def demote(self, rec: TieredRecord) -> bool:
-        """DRAM eviction chose `rec`: keep it as disk-only when its disk copy is there. False: drop it."""
+    def demote(self, rec: ObjectRecord) -> bool:
+        """DRAM eviction chose `rec`: keep it as disk-only when its disk copy is there (the caller
+        moves it in its chain, chains.to_disk). False: the caller drops it."""
         tier = self.by_segment.get(rec.disk_segment) if rec.disk_segment is not None else None
         if tier is None:
             return False
-        index = self.index
-        index._free_replicas(rec.replicas)
-        index._log_removal(rec)
+        self.space.free(rec.replicas)
+        self.space.log_removal(rec.replicas)
         rec.space.account.charge(rec, -1)  # disk-only objects do not count in the tenant's quota (quotas.py)
         rec.locations = b""
         tier.num_disk_only += 1
         tier.demotions += 1
-        parent = rec.parent
-        if parent is not None:
-            parent.num_children -= 1
-            parent.disk_children += 1
-            if not parent.num_children:
-                index._became_tail(parent)
         return True
 
-    def promote_chain(self, records: list[TieredRecord], now_s: float) -> int:
-        """Start promoting these disk-only records (a lookup's keys after its hits, in chain order);
-        stops at the first that is not disk-only or cannot get DRAM. Returns how many are promoting."""
-        promoting = 0
-        for rec in records[: self.index.config.max_promotions_per_lookup]:
-            if not rec.disk_only:
-                break
-            tier = self.by_segment.get(rec.disk_segment)
-            if tier is None:
-                break
-            if not rec.flags & PROMOTING and not self._start_promotion(rec, tier, now_s):
-                break
-            tier.disk_hits += 1
-            promoting += 1
-        return promoting
+    def promotion_segment(self, tier: DiskTier) -> "Segment | None":
+        """The segment a promotion from this tier reads into, or None while it cannot take one."""
+        segment = self.space.segment(tier.segment_id)
+        return None if segment is None or segment.recovering else segment
 
-    def _start_promotion(self, rec: TieredRecord, tier: DiskTier, now_s: float) -> bool:
-        segment = self.index.segments.by_id.get(tier.segment_id)
-        if segment is None or segment.recovering:
-            return False
+    def start_promotion(self, rec: ObjectRecord, tier: DiskTier, segment: "Segment", now_s: float) -> bool:
+        """Reserve a DRAM range on `segment` for a disk-only record and ask its node to fill it.
+        False: no free range (the caller may evict for one and ask again)."""
         size = rec.disk_size
-        offset = segment.allocator.allocate(size)
+        offset = self.space.allocate_on(segment, size)
         if offset is None:
-            if segment.tenant:  # a dedicated segment: room only from its tenant's objects there
-                self.index.evictor.evict(now_s, segment.allocator.aligned(size), rec.space.account,
-                                         on_segments={segment.segment_id})
-            else:
-                self.index.evictor.evict(now_s, segment.allocator.aligned(size))
-            offset = segment.allocator.allocate(size)
-            if offset is None:
-                return False
-        segment.num_objects += 1
+            return False
         rec.flags |= PROMOTING
         rec.last_access_s = now_s
         tier.promoting[offset] = rec
         parent_key = rec.parent.key if rec.parent is not None else None
-        segment.log.append(DirEntry(offset, size, self.tenant_of(rec), rec.key, parent_key,
-                                    int.from_bytes(rec.checksum, "little"), DIR_PROMOTE))
+        self.space.log_promote(segment, offset, size, self.tenant_of(rec), rec.key, parent_key,
+                               int.from_bytes(rec.checksum, "little"))
         return True
 
     # ---- disk eviction -------------------------------------------------------------------------
 
-    def push(self, rec: TieredRecord, tier: DiskTier) -> None:
-        rec.flags |= IN_DISK_HEAP
+    def push(self, rec: ObjectRecord, tier: DiskTier) -> None:
+        rec.heaps |= IN_DISK_HEAP
         rec.disk_heap_s = rec.last_access_s
         heappush(tier.heap, _DiskHeapEntry(rec))
 
-    def maybe_evict(self, tier: DiskTier, now_s: float) -> int:
-        config = self.index.config
+    def maybe_evict(self, tier: DiskTier, now_s: float) -> Iterator[ObjectRecord]:
+        """Above the high watermark of the tier's capacity, `evict` down to the low one."""
+        config = self.config
         if tier.used_bytes <= tier.capacity_bytes * config.high_watermark:
-            return 0
+            return iter(())
         return self.evict(tier, tier.used_bytes - int(tier.capacity_bytes * config.low_watermark))
 
-    def evict(self, tier: DiskTier, bytes_to_free: int) -> int:
-        """Drop LRU disk copies until `bytes_to_free` bytes are free; returns the bytes freed."""
+    def evict(self, tier: DiskTier, bytes_to_free: int) -> Iterator[ObjectRecord]:
+        """Drop LRU disk copies until `bytes_to_free` bytes are free. Yields the disk-only objects
+        that go from the pool: the caller drops each before the next is chosen (its parent may
+        become a candidate)."""
         heap = tier.heap
         freed = 0
-        set_aside: list[TieredRecord] = []
+        set_aside: list[ObjectRecord] = []
         while freed < bytes_to_free and heap:
             rec = heappop(heap).rec
-            rec.flags &= ~IN_DISK_HEAP
-            if rec.flags & DEAD or rec.disk_segment != tier.segment_id:
+            rec.heaps &= ~IN_DISK_HEAP
+            if rec.state == GONE or rec.disk_segment != tier.segment_id:
                 continue
             if rec.last_access_s != rec.disk_heap_s:
                 self.push(rec, tier)
                 continue
             if rec.disk_only:
                 if rec.num_children or rec.disk_children:
-                    continue  # pushed again when its last child goes (ObjectIndex._became_tail)
+                    continue  # pushed again when its last child goes (ObjectIndex.became_tail)
                 if rec.flags & PROMOTING:
                     set_aside.append(rec)
                     continue
                 freed += stored_bytes(rec.disk_size)
                 tier.disk_evictions += 1
-                self.index.drop(rec)
+                yield rec
             else:
                 freed += stored_bytes(rec.disk_size)
                 tier.disk_evictions += 1
                 self._forget_copy(rec, tier, tell_node=True)
         for rec in set_aside:
             self.push(rec, tier)
-        return freed
 
-    def _forget_copy(self, rec: TieredRecord, tier: DiskTier, tell_node: bool) -> None:
+    def _forget_copy(self, rec: ObjectRecord, tier: DiskTier, tell_node: bool) -> None:
         """The object keeps its DRAM copy and loses its disk one."""
         rec.disk_segment = None
         tier.used_bytes -= stored_bytes(rec.disk_size)
@@ -332,7 +297,7 @@ class Tiers:
         if tell_node:
             self._log_disk_drop(rec, tier)
 
-    def forget(self, rec: TieredRecord) -> None:
+    def forget(self, rec: ObjectRecord) -> None:
         """`rec` left the index (ObjectIndex.drop): its disk copy goes too."""
         tier = self.by_segment.get(rec.disk_segment) if rec.disk_segment is not None else None
         if tier is None:
@@ -341,54 +306,39 @@ class Tiers:
             tier.num_disk_only -= 1
         self._forget_copy(rec, tier, tell_node=True)
 
-    def _log_disk_drop(self, rec: TieredRecord, tier: DiskTier) -> None:
-        segment = self.index.segments.by_id.get(tier.segment_id)
-        if segment is not None:
-            segment.log.append(DirEntry(0, 0, self.tenant_of(rec), rec.key, None,
-                                        int.from_bytes(rec.checksum, "little"), DIR_DISK_DROP))
+    def _log_disk_drop(self, rec: ObjectRecord, tier: DiskTier) -> None:
+        self.space.log_disk_drop(tier.segment_id, self.tenant_of(rec), rec.key,
+                                       int.from_bytes(rec.checksum, "little"))
 
     def tenant_of(self, rec: ObjectRecord) -> str:
         return rec.space.name
 
     # ---- recovery ------------------------------------------------------------------------------
 
-    def announce(self, segment: "Segment", entries: list[DiskEntry], now_s: float) -> int:
-        """Take what a remounted node's disk tier holds; returns how many entries were refused
-        (each answered with a DIR_DISK_DROP, so the node deletes the file)."""
-        tier = self.by_segment.get(segment.segment_id)
-        index = self.index
-        refused = 0
-        for entry in entries:
-            # a disk announcing more than its capacity is lying or was shrunk: the excess is refused
-            ok = (tier is not None and entry.tenant and entry.key and 0 < entry.size
-                  and stored_bytes(entry.size) <= tier.capacity_bytes - tier.used_bytes
-                  and 0 < entry.checksum < (1 << 64))
-            rec = None
-            if ok:
-                space = index.space_of(entry.tenant)
-                rec = space.get(entry.key)
-                if rec is not None:
-                    # its DRAM replica announced just before, or another node's: only the same object, once
-                    same = self._find(entry) is rec
-                    if same and rec.disk_segment is None and not rec.disk_only and any(
-                            r.segment_id == segment.segment_id for r in rec.replicas):
-                        self._add_copy(rec, tier, entry.size)
-                    else:
-                        ok = False
-                else:
-                    rec = TieredRecord(space, entry.key, b"", COMPLETE, now_s - max(0.0, entry.age_s))
-                    rec.checksum = entry.checksum.to_bytes(8, "little")
-                    space[entry.key] = rec
-                    index.num_complete += 1
-                    tier.num_disk_only += 1
-                    self._add_copy(rec, tier, entry.size)
-                    index.recovery.link(rec, entry.tenant, entry.parent)
-            if not ok:
-                refused += 1
-                segment.log.append(DirEntry(0, 0, entry.tenant, entry.key, None, entry.checksum, DIR_DISK_DROP))
-        index.recovered_objects += len(entries) - refused
-        index.rejected_announcements += refused
-        return refused
+    def may_announce(self, tier: DiskTier | None, entry: DiskEntry) -> bool:
+        """Whether an announced disk entry can be taken at all (a disk announcing more than its
+        capacity is lying or was shrunk: the excess is refused)."""
+        return bool(tier is not None and entry.tenant and entry.key and 0 < entry.size
+                    and stored_bytes(entry.size) <= tier.capacity_bytes - tier.used_bytes
+                    and 0 < entry.checksum < (1 << 64))
+
+    def take_announced_copy(self, rec: ObjectRecord, tier: DiskTier, entry: DiskEntry, tenants: Tenants) -> bool:
+        """An announced disk entry names a record the index holds (its DRAM replica announced just
+        before, or another node's): only the same object, once, with a replica on this segment."""
+        if (self.find(entry, tenants) is rec and rec.disk_segment is None and not rec.disk_only
+                and any(r.segment_id == tier.segment_id for r in rec.replicas)):
+            self.add_copy(rec, tier, entry.size)
+            return True
+        return False
+
+    def take_disk_only(self, rec: ObjectRecord, tier: DiskTier, size: int) -> None:
+        """A record rebuilt from an announced disk entry alone."""
+        tier.num_disk_only += 1
+        self.add_copy(rec, tier, size)
+
+    def refuse(self, segment: "Segment", entry: DiskEntry) -> None:
+        """Tell the node to delete a file nobody can reach."""
+        self.space.log_disk_drop(segment.segment_id, entry.tenant, entry.key, entry.checksum)
 
     def stats(self) -> list[TierStats]:
         return [tier.stats() for tier in self.by_segment.values()]
