@@ -1,8 +1,7 @@
 """An allocation held ahead of a writer's next plain put: that put is its write and one PutEnd.
 
-Why (issue 14): a plain value on a node cost a writer three exchanges, PutStart, the write and
-PutEnd, where Redis answers a SET in one; on a VM whose halted vCPUs take ~50 us to wake, each
-exchange is ~100-200 us of a 1 MiB put's ~1 ms (`benchmarks/results/peers/plain_phases_stop32.md`).
+Why: a plain value on a node would cost a writer three exchanges, PutStart, the write and PutEnd,
+where Redis answers a SET in one (measurements: docs/design/client.md).
 A plain put that goes to a node asks, inside its own PutEnd, for one more allocation of its size
 under a key of this client's (`ahead`); the next plain put of that size writes into it and ends it
 under its real key (PutEnd.as_keys), asking for the next one in the same message. The master's
@@ -25,7 +24,8 @@ Rules:
   no space for long (master metric `kvpool_master_ahead_expired`).
 - The master gives an allocation ahead free space only: nothing is evicted for a put that may
   never come (master/index.py), so a full pool just grants none and the put goes the usual way.
-- Pure bookkeeping with a lock: no I/O. plain_values.py does the writes and the round trips.
+- `AheadSlots` is bookkeeping with a lock, no I/O; `Ahead` owns it and sends the ask (inside a
+  PutEnd) and the give-back (a PutRevoke); plain_values.py does the writes.
 """
 
 from __future__ import annotations

@@ -1,5 +1,18 @@
 """The Python client: batch-first, zero-copy put_from/get_into, plus put/get for plain values.
 
+Parts (docs/design/client.md): `Client` builds them once and hands each public call to one of
+them; each owns its state and is given, at construction, what it uses (the master link, the data
+plane, the segment cache, the other parts it calls). None holds a reference back to the Client.
+  MasterLink (master_link.py)      the control channel: calls, quiet one-way clean-ups, `closed`
+  Registrations (memory.py)        registered memory; StagingBuffer, the bounce buffer
+  Transfers (rounds.py)            rounds of one-sided transfers, one job per segment
+  Ahead (ahead.py)                 the allocation held ahead of the next plain put
+  Landings (landing.py)            PutEnd sent before the write, PutLanded after it
+  Puts (puts.py), Reads (reads.py) put_from and get_into
+  MasterValues (master_values.py)  values the master keeps, its answers to GetValue, its inline limit
+  EarlyReads (known_places.py)     a plain get's read beside its GetValue; KnownPlaces, TagGuesses
+  PlainValues (plain_values.py)    put / get / get_array / get_tensor
+
 Rules:
 - One master round trip per batch call: PutStart for a put batch, one leased LookupPrefix for a
   get batch. Then one-sided transfers, one job per segment, all segments at once (transfer_many).
@@ -13,23 +26,24 @@ Rules:
   is known to be over. Over the lane the PutEnd goes out before the write, with `landing`, and a
   one-way PutLanded after it makes the objects readable (landing.py): the end's round trip is
   hidden behind the write; failed writes are revoked the same way.
-- Checksums (client/checksum.py): the writer sends one per object with PutEnd (a put of one
-  object, or of a batch of at most 1 MiB, computes them while its PutStart travels: the
-  channel's `meanwhile`); a reader verifies
-  every hit against the one its lookup returned before counting it, and a mismatch ends the hits
-  there (a miss, a metric and a log line). `checksums=False` neither sends nor verifies.
+- Checksums (checksum.py): the writer sends one per object with PutEnd (a put of one object, or
+  of a batch of at most 1 MiB, computes them while its PutStart travels: the channel's
+  `meanwhile`); a reader verifies every hit against the one its lookup returned before counting
+  it, and a mismatch ends the hits there (a miss, a metric and a log line). `checksums=False`
+  neither sends nor verifies.
 - Get: the lease clock starts BEFORE the lookup is sent (t0), so the client's deadline t0 + ttl
   is never later than the master's. A read finishing after it counts as failed: its bytes are never
   reported. A failed read falls back to the object's next replica (same-host replicas first).
 - Leases are released as soon as the reads end, read or failed (ReleaseLeases with the lookup's
-  lease id, sent without waiting for the answer: the channel drops that late reply; over the lane
-  lazily, riding with our next request or sent within 200 ms), so removed or evicted space is
-  freed within that rather than at the lease TTL. A lost release costs nothing but
-  that wait: the master still ends the lease at its TTL.
+  lease id, sent without waiting for the answer; over the lane lazily, riding with the next
+  request or sent within 200 ms), so removed or evicted space is freed within that rather than at
+  the lease TTL. A lost release costs nothing but that wait: the master still ends the lease at
+  its TTL.
 - Segment descriptions are cached by id (segments.py): unknown ids are fetched with GetSegments,
   ids the master no longer knows are forgotten by the data plane. A reply from a new master
-  incarnation empties the cache (and the data plane's routes) before it is used.
-- Plain values (`put`, `get`, plain_values.py): small ones in one round trip to the master; a
+  incarnation empties the cache (and the data plane's routes) before it is used, and drops the
+  known places and the allocation held ahead.
+- Plain values (`put`, `get`): small ones in one round trip to the master (master_values.py); a
   larger one into the allocation the previous plain put of its size asked for with its PutEnd
   (ahead.py): its write and one round trip. A plain get of a value this client put or read
   lately reads it where it was while GetValue travels (known_places.py), and keeps those bytes

@@ -1,14 +1,13 @@
 """Where this client last saw its plain values: a `get` reads there while its GetValue travels.
 
-Why (issue 14): a plain get of a value on a node was two exchanges one after the other, GetValue
-to the master (~100-140 us across hosts here), then the read from the node; Redis answers a GET in
-one. Values a client wrote or read lately are often read again by it (a connector reading back
+Why: a plain get of a value on a node is otherwise two exchanges one after the other, GetValue
+to the master, then the read from the node; Redis answers a GET in one. Values a client wrote or read lately are often read again by it (a connector reading back
 what its instance stored, a retry), and it knows where they were put. Such a get sends its
 GetValue and, without waiting for the answer, reads the value from where it was; the master's
 answer, taken after the read, says whether those bytes are the value. A get of a value the
 client never saw (another instance wrote it) does the same with what the nodes hold under the
-key's tag, where its writer last wrote it (transfer/lane_tags.py): across hosts a cold 256 KiB /
-1 MiB get took 1.40x / 1.29x less time (benchmarks/results/peers/ab_tag_reads_final.txt).
+key's tag, where its writer last wrote it (transfer/lane_tags.py). Measurements:
+docs/design/client.md.
 
 Rules:
 - The bytes are taken only when the master's leased answer lists the place read among the
@@ -30,12 +29,13 @@ Rules:
   their lanes; it learns segments from the replies that name them. Only while at least one of
   the last 16 tag reads found a node that knew the tag, else once in 16 gets (TagGuesses): values
   the master holds (up to its inline limit, 64 KiB by default) or written without a tag would pay
-  the nodes' round trips for nothing. Writes tag a
-  put of one object on its lane (a plain put, a put_from of one key); values written by NIXL
+  the nodes' round trips for nothing. Writes tag a put of one object on its lane (a plain put, a put_from of one key); values written by NIXL
   (large jobs where RDMA is present) carry no tag and are read the usual way.
 - `KnownPlaces` and `TagGuesses` are bookkeeping, no I/O (TagGuesses without a lock: a lost
-  update between threads only shifts a guess); `EarlyReads` (a mixin of the Client) does the
-  read and the round trip, with the Client's channel, plane and metrics.
+  update between threads only shifts a guess); `EarlyReads` does the
+  read and the round trip; it owns its TagGuesses and is given the master link, the data plane,
+  the segment cache, the transfers, MasterValues (which reads GetValue's answer) and the
+  client's KnownPlaces.
 """
 
 from __future__ import annotations

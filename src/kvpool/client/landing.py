@@ -1,20 +1,18 @@
 """A put's PutEnd sent while its bytes are written: the end's round trip hides behind the write.
 
-Why (issue 14): a put was its write, then a PutEnd round trip to a master that had slept through
-the write; across hosts on the 2-core VM a 1 MiB plain put was a 496 us write and a 172 us PutEnd
-while a ping back to back took 47 us (`benchmarks/results/peers/plain_phases_stop36.md`). Now the
-PutEnd, with `landing`, goes out just before the write; the master checks it (tokens, keys that
-exist, the allocation asked ahead) while the bytes travel and its reply is waiting when the write
-ends. Then one PutLanded, sent one way before the put returns, makes the objects readable.
+Why: without it a put is its write, then a PutEnd round trip to a master that slept through the
+write (measurements: docs/design/client.md). With `landing` the PutEnd goes out just before the
+write; the master checks it (tokens, keys that exist, the allocation asked ahead) while the bytes
+travel and its reply is waiting when the write ends. Then one PutLanded, sent one way before the
+put returns, makes the objects readable.
 
 Rules:
 - Only over the lane (LaneChannel.lands_puts: without it the usual PutEnd follows the write; nor with
-  `Client(landing=False)`, for A/Bs), with a master whose PutStartReply said `lands`, when the
+  `Client(landing=False)`), with a master whose PutStartReply said `lands`, when the
   checksums are known before the write (not for the large batches checksummed beside their
   write: their end is no longer the cost), and when a write crosses to another host. A same-host
   write is the client's own copy: no wait to hide the round trip behind, and one more message
-  per put for the master; with 4 clients on 2 vCPUs the agent loop lost 0.83x of its loops/s and
-  0.82x of its P99 to it (`benchmarks/results/peers/peers_same_host_agent_stop36.md`).
+  per put for the master, which cost same-host writers throughput.
 - A put is reported stored when its bytes are written and the master accepted its end. PutLanded
   follows on the same ordered connection, so this client's next request finds the object, and the
   master handles the one-way frames of a wake-up before its calls (master/service.py), so a
@@ -25,15 +23,14 @@ Rules:
 - A plain put (plain_values.py) that lands sends its PutEnd without the value's checksum and
   hashes the value once the write's bytes are on their way (the data plane's `sent`), while the
   node takes them in; the checksum goes with PutLanded, so it is recorded before anyone can read
-  the object (stop 37: the hash, ~30-50 us of a 1 MiB put here, left the critical path).
+  the object, and the hash is off the put's critical path.
 - A write that fails, or ends past its deadline, is revoked, under both names where the end
   renamed it (a revoke names tokens: it can only free this writer's allocation), and never
   landed. An end whose reply cannot be had (the lane broke: the master restarted, or did not
   answer in time) is revoked quietly and its objects reported as refused: PUT_FAILED for
-  put_from, and a plain put is made again the usual way (over ZMQ, which fails over, as a
-  PutEnd whose lane broke used to be).
-- A mixin of the Client (client.py): its channel, plane, segment cache, `_revoke_quietly`,
-  metrics and, for plain puts, `_asking_ahead` (plain_values.py).
+  put_from, and a plain put is made again the usual way (over ZMQ, which fails over).
+- `Landings` is given the master link, the transfers (which replicas are same-host copies) and
+  the Ahead part (a plain put's end asks for the next allocation).
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
-"""Plain values: `put` and `get` of bytes, numpy arrays and CPU tensors (the Client's, as a mixin).
+"""Plain values: `put` and `get` of bytes, numpy arrays and CPU tensors.
 
 Rules:
-- A value up to the master's inline limit put without a parent is sent inside one PutValue and
-  kept by the master (master/inline.py); `get` asks with one GetValue, answered with the bytes, or
-  with a leased lookup when a node holds the value (then read as get_into reads). So a small value
-  costs one round trip each way. Every reply names the master's limit (0: inline values off),
-  which the client follows from then on; a value over it goes to a node, and so does one the
-  master has no room for (pinned values fill it). A master that cannot decode PutValue / GetValue
-  (older) is asked no more until a new master incarnation answers.
+- A value up to the master's inline limit put without a parent is kept by the master
+  (master_values.py): a small value costs one round trip each way. A value over the limit goes to
+  a node, and so does one the master has no room for (pinned values fill it).
 - A larger value moves without the staging buffer where its replicas' routes carry memory the
   data plane never registered (shared memory, the segment lane: DataPlane.carries_unregistered):
   `put` writes straight from the caller's value, `get` / `get_array` read straight into the
   object they return, its pages faulted in while the node sends (fresh_memory.prefault as the
-  plane's `before_landing`). Over NIXL both go through the registered staging buffer as before.
-  A 1 MiB plain get across hosts 1.01 -> 0.61 ms, a put 1.10 -> 0.87 ms (fixes.md 26).
+  plane's `before_landing`). Over NIXL both go through the registered staging buffer.
 - A larger value put without a parent, unpinned, from host memory and with checksums on is
   written into the allocation held ahead (ahead.py), when there is one for its size, and ended
   under its key with one PutEnd that asks for the next: its write and one round trip instead of
@@ -21,10 +16,9 @@ Rules:
   allocation ahead unless its route needs the staging buffer (nothing gained then). Either way its
   PutEnd travels while its bytes are written, where the lane allows (landing.py); a put into the
   slot held ahead then hashes its value only once the write's bytes are on their way (the data
-  plane's `sent`) and sends the checksum with PutLanded (fixes.md 32).
-- The mixin uses the Client's channel, staging buffer, metrics and leased reads (client.py); it
-  holds `_max_inline`, the master's limit as its last reply said (-1: a master without them), and
-  `_ahead` (ahead.AheadSlots).
+  plane's `sent`) and sends the checksum with PutLanded.
+- `PlainValues` holds no state of its own: it composes the other parts (puts, reads, the
+  allocation ahead, landings, the master's values, early reads, known places).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Batch puts (`put_from`): PutStart, the writes, then PutEnd (or, over the lane, a PutEnd sent
 before the write and a PutLanded after it, landing.py), PutRevoke for what failed. The rules are
-client.py's; this is a mixin of the Client, using its channel, plane, segment cache and metrics.
+client.py's. `Puts` is given the master link, registered memory, the transfers, the staging
+buffer, the landings and the allocation ahead; its only state is the process's checksum thread.
 """
 
 from __future__ import annotations
@@ -67,11 +68,11 @@ class _Early:
         return value
 
 
-# a put batch this small is checksummed whole while its PutStart travels, allocated or not: an
-# agent's new tail of 2 x 256 KiB put 1.09x faster on one host, 1.065x across hosts; a batch of
-# keys that all exist wastes at most this much hashing (fixes.md 37)
+# a put batch this small is checksummed whole while its PutStart travels, allocated or not (an
+# agent's new tail of a few hundred KiB); a batch of keys that all exist wastes at most this much
+# hashing
 EARLY_CHECKSUM_BYTES = 1 << 20
-# a put batch this large is checksummed on another thread while it is written (fixes.md 26)
+# a put batch this large is checksummed on another thread while it is written
 CHECKSUM_BESIDE_WRITE_BYTES = 4 << 20
 _checksum_pool: futures.ThreadPoolExecutor | None = None
 _checksum_pool_lock = threading.Lock()
@@ -266,8 +267,7 @@ class Puts:
         """Whether a put batch's objects are checksummed each right after its copy, from the CPU's
         caches (the source just read), instead of on another thread beside the write: a batch of
         CHECKSUM_DURING_COPY_BYTES or more from host memory whose every replica is a same-host copy.
-        Beside it, the second pass over the source competed with the copy for memory bandwidth
-        (fixes.md 36)."""
+        Beside it, the second pass over the source competes with the copy for memory bandwidth."""
         return (sum(totals) >= CHECKSUM_DURING_COPY_BYTES and len(self._transfers.on_host(addrs)) == len(addrs)
                 and self._transfers.copies_locally(choices))
 

@@ -1,7 +1,7 @@
 """Batch gets (`get_into`): one leased LookupPrefix, the reads (a failed one falls back to the
 object's next replica), each hit verified against its writer's checksum, the lease released. The
-rules are client.py's; this is a mixin of the Client, using its channel, plane, segment cache and
-metrics.
+rules are client.py's. `Reads` is given the master link, registered memory, the transfers and
+the segment cache; it keeps no state between calls.
 """
 
 from __future__ import annotations

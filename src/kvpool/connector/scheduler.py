@@ -1,5 +1,10 @@
 """The scheduler half: asks the pool what it has, plans loads and saves, holds saved blocks.
 
+Parts: one RequestState per request (request_state.py) in `_requests`, made in `_state_of` and
+dropped in `request_finished`; lookups on their own thread (lookups.py); requests waiting in
+vLLM's queue (waiting.py); the blocks pinned for saves (pins.py); a hybrid model's per-group
+plans (hybrid.py).
+
 Facts this relies on (vLLM 0.32, v1/core/sched/scheduler.py):
 - `get_num_new_matched_tokens(request, n)` runs for a request whose num_computed_tokens is 0, with
   `n` the block-aligned local prefix-cache hit. It may run again for the same request (when the
