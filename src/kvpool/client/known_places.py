@@ -1,8 +1,9 @@
 """Where this client last saw its plain values: a `get` reads there while its GetValue travels.
 
 Why: a plain get of a value on a node is otherwise two exchanges one after the other, GetValue
-to the master, then the read from the node; Redis answers a GET in one. Values a client wrote or read lately are often read again by it (a connector reading back
-what its instance stored, a retry), and it knows where they were put. Such a get sends its
+to the master, then the read from the node; Redis answers a GET in one. Values a client wrote or
+read lately are often read again by it (a connector reading back what its instance stored, a
+retry), and it knows where they were put. Such a get sends its
 GetValue and, without waiting for the answer, reads the value from where it was; the master's
 answer, taken after the read, says whether those bytes are the value. A get of a value the
 client never saw (another instance wrote it) does the same with what the nodes hold under the
@@ -29,13 +30,13 @@ Rules:
   their lanes; it learns segments from the replies that name them. Only while at least one of
   the last 16 tag reads found a node that knew the tag, else once in 16 gets (TagGuesses): values
   the master holds (up to its inline limit, 64 KiB by default) or written without a tag would pay
-  the nodes' round trips for nothing. Writes tag a put of one object on its lane (a plain put, a put_from of one key); values written by NIXL
-  (large jobs where RDMA is present) carry no tag and are read the usual way.
+  the nodes' round trips for nothing. Writes tag a put of one object on its lane (a plain put,
+  a put_from of one key); values written by NIXL (large jobs where RDMA is present) carry no tag
+  and are read the usual way.
 - `KnownPlaces` and `TagGuesses` are bookkeeping, no I/O (TagGuesses without a lock: a lost
-  update between threads only shifts a guess); `EarlyReads` does the
-  read and the round trip; it owns its TagGuesses and is given the master link, the data plane,
-  the segment cache, the transfers, MasterValues (which reads GetValue's answer) and the
-  client's KnownPlaces.
+  update between threads only shifts a guess). `EarlyReads` does the read and the round trip;
+  it owns its TagGuesses and is given the master link, the data plane, the segment cache, the
+  transfers, MasterValues (which reads GetValue's answer) and the client's KnownPlaces.
 """
 
 from __future__ import annotations

@@ -58,8 +58,8 @@ class Reads:
     ) -> tuple[float, protocol.LookupReply, list[list[Replica]]]:
         """(t0, the reply, per hit its replicas). The caller must release the lease (MasterLink.release)."""
         t0 = time.monotonic()  # before sending: our deadline is never later than the master's
-        reply = self._link.call(protocol.LookupPrefix(self._config.tenant, list(keys), lease=True), protocol.LookupReply,
-                                timeout_s)
+        reply = self._link.call(protocol.LookupPrefix(self._config.tenant, list(keys), lease=True),
+                                protocol.LookupReply, timeout_s)
         return t0, reply, self.leased_replicas(reply)
 
     def leased_replicas(self, reply: protocol.LookupReply) -> list[list[Replica]]:

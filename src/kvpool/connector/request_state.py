@@ -8,6 +8,9 @@ Rules:
   request vLLM has asked about but not admitted, and is neither saved nor marked as a failed load.
 - A lookup's answer and vLLM's local hit are kept from the question to the admission that takes
   them; a later question (vLLM retries an admission that could not allocate) replaces them.
+- A request whose pool load came back short is computed from then on: asking the pool again
+  would plan the same failing load forever (the master may list a dead node's objects until the
+  node's TTL ends).
 - Save progress only grows: objects [0, next_save) are in the pool or on their way; for a hybrid
   model, `saved_until[group]` is the same per KV-cache group (groups.py), 0 where absent.
 """
