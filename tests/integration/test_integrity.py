@@ -13,6 +13,7 @@ import pytest
 
 from kvpool.bench import procs
 from kvpool.client import PUT_ALLOCATED, PUT_FAILED, Client
+from kvpool.client.puts import Puts
 from kvpool.core import protocol as p
 from kvpool.rpc.zmq_channel import MasterChannel
 from kvpool.transfer.shm import PeerMapping
@@ -218,8 +219,8 @@ def test_a_small_batch_hashed_while_its_put_start_travels_records_each_written_o
         client.register(buf)
         assert client.put_from([keys[1]], [addrs[1]], [[size]]) == [PUT_ALLOCATED]
         hashed = []
-        real = Client._checksums
-        monkeypatch.setattr(Client, "_checksums", lambda self, a, z: hashed.append(len(a)) or real(self, a, z))
+        real = Puts.checksums
+        monkeypatch.setattr(Puts, "checksums", lambda self, a, z: hashed.append(len(a)) or real(self, a, z))
         assert client.put_from(keys, addrs, [[size]] * 3) == [PUT_ALLOCATED, p.PUT_EXISTS, PUT_ALLOCATED]
         assert hashed == [3]  # the whole batch, once, before the master answered
     assert _read_back(pool.address, keys, size) == (3, 0)
@@ -247,8 +248,8 @@ def test_a_large_same_host_put_checksums_each_object_during_its_copy(make_pool, 
     with Client(pool.address) as client:
         client.register(buf)
         apart = []
-        real = Client._checksums
-        monkeypatch.setattr(Client, "_checksums", lambda self, a, z: apart.append(len(a)) or real(self, a, z))
+        real = Puts.checksums
+        monkeypatch.setattr(Puts, "checksums", lambda self, a, z: apart.append(len(a)) or real(self, a, z))
         assert client.put_from(keys, addrs, [[region] * regions] * 24) == [PUT_ALLOCATED] * 24
         assert sum(apart) == 0  # every object was checksummed during its copy
     served, wrong = _read_back(pool.address, keys, size)

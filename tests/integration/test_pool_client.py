@@ -120,7 +120,7 @@ def test_a_checksum_that_fails_while_put_start_travels_revokes_the_put(pool, mon
         def broken(addrs, sizes):
             raise RuntimeError("checksum broke")
 
-        monkeypatch.setattr(client, "_checksums", broken)
+        monkeypatch.setattr(client._puts, "checksums", broken)
         with pytest.raises(RuntimeError, match="checksum broke"):
             client.put("k", b"x" * (300 * KiB))
         monkeypatch.undo()

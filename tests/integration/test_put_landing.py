@@ -54,7 +54,8 @@ def test_an_object_whose_landing_never_arrives_is_never_read_and_is_reclaimed(ma
     pool = make_pool(num_nodes=1, master_args=("--put-timeout-s", "1"))
     with Client(pool.address, "lost", path="lane") as writer, Client(pool.address, "lost") as reader:
         assert _put(writer, ["landed"], 64 * KiB) == [PUT_ALLOCATED]
-        monkeypatch.setattr(writer, "_land", lambda keys, tokens, checksums=None: True)  # the PutLanded lost on its way
+        # the PutLanded lost on its way
+        monkeypatch.setattr(writer._landings, "land", lambda keys, tokens, checksums=None: True)
         assert _put(writer, ["lost"], 64 * KiB) == [PUT_ALLOCATED]
         assert reader.get("lost") is None and reader.exists(["lost"]) == [False]
         assert _put(reader, ["lost"], 64 * KiB) == [1]  # PUT_EXISTS: pending, not anyone else's to write

@@ -1,8 +1,7 @@
 """An allocation held ahead of a writer's next plain put: that put is its write and one PutEnd.
 
-Why (issue 14): a plain value on a node cost a writer three exchanges, PutStart, the write and
-PutEnd, where Redis answers a SET in one; on a VM whose halted vCPUs take ~50 us to wake, each
-exchange is ~100-200 us of a 1 MiB put's ~1 ms (`benchmarks/results/peers/plain_phases_stop32.md`).
+Why: a plain value on a node would cost a writer three exchanges, PutStart, the write and PutEnd,
+where Redis answers a SET in one (measurements: docs/design/client.md).
 A plain put that goes to a node asks, inside its own PutEnd, for one more allocation of its size
 under a key of this client's (`ahead`); the next plain put of that size writes into it and ends it
 under its real key (PutEnd.as_keys), asking for the next one in the same message. The master's
@@ -25,7 +24,8 @@ Rules:
   no space for long (master metric `kvpool_master_ahead_expired`).
 - The master gives an allocation ahead free space only: nothing is evicted for a put that may
   never come (master/index.py), so a full pool just grants none and the put goes the usual way.
-- Pure bookkeeping with a lock: no I/O. plain_values.py does the writes and the round trips.
+- `AheadSlots` is bookkeeping with a lock, no I/O; `Ahead` owns it and sends the ask (inside a
+  PutEnd) and the give-back (a PutRevoke); plain_values.py does the writes.
 """
 
 from __future__ import annotations
@@ -33,9 +33,14 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvpool.core.protocol import PUT_ALLOCATED, PutStartReply, Replica
+import msgspec
+
+from kvpool.core.errors import KVPoolError
+from kvpool.core.protocol import PUT_ALLOCATED, PutEnd, PutEndReply, PutRevoke, PutStartReply, Replica
 
 FRESH_S = 0.1
 KEY_PREFIX = "kvpool:ahead:"  # + a per-client id + a sequence number; never a lookup's hit while pending
@@ -106,3 +111,53 @@ class AheadSlots:
         with self._lock:
             slot, self._slot = self._slot, None
         return slot
+
+
+class Ahead:
+    """The round trips of allocations held ahead: the ask inside a plain put's PutEnd, and the
+    give-back of a slot that will not be used. Owns the client's AheadSlots."""
+
+    def __init__(self, link, num_replicas: int) -> None:
+        self._link = link  # master_link.MasterLink
+        self._num_replicas = num_replicas
+        self._slots = AheadSlots()
+
+    def take(self, size: int, now_s: float) -> AheadSlot | None:
+        """The slot, if a put of `size` may use it now; a slot held that it may not use is given back."""
+        slot, stale = self._slots.take(size, self._link.epoch, now_s)
+        self.give_back(stale)
+        return slot
+
+    def asking(self, end: PutEnd, size: int) -> tuple[PutEnd, Callable[[PutEndReply], None]]:
+        """(`end` asking for an allocation of `size` bytes for the next plain put, a function that
+        keeps what its reply grants)."""
+        next_key, sent_s, epoch = self._slots.new_key(), time.monotonic(), self._link.epoch
+
+        def grant(reply: PutEndReply) -> None:
+            self.give_back(self._slots.grant(next_key, size, reply.ahead, sent_s, epoch, self._link.epoch))
+
+        return msgspec.structs.replace(end, ahead=[next_key], ahead_sizes=[size],
+                                       ahead_replicas=self._num_replicas), grant
+
+    def end_asking(self, end: PutEnd, size: int) -> PutEndReply:
+        """Send a plain put's PutEnd asking for an allocation of `size` bytes for the next one."""
+        end, grant = self.asking(end, size)
+        reply = self._link.call(end, PutEndReply)
+        grant(reply)
+        return reply
+
+    def give_back(self, slot: AheadSlot | None, lazy: bool = True) -> None:
+        """Free an allocation held ahead that will not be used, waiting for no reply (the master
+        reclaims it after its ahead timeout if this is lost)."""
+        if slot is not None:
+            try:
+                self._link.channel.send(PutRevoke(self._link.tenant, [slot.key], [slot.token]), lazy=lazy)
+            except KVPoolError:
+                pass
+
+    def drop(self) -> AheadSlot | None:
+        """The slot held, out of the holder (a new master: forgotten; the client closing: given back)."""
+        return self._slots.drop()
+
+    def give_back_held(self, lazy: bool = True) -> None:
+        self.give_back(self._slots.drop(), lazy=lazy)

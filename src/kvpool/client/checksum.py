@@ -20,16 +20,9 @@ Rules:
 - Thread-safe: the size cache is the only state, and its races are harmless (two threads may both
   make one size's type).
 
-Why xxh3_64 (benchmarks/checksum_bench.py; results in benchmarks/results/checksum_bench.md, one
-AMD EPYC core, memory cold unless said): 19.9 GB/s on one 64 MiB region against 15.6 GB/s for
-crc32c (google-crc32c 1.9.0, its C build), 1.28x; 1.96x on a region in cache (46.6 vs 23.8 GB/s).
-Per scatter-gather object crc32c takes 1.17-1.61x the time (32 x 16 KiB: 46 us vs 38 us; 32 x
-2 KiB: 17.4 vs 10.8 us), the Python cost of a region's buffer, ~80-115 ns, being the same for both.
-Cost: ~50 ms per GB of large regions, 60-75 ms per GB in 16-64 KiB regions, ~170 in 2 KiB ones.
-xxHash also lets other threads run while it hashes buffers of 256 KiB and more; crc32c holds the
-GIL throughout, and takes only read-only buffers without a release hook (no bytearray, memoryview
-or numpy array). 64 bits let a random corruption through with odds 2**-64, against 2**-32.
-Rejected: xxh3_128 (as fast, but 128 bits to carry for no gain), xxh64 (half the speed).
+Why xxh3_64: faster than crc32c on large and on scattered regions, it lets other threads run
+while it hashes large buffers, and 64 bits let a random corruption through with odds 2**-64
+(measurements and the rejected alternatives: docs/design/client.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,18 @@
 """The Python client: batch-first, zero-copy put_from/get_into, plus put/get for plain values.
 
+Parts (docs/design/client.md): `Client` builds them once and hands each public call to one of
+them; each owns its state and is given, at construction, what it uses (the master link, the data
+plane, the segment cache, the other parts it calls). None holds a reference back to the Client.
+  MasterLink (master_link.py)      the control channel: calls, quiet one-way clean-ups, `closed`
+  Registrations (memory.py)        registered memory; StagingBuffer, the bounce buffer
+  Transfers (rounds.py)            rounds of one-sided transfers, one job per segment
+  Ahead (ahead.py)                 the allocation held ahead of the next plain put
+  Landings (landing.py)            PutEnd sent before the write, PutLanded after it
+  Puts (puts.py), Reads (reads.py) put_from and get_into
+  MasterValues (master_values.py)  values the master keeps, its answers to GetValue, its inline limit
+  EarlyReads (known_places.py)     a plain get's read beside its GetValue; KnownPlaces, TagGuesses
+  PlainValues (plain_values.py)    put / get / get_array / get_tensor
+
 Rules:
 - One master round trip per batch call: PutStart for a put batch, one leased LookupPrefix for a
   get batch. Then one-sided transfers, one job per segment, all segments at once (transfer_many).
@@ -13,23 +26,24 @@ Rules:
   is known to be over. Over the lane the PutEnd goes out before the write, with `landing`, and a
   one-way PutLanded after it makes the objects readable (landing.py): the end's round trip is
   hidden behind the write; failed writes are revoked the same way.
-- Checksums (client/checksum.py): the writer sends one per object with PutEnd (a put of one
-  object, or of a batch of at most 1 MiB, computes them while its PutStart travels: the
-  channel's `meanwhile`); a reader verifies
-  every hit against the one its lookup returned before counting it, and a mismatch ends the hits
-  there (a miss, a metric and a log line). `checksums=False` neither sends nor verifies.
+- Checksums (checksum.py): the writer sends one per object with PutEnd (a put of one object, or
+  of a batch of at most 1 MiB, computes them while its PutStart travels: the channel's
+  `meanwhile`); a reader verifies every hit against the one its lookup returned before counting
+  it, and a mismatch ends the hits there (a miss, a metric and a log line). `checksums=False`
+  neither sends nor verifies.
 - Get: the lease clock starts BEFORE the lookup is sent (t0), so the client's deadline t0 + ttl
   is never later than the master's. A read finishing after it counts as failed: its bytes are never
   reported. A failed read falls back to the object's next replica (same-host replicas first).
 - Leases are released as soon as the reads end, read or failed (ReleaseLeases with the lookup's
-  lease id, sent without waiting for the answer: the channel drops that late reply; over the lane
-  lazily, riding with our next request or sent within 200 ms), so removed or evicted space is
-  freed within that rather than at the lease TTL. A lost release costs nothing but
-  that wait: the master still ends the lease at its TTL.
+  lease id, sent without waiting for the answer; over the lane lazily, riding with the next
+  request or sent within 200 ms), so removed or evicted space is freed within that rather than at
+  the lease TTL. A lost release costs nothing but that wait: the master still ends the lease at
+  its TTL.
 - Segment descriptions are cached by id (segments.py): unknown ids are fetched with GetSegments,
   ids the master no longer knows are forgotten by the data plane. A reply from a new master
-  incarnation empties the cache (and the data plane's routes) before it is used.
-- Plain values (`put`, `get`, plain_values.py): small ones in one round trip to the master; a
+  incarnation empties the cache (and the data plane's routes) before it is used, and drops the
+  known places and the allocation held ahead.
+- Plain values (`put`, `get`): small ones in one round trip to the master (master_values.py); a
   larger one into the allocation the previous plain put of its size asked for with its PutEnd
   (ahead.py): its write and one round trip. A plain get of a value this client put or read
   lately reads it where it was while GetValue travels (known_places.py), and keeps those bytes
@@ -43,27 +57,27 @@ Rules:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 
-from kvpool.client import plan
-from kvpool.client.ahead import AheadSlots
-from kvpool.client.known_places import EarlyReads, KnownPlaces, TagGuesses
+from kvpool.client.ahead import Ahead
+from kvpool.client.checks import check_keys
+from kvpool.client.known_places import EarlyReads, KnownPlaces
 from kvpool.client.landing import Landings
-from kvpool.client.memory import RegisteredRanges, StagingBuffer, region_of
+from kvpool.client.master_link import MasterLink
+from kvpool.client.master_values import MasterValues
+from kvpool.client.memory import Registrations, StagingBuffer
 from kvpool.client.metrics import TenantMetrics, client_metrics
 from kvpool.client.plain_values import PlainValues
 from kvpool.client.puts import Puts
 from kvpool.client.reads import Reads
-from kvpool.client.rounds import Rounds
+from kvpool.client.rounds import Transfers
 from kvpool.client.segments import SegmentCache
 from kvpool.client.statuses import PUT_FAILED  # noqa: F401 - kvpool.client.PUT_FAILED
 from kvpool.core import protocol
-from kvpool.core.errors import ProtocolError, UsageError
-from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH
-from kvpool.rpc.zmq_channel import MasterChannel, parse_addresses
+from kvpool.core.types import MAX_TENANT_LENGTH
 from kvpool.rpc.tcp_channel import LaneChannel
+from kvpool.rpc.zmq_channel import MasterChannel, parse_addresses
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +115,10 @@ class ClientConfig:
             raise ValueError(f"staging_bytes must be >= 4096, got {self.staging_bytes}")
 
 
-class Client(PlainValues, Landings, EarlyReads, Puts, Reads, Rounds):
+class Client:
+    """The pool's client: holds its parts (see the module rules and docs/design/client.md) and
+    hands each call to the part that serves it."""
+
     def __init__(
         self,
         master_address: str,
@@ -120,8 +137,9 @@ class Client(PlainValues, Landings, EarlyReads, Puts, Reads, Rounds):
         known_places: bool = True,
         read_by_tag: bool = True,
     ) -> None:
-        self.config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes, checksums,
-                                   credential, lane, read_only, landing, known_places, read_by_tag)
+        self.config = config = ClientConfig(master_address, tenant, timeout_s, path, num_replicas, staging_bytes,
+                                            checksums, credential, lane, read_only, landing, known_places,
+                                            read_by_tag)
         from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
         from kvpool.rpc.credentials import resolve_credential
 
@@ -131,20 +149,24 @@ class Client(PlainValues, Landings, EarlyReads, Puts, Reads, Rounds):
         self._channel = MasterChannel(master_address, timeout_s=timeout_s, credential=resolved)
         if lane and resolved is None:  # the lane has no CURVE: an authenticated master offers none anyway
             self._channel = LaneChannel(self._channel)
-        self._registered = RegisteredRanges()
-        self._device_memory = RegisteredRanges()  # the GPU part of _registered
-        self._kept_alive: list[object] = []  # registered objects must outlive their registration
-        self._register_lock = threading.Lock()
-        self._segments = SegmentCache(self._call, self.plane, host_id())
+        self._link = link = MasterLink(self._channel, config.tenant)
+        self._memory = memory = Registrations(self.plane)
+        self._segments = SegmentCache(link.call, self.plane, host_id())
         self._channel.add_epoch_listener(self._segments.on_new_epoch)
-        self._metrics = TenantMetrics(client_metrics(), self.config.tenant)
-        self._staging = StagingBuffer(self._register_region, staging_bytes)
-        self._max_inline = protocol.DEFAULT_MAX_INLINE_BYTES  # the master's, as its last reply said (-1: none)
-        self._ahead = AheadSlots()  # the allocation held for the next plain put (ahead.py)
+        self._metrics = metrics = TenantMetrics(client_metrics(), config.tenant)
+        self._staging = StagingBuffer(memory.register_region, staging_bytes)
         self._places = KnownPlaces()  # where plain values were put or read lately (known_places.py)
-        self._tag_guesses = TagGuesses()  # whether a cold plain get reads by tag (known_places.py)
+        self._transfers = Transfers(self.plane, self._segments, memory.device, timeout_s, metrics)
+        self._ahead = Ahead(link, num_replicas)  # the allocation held for the next plain put (ahead.py)
+        self._landings = Landings(link, self._transfers, self._ahead, metrics, landing)
+        self._puts = Puts(config, link, memory, self._transfers, self._staging, self._landings, self._ahead, metrics)
+        self._reads = Reads(config, link, memory, self._transfers, self._segments, metrics)
+        self._values = MasterValues(config, link, self._reads, metrics)
+        self._early = EarlyReads(config, link, self.plane, self._segments, self._transfers, self._values,
+                                 self._places, metrics)
+        self._plain = PlainValues(config, link, memory, self._staging, self._transfers, self._puts, self._reads,
+                                  self._landings, self._ahead, self._values, self._early, self._places, metrics)
         self._channel.add_epoch_listener(self._on_new_epoch)
-        self._closed = False
 
     # ---- memory -----------------------------------------------------------------------------
 
@@ -153,31 +175,52 @@ class Client(PlainValues, Landings, EarlyReads, Puts, Reads, Rounds):
         (addr, size_bytes, cuda_device)) as a source or destination of put_from/get_into. The
         object is kept alive by the client. GPU memory is neither checksummed nor verified (the
         checksum is computed on the CPU): objects written from it carry none."""
-        region = region_of(memory, writable=False)
-        if region.size_bytes <= 0:
-            raise UsageError("cannot register empty memory")
-        self._register_region(region.addr, region.size_bytes, region.device)
-        if not isinstance(memory, tuple):
-            self._kept_alive.append(memory)
+        self._memory.register(memory)
 
-    def _register_region(self, addr: int, size_bytes: int, device: int | None = None) -> None:
-        with self._register_lock:
-            if self._registered.contains(addr, size_bytes):
-                return
-            self.plane.register(addr, size_bytes, device)
-            self._registered.add(addr, size_bytes)
-            if device is not None:
-                self._device_memory.add(addr, size_bytes)
+    # ---- batches ----------------------------------------------------------------------------
 
-    def _check_registered(self, addrs: list[list[int]], sizes: list[list[int]]) -> None:
-        # the data plane checks too, but per job; here the message names the object
-        outside = self._registered.first_outside(addrs, sizes)
-        if outside is not None:
-            i, addr, size = outside
-            raise UsageError(
-                f"object {i}: region at 0x{addr:x} ({size} bytes) is not inside registered "
-                f"memory; call client.register(buffer) first"
-            )
+    def put_from(
+        self,
+        keys: list[str],
+        addrs: list,
+        sizes: list,
+        parents: list[str | None] | None = None,
+        *,
+        pinned: bool = False,
+        on_written=None,
+    ) -> list[int]:
+        """Store objects given as scatter-gather regions. Returns PUT_ALLOCATED (stored now),
+        PUT_EXISTS, PUT_NO_SPACE or PUT_FAILED (write failed, revoked) per key. `pinned` objects
+        are never evicted (remove them explicitly). `on_written()` is called once the source
+        memory is no longer needed (after the copy, before the master is told; also when the call
+        fails early), so a caller can reuse it without waiting for the last round trip."""
+        return self._puts.put_from(keys, addrs, sizes, parents, pinned=pinned, on_written=on_written)
+
+    def get_into(self, keys: list[str], addrs: list, sizes: list, *, lookup_timeout_s: float | None = None) -> int:
+        """Read the leading hits of `keys` into the given regions (object i = its regions
+        concatenated). Returns how many leading keys were read completely within their lease.
+        `lookup_timeout_s` bounds the master round trip alone (default: timeout_s), for callers
+        that must not wait long on a slow master but may on a long copy (a vLLM step's load)."""
+        return self._reads.get_into(keys, addrs, sizes, lookup_timeout_s=lookup_timeout_s)
+
+    # ---- plain values -----------------------------------------------------------------------
+
+    def put(self, key: str, value, parent: str | None = None, *, pinned: bool = False) -> bool:
+        """Store bytes, a numpy array or a CPU tensor. True: stored; False: the key existed.
+        Raises CapacityError when the pool cannot hold it, TransferError when the write failed."""
+        return self._plain.put(key, value, parent, pinned=pinned)
+
+    def get(self, key: str) -> bytes | None:
+        """The value stored under `key`, or None on a miss (or when no replica could be read)."""
+        return self._plain.get(key)
+
+    def get_array(self, key: str, dtype="uint8", shape: tuple[int, ...] | None = None):
+        """A fresh numpy array with the value's bytes viewed as `dtype` (and `shape`), or None."""
+        return self._plain.get_array(key, dtype, shape)
+
+    def get_tensor(self, key: str, dtype, shape: tuple[int, ...] | None = None):
+        """A fresh CPU torch tensor with the value's bytes viewed as `dtype`, or None."""
+        return self._plain.get_tensor(key, dtype, shape)
 
     # ---- control-plane only -----------------------------------------------------------------
 
@@ -187,82 +230,70 @@ class Client(PlainValues, Landings, EarlyReads, Puts, Reads, Rounds):
         A lookup that reaches keys on a node's disk starts their promotion to DRAM and counts them
         as misses; with `promotion_wait_s` > 0 it asks again (every 20 ms) while the master says
         keys are being promoted, for at most that long, so a disk hit can count as a hit now."""
-        self._check_keys(keys, unique=False)
+        check_keys(keys, unique=False)
         if not keys:
             return 0
         started = time.perf_counter()
         tenant = self.config.tenant if namespace is None else namespace
         request = protocol.LookupPrefix(tenant, list(keys), lease=False)
-        reply = self._call(request, protocol.LookupReply)
+        reply = self._link.call(request, protocol.LookupReply)
         give_up = started + promotion_wait_s
         while reply.num_promoting and reply.num_hit < len(keys) and time.perf_counter() + _PROMOTION_POLL_S < give_up:
             time.sleep(_PROMOTION_POLL_S)
-            reply = self._call(request, protocol.LookupReply)
+            reply = self._link.call(request, protocol.LookupReply)
         self._metrics.latency_s["lookup"].observe(time.perf_counter() - started)
         return reply.num_hit
 
     def exists(self, keys: list[str], *, namespace: str | None = None) -> list[bool]:
         """Complete or not, per key, in one round trip (nothing leased, recency untouched), in this
         client's namespace or in `namespace`."""
-        self._check_keys(keys, unique=False)
+        check_keys(keys, unique=False)
         if not keys:
             return []
         tenant = self.config.tenant if namespace is None else namespace
-        return list(self._call(protocol.Exists(tenant, list(keys)), protocol.ExistsReply).exists)
+        return list(self._link.call(protocol.Exists(tenant, list(keys)), protocol.ExistsReply).exists)
 
     def remove(self, keys: list[str]) -> int:
-        self._check_keys(keys, unique=False)
+        check_keys(keys, unique=False)
         if not keys:
             return 0
         self._places.forget(keys)
-        return self._call(protocol.Remove(self.config.tenant, list(keys)), protocol.OkReply).count
+        return self._link.call(protocol.Remove(self.config.tenant, list(keys)), protocol.OkReply).count
 
     def ping(self) -> None:
         """One round trip to the master that changes nothing there (connects the lane where the
         master offers one). Raises UnavailableError when the master does not answer in time."""
-        self._call(protocol.LaneQuery(), protocol.LaneOffer)
+        self._link.call(protocol.LaneQuery(), protocol.LaneOffer)
 
     def stats(self) -> protocol.StatsReply:
-        return self._call(protocol.Stats(), protocol.StatsReply)
-
-    # ---- internals --------------------------------------------------------------------------
+        return self._link.call(protocol.Stats(), protocol.StatsReply)
 
     @property
     def epoch(self) -> int | None:
         """The master incarnation that answered last (None before the first answer)."""
-        return self._channel.epoch
+        return self._link.epoch
 
-    def _call(self, request, reply_type, timeout_s: float | None = None, meanwhile=None):
-        if self._closed:
-            raise UsageError("the client is closed")
-        reply = self._channel.call(request, timeout_s, meanwhile) if meanwhile is not None else \
-            self._channel.call(request, timeout_s)
-        if not isinstance(reply, reply_type):
-            raise ProtocolError(f"master answered {type(request).__name__} with {type(reply).__name__}")
-        return reply
+    # ---- where objects lie (tools and tests that inspect replicas) -----------------------------
 
-    def _check_keys(self, keys, *, unique: bool) -> None:
-        if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)):
-            raise UsageError(f"keys must be a list of strings, got {type(keys).__name__}")
-        for key in keys:
-            if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-                raise UsageError(f"each key must be a string of 1..{MAX_KEY_LENGTH} characters, got {key!r:.80}")
-        if unique and len(set(keys)) != len(keys):
-            raise UsageError("a put batch names the same key twice")
+    def _lookup_leased(self, keys: list[str], timeout_s: float | None = None):
+        """(t0, the leased lookup's reply, per hit its replicas); release it with `_release`."""
+        return self._reads.lookup_leased(keys, timeout_s)
 
-    @staticmethod
-    def _regions(num_keys: int, addrs, sizes) -> tuple[list[list[int]], list[list[int]]]:
-        try:
-            return plan.normalize_regions(num_keys, addrs, sizes)
-        except (ValueError, TypeError) as e:
-            raise UsageError(str(e)) from None
+    def _release(self, lease_id: int) -> None:
+        self._link.release(lease_id)
+
+    # ---- life -------------------------------------------------------------------------------
+
+    def _on_new_epoch(self, old_epoch: int | None, new_epoch: int) -> None:
+        self._places.clear()  # (a place noted under another epoch is never used anyway)
+        self._ahead.drop()  # the old master's allocation: the new one does not know it
+        self._values.on_new_epoch(old_epoch)
 
     def close(self) -> None:
-        if self._closed:
+        if self._link.closed:
             return
-        self._give_back(self._ahead.drop(), lazy=False)
-        self._closed = True
-        self._channel.close()
+        self._ahead.give_back_held(lazy=False)
+        self._link.close()
         if self._owns_plane:
             self.plane.close()
 
@@ -271,4 +302,3 @@ class Client(PlainValues, Landings, EarlyReads, Puts, Reads, Rounds):
 
     def __exit__(self, *exc) -> None:
         self.close()
-

@@ -1,20 +1,19 @@
 """Fresh memory for the values a plain `get` returns, with its pages faulted in one system call.
 
 Why: a `get` of a 1 MiB value returns a new bytes object, and new memory of that size comes from
-the kernel page by page: 256 page faults of ~1.2 us each on the 2-core VM measured (a fresh 1 MiB
-`tobytes()` took ~300 us, of which the copy itself ~60-80). `madvise(MADV_POPULATE_WRITE)`
-(Linux 5.14) faults the whole range in one call: the same bytes object then cost ~155 us
-(benchmarks/results/peers/fixes.md, section 24).
+the kernel page by page (256 page faults, each costing more than the copy of its page).
+`madvise(MADV_POPULATE_WRITE)` (Linux 5.14) faults the whole range in one call, about halving the
+cost of a fresh 1 MiB value (docs/design/client.md).
 
 Rules:
 - `new_bytes(size)` makes an uninitialised bytes object (CPython's own
   `PyBytes_FromStringAndSize(NULL, size)`, as C extensions do) and hands out the address of its
   buffer so the caller fills it before anyone else sees the object (nothing hashes or shares it
   until it is returned). Where the buffer's offset cannot be confirmed at import (another
-  interpreter), `available()` is False and callers copy as before.
+  interpreter), `available()` is False and callers copy into a new object instead.
 - `prefault(addr, size)` populates the page-aligned interior of a range of at least
   `PREFAULT_FROM_BYTES`; a kernel without MADV_POPULATE_WRITE turns it off for the process (the
-  pages then fault on first write, as they always did). It never changes the range's contents.
+  pages then fault on first write). It never changes the range's contents.
 """
 
 from __future__ import annotations

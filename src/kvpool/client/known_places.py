@@ -1,14 +1,14 @@
 """Where this client last saw its plain values: a `get` reads there while its GetValue travels.
 
-Why (issue 14): a plain get of a value on a node was two exchanges one after the other, GetValue
-to the master (~100-140 us across hosts here), then the read from the node; Redis answers a GET in
-one. Values a client wrote or read lately are often read again by it (a connector reading back
-what its instance stored, a retry), and it knows where they were put. Such a get sends its
+Why: a plain get of a value on a node is otherwise two exchanges one after the other, GetValue
+to the master, then the read from the node; Redis answers a GET in one. Values a client wrote or
+read lately are often read again by it (a connector reading back what its instance stored, a
+retry), and it knows where they were put. Such a get sends its
 GetValue and, without waiting for the answer, reads the value from where it was; the master's
 answer, taken after the read, says whether those bytes are the value. A get of a value the
 client never saw (another instance wrote it) does the same with what the nodes hold under the
-key's tag, where its writer last wrote it (transfer/lane_tags.py): across hosts a cold 256 KiB /
-1 MiB get took 1.40x / 1.29x less time (benchmarks/results/peers/ab_tag_reads_final.txt).
+key's tag, where its writer last wrote it (transfer/lane_tags.py). Measurements:
+docs/design/client.md.
 
 Rules:
 - The bytes are taken only when the master's leased answer lists the place read among the
@@ -30,12 +30,13 @@ Rules:
   their lanes; it learns segments from the replies that name them. Only while at least one of
   the last 16 tag reads found a node that knew the tag, else once in 16 gets (TagGuesses): values
   the master holds (up to its inline limit, 64 KiB by default) or written without a tag would pay
-  the nodes' round trips for nothing. Writes tag a
-  put of one object on its lane (a plain put, a put_from of one key); values written by NIXL
-  (large jobs where RDMA is present) carry no tag and are read the usual way.
+  the nodes' round trips for nothing. Writes tag a put of one object on its lane (a plain put,
+  a put_from of one key); values written by NIXL (large jobs where RDMA is present) carry no tag
+  and are read the usual way.
 - `KnownPlaces` and `TagGuesses` are bookkeeping, no I/O (TagGuesses without a lock: a lost
-  update between threads only shifts a guess); `EarlyReads` (a mixin of the Client) does the
-  read and the round trip, with the Client's channel, plane and metrics.
+  update between threads only shifts a guess). `EarlyReads` does the read and the round trip;
+  it owns its TagGuesses and is given the master link, the data plane, the segment cache, the
+  transfers, MasterValues (which reads GetValue's answer) and the client's KnownPlaces.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 
 from kvpool.client import fresh_memory, plan
 from kvpool.client.checksum import checksum_regions
+from kvpool.client.rounds import fence
 from kvpool.core import protocol
 from kvpool.core.errors import KVPoolError, ProtocolError, TransferError, UnavailableError
 from kvpool.core.protocol import Replica
@@ -149,43 +151,54 @@ _Beside = tuple  # (Replica | None, object, int, int)
 
 
 class EarlyReads:
-    def _read_early(self, key: str, place: Place, make: MakeOutput, started: float):
+    def __init__(self, config, link, plane, segments, transfers, values, places: KnownPlaces, metrics) -> None:
+        self._config = config  # client.ClientConfig
+        self._link = link  # master_link.MasterLink
+        self._plane = plane
+        self._segments = segments  # segments.SegmentCache
+        self._transfers = transfers  # rounds.Transfers
+        self._values = values  # master_values.MasterValues
+        self._places = places
+        self._metrics = metrics
+        self._tag_guesses = TagGuesses()
+
+    def read_early(self, key: str, place: Place, make: MakeOutput, started: float):
         """Send GetValue, read `place` into a new output while it travels, then take its answer:
         EarlyRead (the bytes were the value), the master's inline bytes, None (a miss) or the
-        _Found the usual get reads (the place was stale); NotImplemented when nothing was sent (a
+        Found the usual get reads (the place was stale); NotImplemented when nothing was sent (a
         channel that takes no more requests, a route that needs registered memory) or no answer
         came back (the lane broke, a master that cannot read GetValue): the caller gets as usual."""
         local_ids = self._segments.local_ids()
         replica = plan.order_replicas(list(place.replicas), local_ids)[0]
         choices = [(0, replica)]
         try:
-            if not self._carried_unregistered("READ", choices, [place.size]):
+            if not self._transfers.carried_unregistered("READ", choices, [place.size]):
                 return NotImplemented
         except KVPoolError:
             return NotImplemented
 
         def read() -> _Beside:
             out, addr = make(place.size)
-            failed, in_flight = self._run_round("READ", choices, [[addr]], [[place.size]], unregistered=True,
-                                                before_landing=fresh_memory.prefault)
+            failed, in_flight = self._transfers.run_round("READ", choices, [[addr]], [[place.size]], unregistered=True,
+                                                          before_landing=fresh_memory.prefault)
             if in_flight:
-                self._fence_reads(in_flight)
+                fence(in_flight)
             return (None if failed else replica), out, addr, place.size
 
         return self._beside_get_value(key, read, started, self._metrics.early_reads)
 
-    def _read_by_tag(self, key: str, make: MakeOutput, started: float):
+    def read_by_tag(self, key: str, make: MakeOutput, started: float):
         """A get of a value this client has no place for: GetValue, and meanwhile what the nodes
-        hold under the key's tag (lane_tags.py), kept under _read_early's rule. Asked: the
+        hold under the key's tag (lane_tags.py), kept under read_early's rule. Asked: the
         segments this client knows on other hosts, at most MAX_TAG_ASKS of them (picked by the
         tag); a node that knows no such tag answers at once, and with none the get goes on as
         usual. NotImplemented when none is asked (no such segment known, or no node knew the tags
         of recent such gets: TagGuesses). A segment whose node failed to answer is asked about at
         the master after the get (a dead node's is forgotten once the master dropped it)."""
-        segments = self._segments.lane_segments(include_local=self.config.path == "lane")
+        segments = self._segments.lane_segments(include_local=self._config.path == "lane")
         if not segments or not self._tag_guesses.should_try():
             return NotImplemented
-        tag = tag_of(self.config.tenant, key)
+        tag = tag_of(self._config.tenant, key)
         if len(segments) > MAX_TAG_ASKS:
             first = int.from_bytes(tag[:8], "little") % len(segments)
             segments = (segments[first:] + segments[:first])[:MAX_TAG_ASKS]
@@ -194,7 +207,7 @@ class EarlyReads:
 
         def read() -> _Beside | None:
             try:
-                got = self.plane.read_tagged(segments, tag, make, self.config.timeout_s, fresh_memory.prefault)
+                got = self._plane.read_tagged(segments, tag, make, self._config.timeout_s, fresh_memory.prefault)
             except TransferError as e:
                 failed.extend(getattr(e, "segment_ids", ()))
                 self._metrics.tag_reads["failed"].inc()
@@ -220,26 +233,26 @@ class EarlyReads:
     def _beside_get_value(self, key: str, read, started: float, outcomes):
         """Send GetValue, call `read()` while it travels, take the answer and keep what was read
         when the answer vouches for it (the module rules); `outcomes`: the metric counting used /
-        read_again. See _read_early for what is returned."""
+        read_again. See read_early for what is returned."""
         t0 = time.monotonic()  # before sending: the lease's clock
-        call = self._channel.begin(protocol.GetValue(self.config.tenant, key))
+        call = self._link.channel.begin(protocol.GetValue(self._config.tenant, key))
         if call is None:
             return NotImplemented
         try:
             early = read()
         except BaseException:
-            self._channel.abandon(call)  # its lease, if granted, ends with its TTL
+            self._link.channel.abandon(call)  # its lease, if granted, ends with its TTL
             raise
         try:
-            answer = self._channel.finish(call)
+            answer = self._link.channel.finish(call)
         except UnavailableError:  # the lane broke: the usual get goes over ZMQ (a lease granted ends with its TTL)
             return NotImplemented
         except ProtocolError:  # a master from before GetValue (restarted older): asked as it knows
-            self._master_without_values()
+            self._values.master_without_values()
             return NotImplemented
         if not isinstance(answer, protocol.ValueReply):
             raise ProtocolError(f"master answered GetValue with {type(answer).__name__}")
-        found = self._value_answered(key, answer, t0, started)
+        found = self._values.answered(key, answer, t0, started)
         if found is None or isinstance(found, bytes):
             self._places.forget([key])
             return found
@@ -249,10 +262,10 @@ class EarlyReads:
         expected = protocol.unpack_checksums(found.reply.checksums)[0] if found.reply.checksums else 0
         if (replica is not None and expected and found.size == size and replica in found.replicas[0]
                 and checksum_regions([addr], [size]) == expected):
-            self._release(found.reply.lease_id)
+            self._link.release(found.reply.lease_id)
             outcomes["used"].inc()
-            self._count_hit(size, started)
-            self._places.note(key, found.replicas[0], self._channel.epoch)
+            self._values.count_hit(size, started)
+            self._places.note(key, found.replicas[0], self._link.epoch)
             return EarlyRead(out)
         outcomes["read_again"].inc()
         return found

@@ -147,3 +147,47 @@ class StagingBuffer:
     @property
     def addr(self) -> int:
         return int(self.array.ctypes.data)
+
+
+class Registrations:
+    """The memory this client registered with the data plane (only this class registers): the
+    ranges, the GPU part of them, and the objects they belong to, kept alive as long as the client."""
+
+    def __init__(self, plane) -> None:
+        self._plane = plane
+        self.ranges = RegisteredRanges()
+        self.device = RegisteredRanges()  # the GPU part of `ranges`
+        self._kept_alive: list[object] = []  # registered objects must outlive their registration
+        self._lock = threading.Lock()
+
+    def register(self, memory) -> None:
+        """Register `memory` (anything region_of takes) and keep the object alive."""
+        region = region_of(memory, writable=False)
+        if region.size_bytes <= 0:
+            raise UsageError("cannot register empty memory")
+        self.register_region(region.addr, region.size_bytes, region.device)
+        if not isinstance(memory, tuple):
+            self._kept_alive.append(memory)
+
+    def register_region(self, addr: int, size_bytes: int, device: int | None = None) -> None:
+        with self._lock:
+            if self.ranges.contains(addr, size_bytes):
+                return
+            self._plane.register(addr, size_bytes, device)
+            self.ranges.add(addr, size_bytes)
+            if device is not None:
+                self.device.add(addr, size_bytes)
+
+    def contains(self, addr: int, size_bytes: int) -> bool:
+        return self.ranges.contains(addr, size_bytes)
+
+    def check(self, addrs: list[list[int]], sizes: list[list[int]]) -> None:
+        """A UsageError naming the first object with a region outside registered memory (the data
+        plane checks too, but per job)."""
+        outside = self.ranges.first_outside(addrs, sizes)
+        if outside is not None:
+            i, addr, size = outside
+            raise UsageError(
+                f"object {i}: region at 0x{addr:x} ({size} bytes) is not inside registered "
+                f"memory; call client.register(buffer) first"
+            )

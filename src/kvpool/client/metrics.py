@@ -6,7 +6,7 @@ Rules:
 - Counting happens where the outcome is known (after the master's reply, after the transfer), so
   the numbers agree with what callers were told.
 - A Client counts through `TenantMetrics`, its tenant's children bound once: prometheus_client's
-  `labels()` costs a few microseconds per call, a tenth of a lookup's Python (issue 14 profile).
+  `labels()` costs a few microseconds per call, a tenth of a lookup's Python.
 """
 
 from __future__ import annotations

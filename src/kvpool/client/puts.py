@@ -1,6 +1,7 @@
 """Batch puts (`put_from`): PutStart, the writes, then PutEnd (or, over the lane, a PutEnd sent
 before the write and a PutLanded after it, landing.py), PutRevoke for what failed. The rules are
-client.py's; this is a mixin of the Client, using its channel, plane, segment cache and metrics.
+client.py's. `Puts` is given the master link, registered memory, the transfers, the staging
+buffer, the landings and the allocation ahead; its only state is the process's checksum thread.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from concurrent import futures
 
 from kvpool.client.ahead import end_margin_s
 from kvpool.client.checksum import NO_CHECKSUM, checksum_objects
+from kvpool.client.checks import check_keys, regions
 from kvpool.client.memory import copy_bytes
 from kvpool.client.rounds import CHECKSUM_DURING_COPY_BYTES
 from kvpool.client.statuses import PUT_FAILED, PUT_STATUS_NAMES
 from kvpool.core import protocol
-from kvpool.core.errors import KVPoolError, ProtocolError, UsageError
+from kvpool.core.errors import ProtocolError, UsageError
 from kvpool.core.protocol import PUT_ALLOCATED, Replica
 from kvpool.transfer.fence import all_of
 from kvpool.transfer.tcp_path_tags import tag_of
@@ -66,11 +68,11 @@ class _Early:
         return value
 
 
-# a put batch this small is checksummed whole while its PutStart travels, allocated or not: an
-# agent's new tail of 2 x 256 KiB put 1.09x faster on one host, 1.065x across hosts; a batch of
-# keys that all exist wastes at most this much hashing (fixes.md 37)
+# a put batch this small is checksummed whole while its PutStart travels, allocated or not (an
+# agent's new tail of a few hundred KiB); a batch of keys that all exist wastes at most this much
+# hashing
 EARLY_CHECKSUM_BYTES = 1 << 20
-# a put batch this large is checksummed on another thread while it is written (fixes.md 26)
+# a put batch this large is checksummed on another thread while it is written
 CHECKSUM_BESIDE_WRITE_BYTES = 4 << 20
 _checksum_pool: futures.ThreadPoolExecutor | None = None
 _checksum_pool_lock = threading.Lock()
@@ -95,6 +97,16 @@ os.register_at_fork(after_in_child=_forget_checksum_runner_after_fork)
 
 
 class Puts:
+    def __init__(self, config, link, memory, transfers, staging, landings, ahead, metrics) -> None:
+        self._config = config  # client.ClientConfig
+        self._link = link  # master_link.MasterLink
+        self._memory = memory  # memory.Registrations
+        self._transfers = transfers  # rounds.Transfers
+        self._staging = staging  # memory.StagingBuffer
+        self._landings = landings  # landing.Landings
+        self._ahead = ahead  # ahead.Ahead
+        self._metrics = metrics
+
     def put_from(
         self,
         keys: list[str],
@@ -110,29 +122,29 @@ class Puts:
         are never evicted (remove them explicitly). `on_written()` is called once the source
         memory is no longer needed (after the copy, before the master is told; also when the call
         fails early), so a caller can reuse it without waiting for the last round trip."""
-        statuses, _ = self._put_from(keys, addrs, sizes, parents, pinned, on_written)
+        statuses, _ = self.put_batch(keys, addrs, sizes, parents, pinned, on_written)
         return statuses
 
-    def _put_from(self, keys, addrs, sizes, parents, pinned: bool = False, on_written=None,
+    def put_batch(self, keys, addrs, sizes, parents, pinned: bool = False, on_written=None,
                   unregistered: bool = False, ahead: bool = False) -> tuple[list[int], str]:
         """`unregistered`: one object whose host memory is not registered (a plain value's
         bytes): written straight from it where its replicas' routes carry such memory, else from
         a copy in the staging buffer. `ahead`: its PutEnd also asks for an allocation of the
-        object's size for the next plain put (client/ahead.py)."""
+        object's size for the next plain put (client/ahead.py). Returns (statuses, the master's message)."""
         once = _Once(on_written)
-        if self.config.read_only:
+        if self._config.read_only:
             once()
             raise UsageError("this client is read-only (read_only=True): it cannot put")
         try:
-            return self._put_from_inner(keys, addrs, sizes, parents, pinned, once, unregistered, ahead)
+            return self._put(keys, addrs, sizes, parents, pinned, once, unregistered, ahead)
         finally:
             once()
 
-    def _put_from_inner(self, keys, addrs, sizes, parents, pinned, written: "_Once",
+    def _put(self, keys, addrs, sizes, parents, pinned, written: "_Once",
                         unregistered: bool = False, ahead: bool = False) -> tuple[list[int], str]:
         started = time.perf_counter()
-        self._check_keys(keys, unique=True)
-        addrs, sizes = self._regions(len(keys), addrs, sizes)
+        check_keys(keys, unique=True)
+        addrs, sizes = regions(len(keys), addrs, sizes)
         if parents is None:
             parents = [None] + list(keys[:-1])
         elif len(parents) != len(keys) or not all(p is None or isinstance(p, str) for p in parents):
@@ -142,17 +154,17 @@ class Puts:
         if unregistered and len(keys) != 1:
             raise UsageError("an unregistered source is one object")
         if not unregistered:
-            self._check_registered(addrs, sizes)
+            self._memory.check(addrs, sizes)
         totals = [sum(s) for s in sizes]
-        tenant = self.config.tenant
+        tenant = self._config.tenant
         # one object, or a batch of at most EARLY_CHECKSUM_BYTES (an agent's new tail): checksummed
         # while PutStart travels; a larger batch checksums only what is allocated, after (most of a
         # prefix chain usually exists already)
-        early = _Early(self._checksums, addrs, sizes) \
+        early = _Early(self.checksums, addrs, sizes) \
             if len(keys) == 1 or sum(totals) <= EARLY_CHECKSUM_BYTES else None
         t0 = time.monotonic()  # before sending: our deadline is never later than the master's reclaim
-        reply = self._call(
-            protocol.PutStart(tenant, list(keys), totals, list(parents), self.config.num_replicas, bool(pinned)),
+        reply = self._link.call(
+            protocol.PutStart(tenant, list(keys), totals, list(parents), self._config.num_replicas, bool(pinned)),
             protocol.PutStartReply, meanwhile=early,
         )
         statuses = list(reply.statuses)
@@ -170,27 +182,27 @@ class Puts:
             if early is not None:
                 every = early.result() if allocated else []
                 checksums = [every[i] for i in allocated]
-            elif self.config.checksums and sum(totals[i] for i in allocated) >= CHECKSUM_BESIDE_WRITE_BYTES:
+            elif self._config.checksums and sum(totals[i] for i in allocated) >= CHECKSUM_BESIDE_WRITE_BYTES:
                 if self._checksummed_during_copy(choices, [addrs[i] for i in allocated], totals):
                     during = {}
                 else:
-                    beside = _checksum_runner().submit(self._checksums, [addrs[i] for i in allocated],
+                    beside = _checksum_runner().submit(self.checksums, [addrs[i] for i in allocated],
                                                        [sizes[i] for i in allocated])
             else:
-                checksums = self._checksums([addrs[i] for i in allocated], [sizes[i] for i in allocated])
+                checksums = self.checksums([addrs[i] for i in allocated], [sizes[i] for i in allocated])
             with contextlib.ExitStack() as staged:
                 if beside is not None:  # it reads the source: over before the source is the caller's again
                     staged.callback(futures.wait, [beside])
-                if unregistered and not self._carried_unregistered("WRITE", choices, totals):
+                if unregistered and not self._transfers.carried_unregistered("WRITE", choices, totals):
                     staged.enter_context(self._staging.lock)  # copied into the staging buffer, written from it
                     self._staging.ensure(totals[0])
                     copy_bytes(self._staging.addr, addrs[0][0], totals[0])
                     addrs, unregistered = [[self._staging.addr]], False
                     ahead = False  # the next plain put would be staged too: it gains nothing ahead
                 if allocated and beside is None and during is None:
-                    ending = self._begin_ending(protocol.PutEnd(tenant, alloc_keys, alloc_tokens, checksums),
+                    ending = self._landings.begin(protocol.PutEnd(tenant, alloc_keys, alloc_tokens, checksums),
                                                 reply.lands, choices, totals[0] if ahead else None)
-                failed, in_flight = self._run_round(
+                failed, in_flight = self._transfers.run_round(
                     "WRITE", choices, addrs, sizes, max(1e-3, write_deadline - time.monotonic()),
                     (during, [1] * len(keys)) if during is not None else None, unregistered=unregistered,
                     tags=[tag_of(tenant, keys[0])] if len(keys) == 1 else None,  # a plain get may come by tag
@@ -199,20 +211,20 @@ class Puts:
                 checksums = beside.result()
             elif during is not None:  # objects of jobs too small to be checksummed during their copy: now
                 missing = [i for i in allocated if i not in during]
-                during.update(zip(missing, self._checksums([addrs[i] for i in missing], [sizes[i] for i in missing])))
+                during.update(zip(missing, self.checksums([addrs[i] for i in missing], [sizes[i] for i in missing])))
                 checksums = [during[i] for i in allocated]
         except BaseException:
             if ending is not None:
-                self._abandon_ending(ending, alloc_keys, alloc_tokens)
+                self._landings.abandon(ending, alloc_keys, alloc_tokens)
             else:
-                self._revoke_quietly(alloc_keys, alloc_tokens)
+                self._link.revoke_quietly(alloc_keys, alloc_tokens)
             raise
         # The source is free now. A write still in flight may read it later, but only into its
         # quarantined range, which is never served: reusing the source cannot corrupt an object.
         try:
             written()
         finally:  # the end's reply is taken whatever the caller's callback did
-            ended = self._finish_ending(ending, alloc_keys, alloc_tokens) if ending is not None else None
+            ended = self._landings.finish(ending, alloc_keys, alloc_tokens) if ending is not None else None
         if allocated and time.monotonic() > write_deadline:
             failed = set(allocated)  # too late to end safely: the master may reclaim any moment now
         if ended is not None:  # ended already: what was refused is not ours, what failed is revoked
@@ -221,15 +233,15 @@ class Puts:
         if failed:
             gone = sorted(failed)
             flight = [n for n, i in enumerate(gone) if i in in_flight]
-            self._call(protocol.PutRevoke(tenant, [keys[i] for i in gone], [tokens[i] for i in gone], flight),
+            self._link.call(protocol.PutRevoke(tenant, [keys[i] for i in gone], [tokens[i] for i in gone], flight),
                        protocol.OkReply)
             if flight:
-                self._end_quarantine_later(in_flight, [tokens[i] for i in gone if i in in_flight])
+                self.end_quarantine_later(in_flight, [tokens[i] for i in gone if i in in_flight])
             for i in failed:
                 statuses[i] = PUT_FAILED
         if ended is not None:
             landed = [i for i in allocated if i not in failed and i not in refused]
-            if not self._land([keys[i] for i in landed], [tokens[i] for i in landed]):
+            if not self._landings.land([keys[i] for i in landed], [tokens[i] for i in landed]):
                 for i in landed:
                     statuses[i] = PUT_FAILED
             self._count_refused(refused, statuses, len(allocated))
@@ -239,7 +251,7 @@ class Puts:
                 by_index = dict(zip(allocated, checksums))
                 end = protocol.PutEnd(tenant, [keys[i] for i in written], [tokens[i] for i in written],
                                       [by_index[i] for i in written])
-                ended = self._end_asking_ahead(end, totals[0]) if ahead else self._call(end, protocol.PutEndReply)
+                ended = self._ahead.end_asking(end, totals[0]) if ahead else self._link.call(end, protocol.PutEndReply)
                 self._count_refused({written[n] for n in ended.refused}, statuses, len(written))
         # counted per batch, not per key: two labels().inc() per key were a quarter of a small put
         for st in set(statuses):
@@ -255,10 +267,9 @@ class Puts:
         """Whether a put batch's objects are checksummed each right after its copy, from the CPU's
         caches (the source just read), instead of on another thread beside the write: a batch of
         CHECKSUM_DURING_COPY_BYTES or more from host memory whose every replica is a same-host copy.
-        Beside it, the second pass over the source competed with the copy for memory bandwidth
-        (fixes.md 36)."""
-        return (sum(totals) >= CHECKSUM_DURING_COPY_BYTES and len(self._on_host(addrs)) == len(addrs)
-                and self._copies_locally(choices))
+        Beside it, the second pass over the source competes with the copy for memory bandwidth."""
+        return (sum(totals) >= CHECKSUM_DURING_COPY_BYTES and len(self._transfers.on_host(addrs)) == len(addrs)
+                and self._transfers.copies_locally(choices))
 
     def _count_refused(self, refused: set[int], statuses: list[int], num_ended: int) -> None:
         """Objects whose end the master refused are PUT_FAILED (counted, and said in the log)."""
@@ -269,34 +280,26 @@ class Puts:
             log.warning("kvpool: the master refused %d of %d put ends (their allocation was reclaimed or "
                         "is no longer ours); those keys were not stored", len(refused), num_ended)
 
-    def _checksums(self, addrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+    def checksums(self, addrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        """Each object's checksum (NO_CHECKSUM for GPU memory, and for all without `checksums`)."""
         out = [NO_CHECKSUM] * len(addrs)
-        if not self.config.checksums or not addrs:
+        if not self._config.checksums or not addrs:
             return out
-        host = self._on_host(addrs)
+        host = self._transfers.on_host(addrs)
         for i, value in zip(host, checksum_objects([addrs[i] for i in host], [sizes[i] for i in host])):
             out[i] = value
         return out
 
-    def _end_quarantine_later(self, transfers: dict, tokens: list[int]) -> None:
+    def end_quarantine_later(self, transfers: dict, tokens: list[int]) -> None:
         """Tell the master once every write of these tokens is over (done or failed)."""
-        tenant = self.config.tenant
+        link = self._link
+        tenant = link.tenant
 
         def settled(_transfer) -> None:
-            if not self._closed:
+            if not link.closed:
                 # off the reaper's thread: the channel's lock may be held by a call waiting on a slow
                 # master, and the reaper must go on ending other transfers meanwhile
-                threading.Thread(target=self._send_quietly, args=(protocol.EndQuarantine(tenant, tokens),),
+                threading.Thread(target=link.send_quietly, args=(protocol.EndQuarantine(tenant, tokens),),
                                  name="kvpool-end-quarantine", daemon=True).start()
 
         all_of(list({id(t): t for t in transfers.values()}.values())).add_done_callback(settled)
-
-    def _revoke_quietly(self, keys: list[str], tokens: list[int]) -> None:
-        """Free allocations whose write never happened; if the master is unreachable too, its put
-        timeout reclaims them, and the error that brought us here is the one worth raising."""
-        if keys:
-            try:
-                self._call(protocol.PutRevoke(self.config.tenant, keys, tokens), protocol.OkReply)
-            except KVPoolError:
-                pass
-

@@ -1,7 +1,7 @@
 """Batch gets (`get_into`): one leased LookupPrefix, the reads (a failed one falls back to the
 object's next replica), each hit verified against its writer's checksum, the lease released. The
-rules are client.py's; this is a mixin of the Client, using its channel, plane, segment cache and
-metrics.
+rules are client.py's. `Reads` is given the master link, registered memory, the transfers and
+the segment cache; it keeps no state between calls.
 """
 
 from __future__ import annotations
@@ -10,49 +10,59 @@ import logging
 import time
 
 from kvpool.client import plan
+from kvpool.client.checks import check_keys, regions
 from kvpool.client.checksum import checksum_objects
 from kvpool.client.memory import copy_bytes
+from kvpool.client.rounds import fence
 from kvpool.core import protocol
-from kvpool.core.errors import KVPoolError, ProtocolError, UsageError
+from kvpool.core.errors import ProtocolError, UsageError
 from kvpool.core.protocol import Replica
 
 log = logging.getLogger(__name__)
 
 
 class Reads:
+    def __init__(self, config, link, memory, transfers, segments, metrics) -> None:
+        self._config = config  # client.ClientConfig
+        self._link = link  # master_link.MasterLink
+        self._memory = memory  # memory.Registrations
+        self._transfers = transfers  # rounds.Transfers
+        self._segments = segments  # segments.SegmentCache
+        self._metrics = metrics
+
     def get_into(self, keys: list[str], addrs: list, sizes: list, *, lookup_timeout_s: float | None = None) -> int:
         """Read the leading hits of `keys` into the given regions (object i = its regions
         concatenated). Returns how many leading keys were read completely within their lease.
         `lookup_timeout_s` bounds the master round trip alone (default: timeout_s), for callers
         that must not wait long on a slow master but may on a long copy (a vLLM step's load)."""
         started = time.perf_counter()
-        self._check_keys(keys, unique=False)
-        addrs, sizes = self._regions(len(keys), addrs, sizes)
+        check_keys(keys, unique=False)
+        addrs, sizes = regions(len(keys), addrs, sizes)
         if not keys:
             return 0
-        self._check_registered(addrs, sizes)
-        t0, reply, replicas = self._lookup_leased(keys, lookup_timeout_s)
+        self._memory.check(addrs, sizes)
+        t0, reply, replicas = self.lookup_leased(keys, lookup_timeout_s)
         try:
             held = [rs[0].size for rs in replicas] + [len(value) for value in reply.inline_values]
             for i, size in enumerate(held):
                 if size != sum(sizes[i]):
                     raise UsageError(f"key {keys[i]!r} holds {size} bytes but its regions total {sum(sizes[i])} bytes")
-            count = self._read_leased(keys, replicas, reply, t0, addrs, sizes)
+            count = self.read_leased(keys, replicas, reply, t0, addrs, sizes)
         finally:
-            self._release(reply.lease_id)
+            self._link.release(reply.lease_id)
         self._metrics.latency_s["get"].observe(time.perf_counter() - started)
         return count
 
-    def _lookup_leased(
+    def lookup_leased(
         self, keys: list[str], timeout_s: float | None = None
     ) -> tuple[float, protocol.LookupReply, list[list[Replica]]]:
-        """(t0, the reply, per hit its replicas). The caller must `_release(reply.lease_id)`."""
+        """(t0, the reply, per hit its replicas). The caller must release the lease (MasterLink.release)."""
         t0 = time.monotonic()  # before sending: our deadline is never later than the master's
-        reply = self._call(protocol.LookupPrefix(self.config.tenant, list(keys), lease=True), protocol.LookupReply,
-                           timeout_s)
-        return t0, reply, self._leased_replicas(reply)
+        reply = self._link.call(protocol.LookupPrefix(self._config.tenant, list(keys), lease=True),
+                                protocol.LookupReply, timeout_s)
+        return t0, reply, self.leased_replicas(reply)
 
-    def _leased_replicas(self, reply: protocol.LookupReply) -> list[list[Replica]]:
+    def leased_replicas(self, reply: protocol.LookupReply) -> list[list[Replica]]:
         """Per hit, its replicas; a malformed reply is released and raises ProtocolError."""
         try:
             on_nodes = reply.num_hit - len(reply.inline_values)
@@ -62,25 +72,11 @@ class Reads:
             if reply.checksums and len(reply.checksums) != protocol.CHECKSUM_BYTES * on_nodes:
                 raise ValueError(f"{on_nodes} hits on nodes but {len(reply.checksums)} bytes of checksums")
         except ValueError as e:
-            self._release(reply.lease_id)
+            self._link.release(reply.lease_id)
             raise ProtocolError(f"malformed lookup reply from the master: {e}") from None
         return replicas
 
-    def _send_quietly(self, request) -> None:
-        try:
-            self._channel.send(request)
-        except KVPoolError:
-            pass  # the master's quarantine limit ends it instead
-
-    def _release(self, lease_id: int) -> None:
-        """Hand a leased lookup back (fire-and-forget; the lease TTL covers a lost message)."""
-        if lease_id and not self._closed:
-            try:
-                self._channel.send(protocol.ReleaseLeases(self.config.tenant, [lease_id]), lazy=True)
-            except KVPoolError:
-                pass
-
-    def _read_leased(self, keys, replicas: list[list[Replica]], reply: protocol.LookupReply, t0: float, addrs,
+    def read_leased(self, keys, replicas: list[list[Replica]], reply: protocol.LookupReply, t0: float, addrs,
                      sizes, *, unregistered: bool = False, before_landing=None) -> int:
         deadline = t0 + reply.lease_ttl_s
         num_hit = len(replicas)
@@ -92,7 +88,7 @@ class Reads:
         pending = list(range(num_hit))
         first_round = True
         # what the writers checksummed, and what a shared-memory copy checksummed as it went
-        expected = protocol.unpack_checksums(reply.checksums) if self.config.checksums and reply.checksums else None
+        expected = protocol.unpack_checksums(reply.checksums) if self._config.checksums and reply.checksums else None
         digests: dict[int, int] | None = {} if expected else None
         while pending and time.monotonic() <= deadline:
             choices = [(i, untried[i].pop(0)) for i in pending if untried[i]]
@@ -100,14 +96,15 @@ class Reads:
                 self._metrics.replica_fallbacks.inc(len(choices))
             first_round = False
             # waiting past the lease is pointless: such a read would be discarded anyway
-            failed, in_flight = self._run_round("READ", choices, addrs, sizes, max(1e-3, deadline - time.monotonic()),
-                                                (digests, expected) if digests is not None else None,
-                                                unregistered=unregistered, before_landing=before_landing)
+            failed, in_flight = self._transfers.run_round(
+                "READ", choices, addrs, sizes, max(1e-3, deadline - time.monotonic()),
+                (digests, expected) if digests is not None else None, unregistered=unregistered,
+                before_landing=before_landing)
             if digests:
                 for i in failed:
                     digests.pop(i, None)  # a copy that failed: what it checksummed is no longer the read
             if in_flight:
-                self._fence_reads(in_flight)
+                fence(in_flight)
             now = time.monotonic()
             for i, _ in choices:
                 if i not in failed:
@@ -140,7 +137,7 @@ class Reads:
         (host memory only: one bound for GPU memory ends the hits there, a miss the caller recomputes)."""
         import numpy as np
 
-        device = self._device_memory
+        device = self._memory.device
         for n, value in enumerate(values):
             if len(device) and any(device.contains(a, 1) for a in addrs[n]):
                 return n
@@ -154,7 +151,7 @@ class Reads:
     def _verified(self, keys, count: int, expected: list[int], addrs, sizes, digests: dict[int, int]) -> int:
         """How many of the first `count` objects read hold the bytes their writer checksummed
         (`digests`: objects already checksummed while they were copied)."""
-        host = set(self._on_host(addrs[:count]))
+        host = set(self._transfers.on_host(addrs[:count]))
         todo = [i for i in range(count) if expected[i] and i in host]
         if not todo:
             return count
@@ -168,10 +165,3 @@ class Reads:
                             keys[i], value, expected[i])
                 return i
         return count
-
-    def _fence_reads(self, in_flight: dict) -> None:
-        """A read that missed its deadline may still write into the caller's memory: return only
-        once every such transfer is over (the data plane ends it at its peer's death at the latest)."""
-        for transfer in {id(t): t for t in in_flight.values()}.values():
-            transfer.wait()
-

@@ -1,32 +1,66 @@
-"""A round of transfers, one job per segment, shared by a put's writes and a get's reads: a mixin
-of the Client (client.py), using its segment cache, data plane, config and metrics.
+"""Rounds of transfers, one job per segment, shared by a put's writes and a get's reads.
+
+Rules:
+- A round asks the segment cache for every segment it touches, groups the objects by segment
+  (plan.group_by_segment) and hands all jobs to the data plane at once; an object whose segment
+  the master no longer knows fails without a transfer.
+- A segment whose job failed is asked about again (segments.py), so a dead node's segment is
+  forgotten as soon as the master has dropped it.
+- No round waits longer than the client's `timeout_s`.
 """
 
 from __future__ import annotations
 
 from kvpool.client import plan
 from kvpool.client.checksum import checksum_after
+from kvpool.client.memory import RegisteredRanges
+from kvpool.client.metrics import TenantMetrics
+from kvpool.client.segments import SegmentCache
+from kvpool.core.errors import KVPoolError
 from kvpool.core.protocol import Replica
 
 # a same-host read or put this large checksums each object right after its copy (memcopy.copy_objects)
 CHECKSUM_DURING_COPY_BYTES = 8 << 20
 
 
-class Rounds:
-    def _on_host(self, addrs: list[list[int]]) -> list[int]:
+def fence(in_flight: dict) -> None:
+    """A read that missed its deadline may still write into the caller's memory: return only once
+    every such transfer is over (the data plane ends it at its peer's death at the latest)."""
+    for transfer in {id(t): t for t in in_flight.values()}.values():
+        transfer.wait()
+
+
+class Transfers:
+    def __init__(self, plane, segments: SegmentCache, device_memory: RegisteredRanges, timeout_s: float,
+                 metrics: TenantMetrics) -> None:
+        self._plane = plane
+        self._segments = segments
+        self._device_memory = device_memory  # read only: memory.Registrations adds to it
+        self._timeout_s = timeout_s
+        self._metrics = metrics
+
+    def on_host(self, addrs: list[list[int]]) -> list[int]:
         """Indices of the objects whose regions are host memory (one transfer's regions lie in one
         memory, so the first region tells)."""
         if not len(self._device_memory):
             return list(range(len(addrs)))
         return [i for i, a in enumerate(addrs) if a and not self._device_memory.contains(a[0], 1)]
 
-    def _carried_unregistered(self, op: str, choices: list[tuple[int, Replica]], totals: list[int]) -> bool:
+    def carried_unregistered(self, op: str, choices: list[tuple[int, Replica]], totals: list[int]) -> bool:
         """Whether every chosen replica's route carries memory that is not registered (plane.py)."""
         infos = self._segments.get({r.segment_id for _, r in choices})
-        return all(r.segment_id in infos and self.plane.carries_unregistered(op, infos[r.segment_id], totals[i])
+        return all(r.segment_id in infos and self._plane.carries_unregistered(op, infos[r.segment_id], totals[i])
                    for i, r in choices)
 
-    def _run_round(
+    def copies_locally(self, choices: list[tuple[int, Replica]]) -> bool:
+        """Whether every chosen replica is written by a same-host copy (the shared-memory path)."""
+        try:
+            infos = self._segments.get({r.segment_id for _, r in choices})
+            return all(r.segment_id in infos and self._plane.path_for(infos[r.segment_id]) == "shm" for _, r in choices)
+        except KVPoolError:
+            return False
+
+    def run_round(
         self, op: str, choices: list[tuple[int, Replica]], addrs, sizes, timeout_s: float | None = None,
         checksum_into: tuple[dict, list[int]] | None = None, *, unregistered: bool = False, before_landing=None,
         sent=None, tags: list | None = None,
@@ -47,10 +81,10 @@ class Rounds:
         jobs = plan.group_by_segment([(i, r) for i, r in choices if r.segment_id in infos], addrs, sizes)
         if not jobs:
             return failed, in_flight
-        errors = self.plane.transfer_many(
+        errors = self._plane.transfer_many(
             op,
             [(infos[j.segment_id], j.local_addrs, j.remote_offsets, j.sizes) for j in jobs],
-            self.config.timeout_s if timeout_s is None else min(timeout_s, self.config.timeout_s),
+            self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s),
             [checksum_after(j.object_indices, addrs, sizes, *checksum_into)
              if sum(j.sizes) >= CHECKSUM_DURING_COPY_BYTES else None for j in jobs] if checksum_into else None,
             unregistered=unregistered, before_landing=before_landing, sent=sent,

@@ -15,23 +15,22 @@ Keys (all optional except `master_address`):
                        ask again next step (default 2)
   switch_interval_s    the engine process's GIL switch interval (sys.setswitchinterval), so the lookup
                        thread's reply is not kept waiting up to 5 ms behind the scheduler's Python
-                       (default 0.0002; 0 leaves the interpreter's own). Measured on the Claude Code
-                       e2e trace, 3 rounds against Python's 5 ms: lookups deferred to a later step
-                       0.55-0.82x, P99 TTFT 1.25-1.56x lower, throughput 1.02-1.04x, P50 level
-                       (benchmarks/results/e2e_peers/switch-interval-stop30/NOTES.md)
+                       (default 0.0002; 0 leaves the interpreter's own). Against Python's 5 ms it
+                       deferred fewer lookups to a later step and lowered P99 TTFT
+                       (docs/design/client.md)
   lookup_on_arrival    start a request's lookup when vLLM adds it, before its first step asks (default
-                       False). Measured on the demo trace: 1.03x throughput, P50 level; it also looks
-                       up (and so keeps fresh in the master's LRU) prefixes vLLM then finds locally
+                       False): it gained little on the demo trace, and it also looks up (and so
+                       keeps fresh in the master's LRU) prefixes vLLM then finds locally
   touch_waiting_s      a request waiting in vLLM's queue this long has its prefix looked up again (and
                        so kept fresh in the pool's LRU) every this many seconds until admitted (default
-                       0: off; on the long e2e trace 2 s lost 0.6-2.5 points of hits and P50 TTFT,
-                       benchmarks/results/e2e_peers/quiet-long-touch/). See connector/waiting.py
+                       0: off; on a trace where most sessions wait it lost hits and P50 TTFT,
+                       docs/design/client.md). See connector/waiting.py
   lookup_cache_ttl_s   reuse a request's lookup answer while it waits for admission, at most this
                        long (default 1.0; 0 asks the master every scheduler step)
   load_async           report pool hits to vLLM as asynchronous loads (True) or load them in the
                        step, before the forward (False). Default: async except on the CPU build,
                        where the "transfer" is a memcpy on the CPUs that compute, so async only adds
-                       engine steps (benchmarks/results/connector_ttft.md: 25-40x slower TTFT there)
+                       engine steps (25-40x slower TTFT there: docs/design/client.md)
   load_wait_ms         with async loads, how long one engine step may wait for a load in flight
                        (default 5; see worker.take_finished_loads)
   save_decode          also save KV produced during decode (default True)
@@ -40,7 +39,7 @@ Keys (all optional except `master_address`):
   num_replicas         replicas per saved object (default 1)
   transfer_path        auto | nixl | shm (default auto: shared memory on the same host, else NIXL)
   checksums            checksum every saved object and verify every load (default True; a mismatch is
-                       a failed load, recomputed; costs in benchmarks/results/connector_ttft.md)
+                       a failed load, recomputed)
   retry_initial_s      first back-off after the pool became unreachable (default 1.0)
   retry_max_s          longest back-off (default 30.0)
   credential           CURVE credential file of a tenant identity, for a master started with --auth

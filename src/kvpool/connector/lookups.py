@@ -21,11 +21,8 @@ Rules:
   prefix fresh in the master's LRU); counted apart (`on_touch`), skipped if older than `give_up_s`
   when the thread reaches it.
 - `prefetch` starts a request's lookup without waiting (the connector's `lookup_on_arrival`, off
-  by default): a later `ask` takes its answer. On the demo trace (2-core VM) lookups took 8-15 ms
-  in the engine against a ~0.3 ms round trip, because the master waited for a core
-  (benchmarks/results/e2e_peers/quiet/NOTES.md), and most requests lost an engine step to the
-  2 ms wait; starting at arrival gained little (1.03x throughput), as vLLM adds a request just
-  before the step that asks about it.
+  by default): a later `ask` takes its answer. vLLM adds a request just before the step that
+  asks about it, so starting at arrival gains little (docs/design/client.md).
 """
 
 from __future__ import annotations

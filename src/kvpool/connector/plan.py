@@ -14,7 +14,7 @@ Rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -112,12 +112,3 @@ def savable_objects(
         count = min(count, limit_tokens // geom.tokens_per_object)
     return max(count, 0)
 
-
-@dataclass
-class RequestTracker:
-    """Per request, scheduler side: objects [0, next_save) are in the pool or on their way."""
-
-    req_id: str
-    next_save: int = 0
-    pending_jobs: set[int] = field(default_factory=set)
-    saved_until: dict[int, int] = field(default_factory=dict)  # hybrid models: per group (groups.py)

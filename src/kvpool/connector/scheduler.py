@@ -1,5 +1,10 @@
 """The scheduler half: asks the pool what it has, plans loads and saves, holds saved blocks.
 
+Parts: one RequestState per request (request_state.py) in `_requests`, made in `_state_of` and
+dropped in `request_finished`; lookups on their own thread (lookups.py); requests waiting in
+vLLM's queue (waiting.py); the blocks pinned for saves (pins.py); a hybrid model's per-group
+plans (hybrid.py).
+
 Facts this relies on (vLLM 0.32, v1/core/sched/scheduler.py):
 - `get_num_new_matched_tokens(request, n)` runs for a request whose num_computed_tokens is 0, with
   `n` the block-aligned local prefix-cache hit. It may run again for the same request (when the
@@ -48,31 +53,23 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from kvpool.connector.groups import (
-    GroupRule,
-    blocks_to_load,
-    blocks_to_save,
-    decode_state_saves,
-    group_block_key,
-    state_saves,
-    intersect_present,
-    lookup_keys,
-    present_blocks,
-)
+from kvpool.connector.groups import GroupRule, decode_state_saves, state_saves
 from kvpool.connector.health import PoolHealth
+from kvpool.connector.hybrid import GroupQuery, HybridPlans
 from kvpool.connector.keys import object_keys
 from kvpool.connector.lookups import ASK_AGAIN, DEFERRED, GIVEN_UP, REUSED, AsyncLookups
 from kvpool.connector.metadata import KVPoolMetadata, KVPoolWorkerMetadata
+from kvpool.connector.pins import SavePins
 from kvpool.connector.plan import (
     Geometry,
     LoadSpec,
-    RequestTracker,
     SaveSpec,
     external_tokens,
     lookup_window,
     plan_load,
     savable_objects,
 )
+from kvpool.connector.request_state import RequestState
 from kvpool.connector.stats import StatsRecorder
 from kvpool.connector.waiting import WaitingRequests
 from kvpool.core.errors import KVPoolError, UnavailableError
@@ -92,40 +89,23 @@ class SchedulerSide:
         lookup_on_arrival: bool = False, touch_waiting_s: float = 0.0,
         group_rules: dict[int, GroupRule] | None = None, hit_rule=None,
     ) -> None:
-        # hybrid models (several KV-cache groups, or one that is not full attention): one object per
-        # (group, block), groups.py; the hit every group can serve is vLLM's own rule (hit_rule.py)
-        self._group_rules = group_rules or None
-        if self._group_rules is not None:
-            if geom.blocks_per_object != 1:
-                raise ValueError("a hybrid model's pool objects are single blocks: leave tokens_per_object unset")
-            if hit_rule is None:
-                raise ValueError("a hybrid model needs vLLM's hit rule")
-            # full-attention groups first: a load's leading objects are the prefix
-            self._group_order = sorted(self._group_rules, key=lambda g: self._group_rules[g].kind != "full")
-            self._full_rules = {g: r for g, r in self._group_rules.items() if r.kind == "full"}
-            self._first_full = next(iter(self._full_rules), None)
-        self._hit_rule = hit_rule
+        # hybrid models (several KV-cache groups, or one that is not full attention): hybrid.py
+        self._hybrid = HybridPlans(geom, group_rules, hit_rule) if group_rules else None
         self._lookup_on_arrival = lookup_on_arrival
         self._waiting = WaitingRequests(touch_waiting_s) if touch_waiting_s > 0 else None
         # TP/PP > 1: each rank stores its shard under its own namespace; a prefix is a hit only
         # as far as every rank has it (vLLM's scheduler takes one answer for all ranks)
         self._rank_namespaces = list(rank_namespaces)
         self._promotion_wait_s = 0.6 * lookup_give_up_s
-        self._max_pinned_fraction = max_pinned_fraction
-        self._num_pinned_blocks = 0
         self.geom = geom
         self.stats = StatsRecorder()
         self._make_client = make_client
         self._client = None
         self._health = health
-        self._num_workers = num_workers
         self._save_decode = save_decode
         self._load_async = load_async
-        self._block_pool = None
-        self._requests: dict[str, object] = {}  # req id -> vLLM Request, while it lives
-        self._trackers: dict[str, RequestTracker] = {}
-        self._lookups: dict[str, tuple[int, int]] = {}  # req id -> (local tokens, pool hit objects)
-        self._local_hits: dict[str, int] = {}  # req id -> vLLM's local hit (tokens) at admission
+        self._pins = SavePins(num_workers, max_pinned_fraction)
+        self._requests: dict[str, RequestState] = {}  # request_state.py: made in _state_of, dropped in request_finished
         # vLLM asks again every step while a request waits for blocks; the master's answer is reused
         # until the request is admitted or for lookup_cache_ttl_s. A stale hit only makes a load fail
         # (reported, recomputed); a stale miss only skips the pool for this request.
@@ -136,16 +116,16 @@ class SchedulerSide:
             on_touch=self._touch_done,
         )
         self._pending_loads: list[LoadSpec] = []
-        # requests whose pool load came back short: vLLM recomputes them, and asking the pool again
-        # would plan the same failing load forever (the master may list a dead node's objects
-        # until the node's TTL ends)
-        self._load_failed: set[str] = set()
         self._late_saves: list[SaveSpec] = []  # planned in request_finished
-        self._pinned: dict[int, tuple[list[int], int]] = {}  # job id -> (block ids, workers to report)
-        self._next_job_id = 0
 
     def bind_block_pool(self, block_pool) -> None:
-        self._block_pool = block_pool
+        self._pins.bind(block_pool)
+
+    def _state_of(self, request_id: str) -> RequestState:
+        state = self._requests.get(request_id)
+        if state is None:
+            state = self._requests[request_id] = RequestState(request_id)
+        return state
 
     # ---- loads ---------------------------------------------------------------------------------
 
@@ -180,16 +160,16 @@ class SchedulerSide:
 
     def _keys_of(self, request, window: int):
         """The keys of the request's first `window` objects, made only if a lookup is sent."""
-        if self._group_rules is not None:
-            return lambda: _GroupQuery(request.block_hashes[:window], lookup_keys(
-                request.block_hashes, self._group_order, window), self._group_order)
+        if self._hybrid is not None:
+            return lambda: self._hybrid.query(request.block_hashes, window)
         return lambda: object_keys(request.block_hashes, self.geom.blocks_per_object, 0, window)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         rid = request.request_id
-        self._lookups.pop(rid, None)
-        self._local_hits[rid] = num_computed_tokens
-        if rid in self._load_failed:
+        state = self._state_of(rid)
+        state.lookup = None
+        state.local_hit_tokens = num_computed_tokens
+        if state.load_failed:
             return 0, False
         window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
         if window * self.geom.tokens_per_object <= num_computed_tokens or not self._health.should_try():
@@ -199,7 +179,7 @@ class SchedulerSide:
             self.stats.add(**{_COUNTED[how]: 1})
         if num_hit is ASK_AGAIN:
             return None, False
-        self._lookups[rid] = (num_computed_tokens, num_hit)
+        state.lookup = (num_computed_tokens, num_hit)
         num_external = external_tokens(self.geom, num_hit, num_computed_tokens)
         return num_external, self._load_async and num_external > 0
 
@@ -216,8 +196,8 @@ class SchedulerSide:
     def _lookup_now(self, keys) -> int:
         """On the lookup thread: one round trip."""
         client = self._lookup_client()
-        if isinstance(keys, _GroupQuery):
-            return self._lookup_groups(client, keys)
+        if isinstance(keys, GroupQuery):
+            return self._hybrid.hit_blocks(client, keys, self._rank_namespaces)
         # keys on a node's disk are promoted to DRAM meanwhile: wait for them within the budget the
         # request may wait for its answer anyway (vLLM asks again every step until then)
         wait = self._promotion_wait_s
@@ -227,15 +207,6 @@ class SchedulerSide:
         for namespace in self._rank_namespaces:  # each asks only about what every earlier rank has
             num_hit = client.lookup_prefix(keys[:num_hit], namespace=namespace, promotion_wait_s=wait) if num_hit else 0
         return num_hit
-
-    def _lookup_groups(self, client, query: "_GroupQuery") -> int:
-        """Hybrid models: which (group, block) objects exist, in one round trip per rank namespace;
-        then the hit every group can serve, in blocks, by vLLM's rule."""
-        num_blocks = len(query.hashes)
-        answers = [present_blocks(query.groups, num_blocks, client.exists(query.keys, namespace=namespace))
-                   for namespace in (self._rank_namespaces or [None])]
-        hit_tokens = self._hit_rule.longest_hit(query.hashes, num_blocks, intersect_present(answers))
-        return hit_tokens // self.geom.block_size
 
     def _lookup_done(self, ok: bool, error: BaseException | None, latency_s: float) -> None:
         if ok:
@@ -257,22 +228,23 @@ class SchedulerSide:
         self._lookups_async.forget(rid)  # admitted: a later admission (after preemption) asks again
         if self._waiting is not None:
             self._waiting.admitted(rid)
-        self._requests[rid] = request
-        tracker = self._trackers.setdefault(rid, RequestTracker(rid))
+        state = self._state_of(rid)
+        state.request = request
         # a local hit was computed (or loaded) by this instance before and saved then: putting it
         # again would only cost a round trip per step (PUT_EXISTS). If the pool evicted it since,
         # it stays evicted: the pool's choice, not ours to undo.
-        num_local_objects = self._local_hits.pop(rid, 0) // self.geom.tokens_per_object
-        self._mark_saved(tracker, num_local_objects)
-        lookup = self._lookups.pop(rid, None)
+        self._mark_saved(state, state.take_local_hit() // self.geom.tokens_per_object)
+        lookup = state.take_lookup()
         if lookup is None:
             return
         num_local, num_hit = lookup
-        self._mark_saved(tracker, num_hit)  # objects [0, num_hit) are in the pool
+        self._mark_saved(state, num_hit)  # objects [0, num_hit) are in the pool
         if num_external_tokens <= 0:
             return
-        if self._group_rules is not None:
-            self._plan_group_load(request, blocks.get_block_ids(), num_local, num_external_tokens)
+        if self._hybrid is not None:
+            self._pending_loads.append(self._hybrid.load(request, blocks.get_block_ids(), num_local,
+                                                         num_external_tokens))
+            self.stats.add(lookup_hit_tokens=num_external_tokens)
             return
         k = self.geom.blocks_per_object
         first_object = num_local // self.geom.block_size // k
@@ -284,24 +256,12 @@ class SchedulerSide:
         )
         self.stats.add(lookup_hit_tokens=num_external_tokens)
 
-    def _mark_saved(self, tracker: RequestTracker, num_objects: int) -> None:
-        """Objects [0, num_objects) need no save (a hybrid model: nor the groups' windows or
-        states at that boundary, which the hit needed)."""
-        tracker.next_save = max(tracker.next_save, num_objects)
-        if self._group_rules is not None:
-            for g in self._group_rules:
-                tracker.saved_until[g] = max(tracker.saved_until.get(g, 0), num_objects)
-
-    def _plan_group_load(self, request, block_tables, num_local: int, num_external_tokens: int) -> None:
-        """Hybrid models: read every block vLLM allocated between the local hit and the pool hit."""
-        bs = self.geom.block_size
-        objects = blocks_to_load(block_tables, self._group_order, num_local // bs,
-                                 (num_local + num_external_tokens) // bs)
-        hashes = request.block_hashes
-        self._pending_loads.append(LoadSpec(
-            request.request_id, [group_block_key(o.group, hashes[o.index]) for o in objects],
-            [[o.block_id] for o in objects], [o.group for o in objects]))
-        self.stats.add(lookup_hit_tokens=num_external_tokens)
+    def _mark_saved(self, state: RequestState, num_objects: int) -> None:
+        """Objects [0, num_objects) need no save."""
+        if self._hybrid is not None:
+            self._hybrid.mark_saved(state, num_objects)
+        else:
+            state.mark_saved(num_objects)
 
     # ---- saves ---------------------------------------------------------------------------------
 
@@ -309,42 +269,43 @@ class SchedulerSide:
         self._touch_waiting()
         meta = KVPoolMetadata(loads=self._pending_loads, saves=self._late_saves)
         self._pending_loads, self._late_saves = [], []
-        if self._block_pool is None or not self._health.available:
+        if not self._pins.bound or not self._health.available:
             return meta  # no pool: nothing is saved (a pool that returns gets the next blocks)
         computed_before = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
         cached = scheduler_output.scheduled_cached_reqs
         computed_before.update(zip(cached.req_ids, cached.num_computed_tokens))
         block_state = scheduler_output.kv_connector_block_state
+        hybrid = self._hybrid
         for rid, num_scheduled in scheduler_output.num_scheduled_tokens.items():
-            request, tracker = self._requests.get(rid), self._trackers.get(rid)
-            if request is None or tracker is None or rid not in computed_before or block_state is None:
+            state = self._requests.get(rid)
+            if state is None or not state.admitted or rid not in computed_before or block_state is None:
                 continue
+            request = state.request
             num_spec = len(scheduler_output.scheduled_spec_decode_tokens.get(rid, ()))
             computed_after = computed_before[rid] + num_scheduled - num_spec
             limit = None if self._save_decode else request.num_prompt_tokens
             ready = savable_objects(self.geom, computed_after, len(request.block_hashes), limit)
-            if ready > tracker.next_save:
+            if ready > state.next_save:
                 room = self._save_room()
                 if room <= 0:
                     self.stats.add(saves_deferred=1)
                     continue
-                ready = min(ready, tracker.next_save + room)  # the rest in a later step
+                ready = min(ready, state.next_save + room)  # the rest in a later step
                 block_table = block_state.get_block_ids(rid)
-                if block_table and self._group_rules is not None:
+                if block_table and hybrid is not None:
                     # windows and states are stored at the end of prefill chunks, and at the finish
                     prefill = computed_before[rid] < request.num_prompt_tokens
-                    spec = self._plan_group_save(request, tracker, ready, block_table,
-                                                 self._group_rules if prefill else self._full_rules)
+                    spec = self._plan_group_save(request, state, ready, block_table,
+                                                 hybrid.rules if prefill else hybrid.full_rules)
                     if spec is not None:
                         meta.saves.append(spec)
                     if not prefill and computed_after == ready * self.geom.block_size:
-                        self._plan_states(request, tracker, decode_state_saves(block_table, self._group_rules, ready),
-                                          meta)
+                        self._plan_states(request, state, decode_state_saves(block_table, hybrid.rules, ready), meta)
                 elif block_table:
-                    spec = self._plan_save(request, tracker, ready, list(block_table[0]))
+                    spec = self._plan_save(request, state, ready, list(block_table[0]))
                     if spec is not None:
                         meta.saves.append(spec)
-        if self._group_rules is not None:
+        if hybrid is not None:
             self._plan_state_saves(getattr(block_state, "boundary_state_offloads", None) or {}, meta)
         return meta
 
@@ -352,23 +313,23 @@ class SchedulerSide:
         """Mamba states vLLM committed at block boundaries this step (groups.state_saves); their
         blocks are pinned like any save's, since vLLM keeps them only until this pass ends."""
         for rid, entries in offloads.items():
-            request, tracker = self._requests.get(rid), self._trackers.get(rid)
-            if request is None or tracker is None:
+            state = self._requests.get(rid)
+            if state is None or not state.admitted:
                 continue
-            self._plan_states(request, tracker, state_saves(entries, self._group_rules, self.geom.block_size,
-                                                            len(request.block_hashes)), meta)
+            request = state.request
+            self._plan_states(request, state, state_saves(entries, self._hybrid.rules, self.geom.block_size,
+                                                          len(request.block_hashes)), meta)
 
-    def _plan_states(self, request, tracker: RequestTracker, objects, meta: KVPoolMetadata) -> None:
+    def _plan_states(self, request, state: RequestState, objects, meta: KVPoolMetadata) -> None:
         if objects:
-            meta.saves.append(self._pin_objects(request, tracker, objects))
+            meta.saves.append(self._pin_objects(request, state, objects))
 
     def _save_room(self) -> int:
         """How many more objects' blocks may be pinned for saves now."""
-        limit = int(self._max_pinned_fraction * self._block_pool.num_gpu_blocks)
-        return (limit - self._num_pinned_blocks) // self.geom.blocks_per_object
+        return self._pins.room_blocks() // self.geom.blocks_per_object
 
-    def _plan_save(self, request, tracker: RequestTracker, stop: int, block_table: list[int]) -> SaveSpec | None:
-        k, start = self.geom.blocks_per_object, tracker.next_save
+    def _plan_save(self, request, state: RequestState, stop: int, block_table: list[int]) -> SaveSpec | None:
+        k, start = self.geom.blocks_per_object, state.next_save
         per_object: list[list[int]] = []
         for obj in range(start, stop):
             blocks = block_table[obj * k : (obj + 1) * k]
@@ -381,104 +342,66 @@ class SchedulerSide:
         keys = object_keys(request.block_hashes, k, max(start - 1, 0), stop)
         parents: list[str | None] = keys[:-1] if start > 0 else [None, *keys[:-1]]
         keys = keys[1:] if start > 0 else keys
-        tracker.next_save = stop
-        return self._pin_save(request, tracker, keys, parents, per_object, [b for blocks in per_object for b in blocks])
+        state.next_save = stop
+        return self._pin_save(request, state, keys, parents, per_object, [b for blocks in per_object for b in blocks])
 
-    def _plan_group_save(self, request, tracker: RequestTracker, boundary: int, block_tables,
+    def _plan_group_save(self, request, state: RequestState, boundary: int, block_tables,
                          rules: dict[int, GroupRule]) -> SaveSpec | None:
-        """Hybrid models: each group's blocks for a save at `boundary` blocks (groups.py)."""
-        objects, tracker.saved_until = blocks_to_save(block_tables, rules, tracker.saved_until, boundary)
-        if self._first_full is not None:
-            tracker.next_save = tracker.saved_until.get(self._first_full, 0)
-        return self._pin_objects(request, tracker, objects) if objects else None
+        """Hybrid models: each group's blocks for a save at `boundary` blocks (hybrid.py)."""
+        objects = self._hybrid.save(state, boundary, block_tables, rules)
+        return self._pin_objects(request, state, objects) if objects else None
 
-    def _pin_objects(self, request, tracker: RequestTracker, objects) -> SaveSpec:
-        """A save of single-block objects (groups.BlockObject). A full-attention block's parent is
-        the block before it; any other's is the full-attention block at its place, so it is
-        evicted before the prefix it extends."""
-        hashes, first_full = request.block_hashes, self._first_full
-        keys, parents = [], []
-        for o in objects:
-            keys.append(group_block_key(o.group, hashes[o.index]))
-            if self._group_rules[o.group].kind == "full":
-                parents.append(group_block_key(o.group, hashes[o.index - 1]) if o.index else None)
-            else:
-                parents.append(group_block_key(first_full, hashes[o.index]) if first_full is not None else None)
+    def _pin_objects(self, request, state: RequestState, objects) -> SaveSpec:
+        """A save of single-block objects (groups.BlockObject), keyed by hybrid.keys_and_parents."""
+        keys, parents = self._hybrid.keys_and_parents(request.block_hashes, objects)
         flat = [o.block_id for o in objects]
-        return self._pin_save(request, tracker, keys, parents, [[b] for b in flat], flat, [o.group for o in objects])
+        return self._pin_save(request, state, keys, parents, [[b] for b in flat], flat, [o.group for o in objects])
 
-    def _pin_save(self, request, tracker: RequestTracker, keys, parents, per_object, flat, groups=None) -> SaveSpec:
-        job_id, self._next_job_id = self._next_job_id, self._next_job_id + 1
-        self._block_pool.touch([self._block_pool.blocks[b] for b in flat])
-        self._pinned[job_id] = (flat, self._num_workers)
-        self._num_pinned_blocks += len(flat)
-        tracker.pending_jobs.add(job_id)
+    def _pin_save(self, request, state: RequestState, keys, parents, per_object, flat, groups=None) -> SaveSpec:
+        job_id = self._pins.pin(flat)
+        state.save_jobs.add(job_id)
         return SaveSpec(job_id, request.request_id, list(keys), parents, per_object, groups)
 
     def update_connector_output(self, connector_output) -> None:
         meta = connector_output.kv_connector_worker_meta
         if not isinstance(meta, KVPoolWorkerMetadata):
             return
-        self._load_failed |= meta.failed_loads & self._requests.keys()
+        for rid in meta.failed_loads:
+            state = self._requests.get(rid)
+            if state is not None and state.admitted:
+                state.load_failed = True
         for job_id, count in meta.completed_save_jobs.items():
-            pinned = self._pinned.get(job_id)
-            if pinned is None:
-                log.warning("kvpool: a worker reported unknown save job %d", job_id)
-                continue
-            block_ids, remaining = pinned[0], pinned[1] - count
-            if remaining > 0:
-                self._pinned[job_id] = (block_ids, remaining)
-                continue
-            del self._pinned[job_id]
-            self._num_pinned_blocks -= len(block_ids)
-            # tail first, so vLLM evicts a prefix's end before its start
-            self._block_pool.free_blocks(self._block_pool.blocks[b] for b in reversed(block_ids))
+            self._pins.reported(job_id, count)
 
     def request_finished(self, request, block_ids) -> tuple[bool, None]:
         """`block_ids`: the request's blocks, a list; for a hybrid model, one list per group."""
         rid = request.request_id
-        tracker = self._trackers.pop(rid, None)
-        self._requests.pop(rid, None)
-        self._lookups.pop(rid, None)
+        state = self._requests.pop(rid, None)
         self._lookups_async.forget(rid)
         if self._waiting is not None:
             self._waiting.finished(rid)
-        self._local_hits.pop(rid, None)
-        self._load_failed.discard(rid)
-        if tracker is not None and self._block_pool is not None and self._health.available:
+        if state is not None and state.admitted and self._pins.bound and self._health.available:
             # Objects computed in the last steps whose hashes came late (async scheduling): plan
             # them now, while the blocks are still the request's; the references keep them alive.
             limit = None if self._save_decode else request.num_prompt_tokens
             ready = savable_objects(self.geom, request.num_computed_tokens, len(request.block_hashes), limit)
-            if self._group_rules is not None:  # the last boundary's windows and states too
-                spec = self._plan_group_save(request, tracker, ready, block_ids, self._group_rules)
+            if self._hybrid is not None:  # the last boundary's windows and states too
+                spec = self._plan_group_save(request, state, ready, block_ids, self._hybrid.rules)
                 if spec is not None:
                     self._late_saves.append(spec)
-            elif ready > tracker.next_save and self._save_room() < ready - tracker.next_save:
+            elif ready > state.next_save and self._save_room() < ready - state.next_save:
                 self.stats.add(saves_dropped=1)  # its blocks go back to vLLM now rather than wait
-            elif ready > tracker.next_save:
-                spec = self._plan_save(request, tracker, ready, list(block_ids))
+            elif ready > state.next_save:
+                spec = self._plan_save(request, state, ready, list(block_ids))
                 if spec is not None:
                     self._late_saves.append(spec)
         return False, None
 
     def has_pending_saves(self) -> bool:
-        return bool(self._pinned)
+        return self._pins.has_pending()
 
     def close(self) -> None:
         self._lookups_async.close()
         if self._client is not None:
             self._client.close()
             self._client = None
-
-
-class _GroupQuery:
-    """A hybrid model's lookup: the window's block hashes and every group's keys for them."""
-
-    __slots__ = ("hashes", "keys", "groups")
-
-    def __init__(self, hashes, keys: list[str], groups: list[int]) -> None:
-        self.hashes, self.keys, self.groups = list(hashes), keys, groups
-
-    def __len__(self) -> int:
-        return len(self.hashes)

@@ -2,15 +2,11 @@
 
 Why: the pool evicts least recently used chain tails, and a request stuck in vLLM's queue is
 exactly the one whose prefix was used longest ago: its session's last turn ended, then it waited.
-On the long e2e trace (a pool smaller than the sessions, a 2-core VM) the slowest requests had
-waited 40-100 s, found their prefix evicted meanwhile, and recomputed 6-10K tokens, which queued
-everything behind them on that server (benchmarks/results/e2e_peers/quiet-long-wm/NOTES.md).
-vLLM asks the connector about a waiting request only when it reaches the head of the queue.
+vLLM asks the connector about a waiting request only when it reaches the head of the queue, by
+which time its prefix may be evicted and recomputed, queueing everything behind it.
 
-Measured (benchmarks/results/e2e_peers/quiet-long-touch/, 2 rounds): touching every 2 s LOST on
-the long trace (hits 82.6 / 86.0 % vs 85.1 / 86.6 % without; P50 TTFT 10.6 / 9.2 vs 9.2 / 7.0 s):
-when most sessions wait, keeping all their prefixes fresh makes LRU evict the blocks the running
-requests just saved instead. So `touch_waiting_s` is off by default; the mechanism stays, tested.
+`touch_waiting_s` is off by default: when most sessions wait, keeping all their prefixes fresh
+makes LRU evict the blocks the running requests just saved instead (docs/design/client.md).
 
 Rules:
 - A request is tracked from `arrived` (vLLM added it) until `admitted` (blocks allocated; its
