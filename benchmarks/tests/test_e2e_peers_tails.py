@@ -4,7 +4,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from e2e_peers.tails import joined, parse_router_log, run_tails  # noqa: E402
 

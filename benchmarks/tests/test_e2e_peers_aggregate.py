@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from e2e_peers.aggregate import RunRecord, Spread, best_of, failures, ratios, spreads, usable  # noqa: E402
 

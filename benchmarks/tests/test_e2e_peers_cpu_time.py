@@ -6,7 +6,7 @@ import textwrap
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from e2e_peers.cpu_time import Timeline, report_lines, snapshot, usage  # noqa: E402
 from e2e_peers.profile import py_spy  # noqa: E402

@@ -1,0 +1,220 @@
+"""Where a benchmark's results go, and the machine they name.
+
+Rules:
+- A run of benchmark NAME writes benchmarks/results/NAME/DATE-MACHINE[-VARIANT].{json,md,png}:
+  DATE is today's UTC date (YYYY-MM-DD), MACHINE names the CPU (and GPU) the run took place on,
+  e.g. `2cpu-epyc`, VARIANT tells apart runs of one day that measure different things (a model,
+  a pool size). A run of several files per configuration writes a folder of that name instead.
+- After writing, the benchmark calls `refresh_latest(NAME)`: LATEST.md says what was measured, on
+  which machine, shows the newest date's tables and links every dated result in the folder.
+- `$KVPOOL_RESULTS_DIR` replaces benchmarks/results (ab.py points each side's runs at its own
+  scratch folder so the committed results stay as they are).
+Only this module decides result paths; scripts take `result_files(NAME)` and write there.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import registry
+
+BENCHMARKS_DIR = Path(__file__).resolve().parent
+# DATE-MACHINE[-VARIANT]; a machine's GPU part is a letter and digits or four digits (h100, l4, 4090)
+DATED = re.compile(r"^(\d{4}-\d{2}-\d{2})-([0-9]+cpu-[a-z0-9]+(?:-(?:[a-z]\d{1,4}[a-z]?|\d{4}))?|unknown)(?:-(.+))?$")
+_GPU_WORDS = re.compile(r"\b([A-Z]?\d{2,4}[A-Z]?|[A-Z]\d{1,3}[a-z]?)\b")
+
+
+def results_root() -> Path:
+    return Path(os.environ.get("KVPOOL_RESULTS_DIR") or BENCHMARKS_DIR / "results")
+
+
+def today() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+# ---- the machine --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Machine:
+    cpu_model: str
+    cores: int
+    memory_gib: float
+    kernel: str
+    gpu: str | None  # the first GPU's name, None without one
+
+    @property
+    def name(self) -> str:
+        """`2cpu-epyc`, `16cpu-xeon-h100`: core count, CPU family, GPU model if any."""
+        name = f"{self.cores}cpu-{cpu_family(self.cpu_model)}"
+        if self.gpu:
+            name += "-" + gpu_short_name(self.gpu)
+        return name
+
+    def describe(self) -> str:
+        text = f"{self.cpu_model}, {self.cores} cores, {self.memory_gib:g} GiB memory, Linux {self.kernel}"
+        return text + (f", {self.gpu}" if self.gpu else ", no GPU")
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "cpu_model": self.cpu_model, "cores": self.cores, "memory_gib": self.memory_gib,
+                "kernel": self.kernel, "gpu": self.gpu}  # fmt: skip
+
+
+def cpu_family(cpu_model: str) -> str:
+    """The CPU's family word: `AMD EPYC 7763 64-Core Processor` -> `epyc`."""
+    words = [w.lower() for w in re.findall(r"[A-Za-z][A-Za-z0-9]*", cpu_model)]
+    for family in ("epyc", "xeon", "ryzen", "threadripper", "opteron", "atom", "celeron", "pentium", "neoverse", "graviton"):
+        if family in words:
+            return family
+    if "core" in words:
+        return "core"
+    skip = {"amd", "intel", "r", "tm", "cpu", "processor", "genuine", "authentic", "genuineintel", "authenticamd", "apple"}
+    rest = [w for w in words if w not in skip]
+    return rest[0] if rest else "unknown"
+
+
+def gpu_short_name(gpu: str) -> str:
+    """`NVIDIA H100 80GB HBM3` -> `h100`; `NVIDIA GeForce RTX 4090` -> `4090`."""
+    for word in gpu.replace("NVIDIA", "").split():
+        if _GPU_WORDS.fullmatch(word):
+            return word.lower()
+    return re.sub(r"[^a-z0-9]+", "", gpu.lower())[:12] or "gpu"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_gib() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return 0.0
+
+
+def _gpu() -> str | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = [line.strip() for line in out.splitlines() if line.strip()]
+    return names[0] if names else None
+
+
+def this_machine() -> Machine:
+    return Machine(_cpu_model(), os.cpu_count() or 1, _memory_gib(), platform.release(), _gpu())
+
+
+# ---- the files ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResultFiles:
+    folder: Path
+    stem: str  # DATE-MACHINE[-VARIANT]
+
+    @property
+    def json(self) -> Path:
+        return self.folder / f"{self.stem}.json"
+
+    @property
+    def md(self) -> Path:
+        return self.folder / f"{self.stem}.md"
+
+    @property
+    def png(self) -> Path:
+        return self.folder / f"{self.stem}.png"
+
+    @property
+    def run_folder(self) -> Path:
+        """For a run that writes many files: a folder named like the dated files."""
+        return self.folder / self.stem
+
+    def with_suffix(self, suffix: str) -> Path:
+        return self.folder / f"{self.stem}{suffix}"
+
+
+def result_files(name: str, variant: str | None = None, machine: Machine | None = None) -> ResultFiles:
+    """The paths a run of benchmark `name` writes today (the folder is created)."""
+    registry.get(name)
+    stem = f"{today()}-{(machine or this_machine()).name}"
+    if variant:
+        stem += "-" + re.sub(r"[^A-Za-z0-9_.]+", "-", variant).strip("-")
+    folder = results_root() / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return ResultFiles(folder, stem)
+
+
+# ---- LATEST.md ----------------------------------------------------------------------------------
+
+
+def dated_entries(folder: Path) -> list[Path]:
+    """The folder's dated results (files and run folders), oldest first."""
+    entries = [p for p in folder.iterdir() if DATED.match(p.name.split(".", 1)[0] if p.is_file() else p.name)]
+    return sorted(entries, key=lambda p: p.name)
+
+
+def _date_machine(entry: Path) -> tuple[str, str]:
+    match = DATED.match(entry.name.split(".", 1)[0] if entry.is_file() else entry.name)
+    assert match is not None  # dated_entries only returns matching names
+    return match.group(1), match.group(2)
+
+
+def _demote(markdown: str) -> str:
+    """A dated report's headings one level down, so LATEST.md keeps one title."""
+    return "\n".join("#" + line if line.startswith("#") else line for line in markdown.splitlines())
+
+
+def refresh_latest(name: str, root: Path | None = None) -> Path:
+    """Write results/NAME/LATEST.md from the folder's dated results; returns its path."""
+    bench = registry.get(name)
+    folder = (root or results_root()) / name
+    entries = dated_entries(folder)
+    lines = [f"# {name}: latest results", "", f"{bench.description}.", "",
+             f"Run: `benchmarks/run.py {name} --help` ({bench.kind}; `{bench.target}`). How the numbers are taken: "
+             "[method](../../method.md); the machines: [machines](../../machines.md).", ""]  # fmt: skip
+    if not entries:
+        lines += ["No results yet."]
+    else:
+        newest_date = _date_machine(entries[-1])[0]
+        newest = [e for e in entries if _date_machine(e)[0] == newest_date]
+        machines = sorted({_date_machine(e)[1] for e in newest})
+        lines += [f"Newest: {newest_date} on {', '.join(f'`{m}`' for m in machines)}.", ""]
+        for entry in newest:
+            report = entry if entry.suffix == ".md" else None
+            if entry.is_dir():
+                report = next((entry / n for n in ("NOTES.md", "results.md", "README.md") if (entry / n).exists()), None)
+                if report is not None:
+                    lines += [f"## [{entry.name}/]({entry.name}/)", ""]
+            elif report is not None:
+                lines += [f"## [{entry.name}]({entry.name})", ""]
+            if report is not None:
+                lines += [_demote(report.read_text().strip()), ""]
+        lines += ["## Every dated result", ""]
+        for entry in reversed(entries):
+            date, machine = _date_machine(entry)
+            link = entry.name + ("/" if entry.is_dir() else "")
+            lines.append(f"- [{link}]({link}) ({date}, `{machine}`)")
+    path = folder / "LATEST.md"
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines).rstrip() + "\n")
+    return path
