@@ -4,6 +4,9 @@ One table. `run.py NAME` runs an entry's script (a path under benchmarks/) or mo
 with the entry's leading arguments), and the entry's name is the folder its results go to:
 benchmarks/results/NAME/. A benchmark not listed here has no results folder.
 
+Analyses of a finished run (e2e_peers/tails.py, e2e_peers/profile.py) and the peers benchmark's
+servers (peers/raw_tcp.py) are not benchmarks of their own and are not listed.
+
 Kinds: `micro` (one component in one or a few processes, no vLLM), `system` (real master, nodes and
 vLLM processes on one machine), `peers` (kvpool beside other stores, across harness hosts or on
 one), `e2e` (whole serving fleets on a trace).
@@ -61,7 +64,6 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     # peers
     _b("peers", "peers", "peers/run.py", "kvpool beside Mooncake Store and Redis, across hosts and on one: GB/s, latency, agent loop"),
     _b("tcp_ceiling", "peers", "peers/tcp_ceiling.py", "What TCP itself carries between two harness hosts: the limit under every cross-host row"),
-    _b("raw_tcp", "peers", "peers/raw_tcp.py", "The least a key-value store over TCP can do: a bare TCP get/put server and client"),
     _b("echo_placement", "peers", "peers/echo_placement.py", "A bare TCP ping-pong across two hosts, both ends on one vCPU or on two"),
     _b("plain_phases", "peers", "peers/plain_phases.py", "Where a plain get / put of one value spends its time, phase by phase, across hosts"),
     _b("agent_phases", "peers", "peers/agent_phases.py", "The 4-client agent loop on one host, phase by phase, with the populate chunk varied"),
@@ -71,8 +73,6 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     _b("e2e_peers", "e2e", "e2e_peers/run.py", "kvpool end to end against LMCache and plain vLLM on an agent trace: TTFT, throughput, hits"),
     _b("e2e_capacity_bound", "e2e", "e2e_peers/capacity_bound.py", "The hit rate a pool of the e2e benchmark's size can reach on its trace, per eviction policy"),
     _b("e2e_routing_sim", "e2e", "e2e_peers/routing_sim.py", "The router's options on the e2e benchmark's trace, in the fleet simulator"),
-    _b("e2e_tails", "e2e", "e2e_peers/tails.py", "Why the slowest requests of an e2e run were slow: each request's route and queue"),
-    _b("e2e_profile", "e2e", "e2e_peers/profile.py", "py-spy profiles of an e2e run's vLLM servers summarized: where a request's time goes"),
 )
 
 BY_NAME: dict[str, Benchmark] = {b.name: b for b in BENCHMARKS}

@@ -145,6 +145,11 @@ class ResultFiles:
         return self.folder / f"{self.stem}.png"
 
     @property
+    def prefix(self) -> Path:
+        """The dated path without an extension, for scripts that add their own."""
+        return self.folder / self.stem
+
+    @property
     def run_folder(self) -> Path:
         """For a run that writes many files: a folder named like the dated files."""
         return self.folder / self.stem
@@ -154,14 +159,25 @@ class ResultFiles:
 
 
 def result_files(name: str, variant: str | None = None, machine: Machine | None = None) -> ResultFiles:
-    """The paths a run of benchmark `name` writes today (the folder is created)."""
+    """The paths a run of benchmark `name` writes today (nothing is created: writers make the folder)."""
     registry.get(name)
     stem = f"{today()}-{(machine or this_machine()).name}"
     if variant:
-        stem += "-" + re.sub(r"[^A-Za-z0-9_.]+", "-", variant).strip("-")
-    folder = results_root() / name
-    folder.mkdir(parents=True, exist_ok=True)
-    return ResultFiles(folder, stem)
+        stem += "-" + re.sub(r"[^A-Za-z0-9_]+", "-", variant).strip("-")
+    return ResultFiles(results_root() / name, stem)
+
+
+def publish(name: str, text: str, out: Path | None = None, suffix: str = ".md", variant: str | None = None) -> Path:
+    """Write a one-file result: to `out` when given, else to today's dated file, refreshing LATEST.md."""
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        return out
+    path = result_files(name, variant).with_suffix(suffix)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    refresh_latest(name)
+    return path
 
 
 # ---- LATEST.md ----------------------------------------------------------------------------------
@@ -171,6 +187,21 @@ def dated_entries(folder: Path) -> list[Path]:
     """The folder's dated results (files and run folders), oldest first."""
     entries = [p for p in folder.iterdir() if DATED.match(p.name.split(".", 1)[0] if p.is_file() else p.name)]
     return sorted(entries, key=lambda p: p.name)
+
+
+def newest(name: str, variant: str | None = None, suffix: str = "") -> Path | None:
+    """The newest dated result of `name` with this variant (a run folder, or a file with `suffix`)."""
+    folder = results_root() / name
+    if not folder.is_dir():
+        return None
+    found = [e for e in dated_entries(folder)
+             if (e.is_dir() if not suffix else e.name.endswith(suffix)) and _variant(e) == variant]  # fmt: skip
+    return found[-1] if found else None
+
+
+def _variant(entry: Path) -> str | None:
+    match = DATED.match(entry.name.split(".", 1)[0] if entry.is_file() else entry.name)
+    return match.group(3) if match else None
 
 
 def _date_machine(entry: Path) -> tuple[str, str]:

@@ -70,7 +70,7 @@ def test_each_trace_preset_fits_the_model_and_goes_to_its_own_results(trace, tmp
     from kvpool.bench.demo import Demo, DemoConfig
 
     args = run.parse_args(["--trace", trace])
-    assert (args.out_dir.name == "e2e_peers") == (trace == "demo")
+    assert args.out_dir.parent.name == "e2e_peers" and args.out_dir.name.endswith(f"-{trace}")
     config = DemoConfig(num_sessions=args.sessions, scale=args.scale, max_turns=args.max_turns,
                         sessions_file=args.sessions_file, sessions_scale=args.sessions_scale, workdir=tmp_path)
     sessions = Demo(config).sessions()
