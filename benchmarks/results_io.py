@@ -26,9 +26,10 @@ from pathlib import Path
 import registry
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent
-# DATE-MACHINE[-VARIANT]; a machine's GPU part is a letter and digits or four digits (h100, l4, 4090)
-DATED = re.compile(r"^(\d{4}-\d{2}-\d{2})-([0-9]+cpu-[a-z0-9]+(?:-(?:[a-z]\d{1,4}[a-z]?|\d{4}))?|unknown)(?:-(.+))?$")
-_GPU_WORDS = re.compile(r"\b([A-Z]?\d{2,4}[A-Z]?|[A-Z]\d{1,3}[a-z]?)\b")
+# DATE-MACHINE[-VARIANT]; a machine's GPU part is a GPU model (h100, a100, l40s, gb200, rtx4090)
+DATED = re.compile(r"^(\d{4}-\d{2}-\d{2})-([0-9]+cpu-[a-z0-9]+(?:-(?:[ahlbvtp]|gb|gh|rtx)\d{1,4}[a-z]?)?|unknown)"
+                   r"(?:-(.+))?$")
+_GPU_MODEL = re.compile(r"(?:[AHLBVTP]|GB|GH)\d{1,4}[A-Za-z]?")
 
 
 def results_root() -> Path:
@@ -81,11 +82,14 @@ def cpu_family(cpu_model: str) -> str:
 
 
 def gpu_short_name(gpu: str) -> str:
-    """`NVIDIA H100 80GB HBM3` -> `h100`; `NVIDIA GeForce RTX 4090` -> `4090`."""
-    for word in gpu.replace("NVIDIA", "").split():
-        if _GPU_WORDS.fullmatch(word):
+    """`NVIDIA H100 80GB HBM3` -> `h100`; `NVIDIA GeForce RTX 4090` -> `rtx4090`."""
+    words = gpu.replace("NVIDIA", "").split()
+    for i, word in enumerate(words):
+        if _GPU_MODEL.fullmatch(word):
             return word.lower()
-    return re.sub(r"[^a-z0-9]+", "", gpu.lower())[:12] or "gpu"
+        if word.isdigit() and i > 0 and words[i - 1].upper() == "RTX":
+            return f"rtx{word}"
+    return "gpu"
 
 
 def _cpu_model() -> str:
@@ -215,31 +219,67 @@ def _demote(markdown: str) -> str:
     return "\n".join("#" + line if line.startswith("#") else line for line in markdown.splitlines())
 
 
+_TIME_SUFFIX = re.compile(r"-\d{4}(?:-\d+)?$")  # several runs of one variant on one day: DATE-MACHINE[-VARIANT]-HHMM
+EMBED_AT_MOST = 4
+
+
+def _report_of(entry: Path) -> Path | None:
+    if entry.is_file():
+        return entry if entry.suffix == ".md" else None
+    for name in ("NOTES.md", "results.md", "README.md"):
+        if (entry / name).exists():
+            return entry / name
+    return next(iter(sorted(entry.glob("*.md"))), None)
+
+
+def _variant_base(entry: Path) -> str | None:
+    """The entry's variant without a time of day: `lazy-nixl` for ...-lazy-nixl-1435, None for ...-1407."""
+    variant = _variant(entry)
+    if variant is None:
+        return None
+    return _TIME_SUFFIX.sub("", "-" + variant).lstrip("-") or None
+
+
+def _newest_per_variant(entries: list[Path]) -> list[Path]:
+    """Of the newest date's reports, the last of each variant (a variant run twice that day: the later)."""
+    newest_date = _date_machine(entries[-1])[0]
+    latest: dict[str, Path] = {}
+    for entry in entries:
+        report = _report_of(entry)
+        if report is None or _date_machine(entry)[0] != newest_date:
+            continue
+        latest[_variant_base(entry) or ""] = entry  # entries are sorted: a later time replaces an earlier one
+    return list(latest.values())
+
+
 def refresh_latest(name: str, root: Path | None = None) -> Path:
     """Write results/NAME/LATEST.md from the folder's dated results; returns its path."""
     bench = registry.get(name)
     folder = (root or results_root()) / name
-    entries = dated_entries(folder)
+    entries = dated_entries(folder) if folder.is_dir() else []
     lines = [f"# {name}: latest results", "", f"{bench.description}.", "",
              f"Run: `benchmarks/run.py {name} --help` ({bench.kind}; `{bench.target}`). How the numbers are taken: "
              "[method](../../method.md); the machines: [machines](../../machines.md).", ""]  # fmt: skip
     if not entries:
         lines += ["No results yet."]
     else:
+        newest = _newest_per_variant(entries)
+        if len(newest) > EMBED_AT_MOST:  # many variants that day: show the plain run, link the rest
+            plain = [e for e in newest if _variant_base(e) is None]
+            shown = plain[-1:] or newest[-1:]
+        else:
+            shown = newest
         newest_date = _date_machine(entries[-1])[0]
-        newest = [e for e in entries if _date_machine(e)[0] == newest_date]
-        machines = sorted({_date_machine(e)[1] for e in newest})
+        machines = sorted({_date_machine(e)[1] for e in entries if _date_machine(e)[0] == newest_date})
         lines += [f"Newest: {newest_date} on {', '.join(f'`{m}`' for m in machines)}.", ""]
-        for entry in newest:
-            report = entry if entry.suffix == ".md" else None
-            if entry.is_dir():
-                report = next((entry / n for n in ("NOTES.md", "results.md", "README.md") if (entry / n).exists()), None)
-                if report is not None:
-                    lines += [f"## [{entry.name}/]({entry.name}/)", ""]
-            elif report is not None:
-                lines += [f"## [{entry.name}]({entry.name})", ""]
-            if report is not None:
-                lines += [_demote(report.read_text().strip()), ""]
+        for entry in shown:
+            report = _report_of(entry)
+            assert report is not None  # _newest_per_variant keeps entries with a report
+            link = str(report.relative_to(folder))
+            lines += [f"## [{link}]({link})", "", _demote(report.read_text().strip()), ""]
+        others = [e for e in newest if e not in shown]
+        if others:
+            lines += [f"Also on {newest_date}: " + ", ".join(f"[{e.name}]({e.name})" for e in others) + ".", ""]
         lines += ["## Every dated result", ""]
         for entry in reversed(entries):
             date, machine = _date_machine(entry)

@@ -46,6 +46,8 @@ def test_machine_name_has_cores_family_and_gpu():
     assert cpu_only.name == "2cpu-epyc"
     with_gpu = results_io.Machine("Intel(R) Xeon(R) Platinum 8480+", 16, 128.0, "6.8.0", "NVIDIA H100 80GB HBM3")
     assert with_gpu.name == "16cpu-xeon-h100"
+    assert results_io.gpu_short_name("NVIDIA GeForce RTX 4090") == "rtx4090"
+    assert results_io.gpu_short_name("NVIDIA L40S") == "l40s"
 
 
 def test_dated_names_split_machine_from_variant():
@@ -53,6 +55,7 @@ def test_dated_names_split_machine_from_variant():
     assert results_io.DATED.match("2026-12-07-2cpu-epyc-gemma3").groups() == ("2026-12-07", "2cpu-epyc", "gemma3")
     assert results_io.DATED.match("2026-12-07-16cpu-xeon-h100").groups() == ("2026-12-07", "16cpu-xeon-h100", None)
     assert results_io.DATED.match("2026-12-07-unknown-long").groups() == ("2026-12-07", "unknown", "long")
+    assert results_io.DATED.match("2026-12-07-2cpu-epyc-1407").groups() == ("2026-12-07", "2cpu-epyc", "1407")
     assert results_io.DATED.match("LATEST") is None
 
 
