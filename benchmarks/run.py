@@ -25,7 +25,8 @@ Options (before NAME):
 
 Kinds: micro (one component, no vLLM), system (master, nodes and vLLM on one machine), peers
 (kvpool beside other stores), e2e (serving fleets on a trace). Heavy benchmarks start many
-processes: run one at a time on a quiet machine (benchmarks/method.md).
+processes: run one at a time on a quiet machine (benchmarks/method.md). Two builds, or one build
+under two environments, side by side on any of them: benchmarks/ab.py.
 """
 
 

@@ -287,14 +287,6 @@ def median_range(values: list[float], digits: int = 3) -> str:
     return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f} - {max(values):.{digits}f}]"
 
 
-def emit(lines: list[str], out: Path | None) -> None:
-    """Print a report and, with `out`, write it there too."""
-    text = "\n".join(lines)
-    print(text)
-    if out:
-        out.write_text(text + "\n")
-
-
 def run_script(running: Running, script: Path, spec: dict, env: dict | None = None, timeout_s: float = 600.0) -> dict:
     """A benchmark's own client script (argv[1]: the spec as JSON; its last stdout line: JSON) in its
     own process on the peer's client host, unpinned; that JSON, or SystemExit with its stderr."""
