@@ -281,10 +281,14 @@ def refresh_latest(name: str, root: Path | None = None) -> Path:
         if others:
             lines += [f"Also on {newest_date}: " + ", ".join(f"[{e.name}]({e.name})" for e in others) + ".", ""]
         lines += ["## Every dated result", ""]
-        for entry in reversed(entries):
-            date, machine = _date_machine(entry)
-            link = entry.name + ("/" if entry.is_dir() else "")
-            lines.append(f"- [{link}]({link}) ({date}, `{machine}`)")
+        by_stem: dict[str, list[Path]] = {}
+        for entry in entries:
+            by_stem.setdefault(entry.name.split(".", 1)[0] if entry.is_file() else entry.name, []).append(entry)
+        for stem in sorted(by_stem, reverse=True):
+            links = ", ".join(f"[{e.suffix[1:] if e.is_file() else 'folder'}]({e.name}{'/' if e.is_dir() else ''})"
+                              for e in by_stem[stem])  # fmt: skip
+            date, machine = _date_machine(by_stem[stem][0])
+            lines.append(f"- {stem}: {links} ({date}, `{machine}`)")
     path = folder / "LATEST.md"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines).rstrip() + "\n")

@@ -72,7 +72,8 @@ def test_result_files_and_latest(tmp_path, monkeypatch):
     latest = results_io.refresh_latest("checksum").read_text()
     assert "| 1 MiB | 20 |" in latest and "## Checksums" in latest.replace("### Checksums", "## Checksums")
     assert "| a |" not in latest  # only the newest date's tables
-    assert f"[{files.md.name}]({files.md.name})" in latest and "[2026-01-02-2cpu-xeon.md]" in latest
+    assert f"[{files.md.name}]({files.md.name})" in latest  # the newest report, shown
+    assert "- 2026-01-02-2cpu-xeon: [md](2026-01-02-2cpu-xeon.md)" in latest  # every dated result, linked
     assert "../../method.md" in latest and "../../machines.md" in latest
 
 
