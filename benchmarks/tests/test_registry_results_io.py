@@ -80,8 +80,8 @@ def test_result_files_and_latest(tmp_path, monkeypatch):
 def test_run_lists_and_builds_commands():
     text = run.listing()
     assert all(b.name in text for b in registry.BENCHMARKS)
-    demo = run.command(registry.get("demo"), ["--help"])
-    assert demo[1:] == ["-m", "kvpool.cli", "demo", "--help"]
+    module = registry.Benchmark("cli_demo", "e2e", "-m kvpool.cli", "x", ("demo",))
+    assert run.command(module, ["--help"])[1:] == ["-m", "kvpool.cli", "demo", "--help"]
     checksum = run.command(registry.get("checksum"), ["--quick"])
     assert checksum[1:] == [str(BENCHMARKS_DIR / "checksum_bench.py"), "--quick"]
     assert run.main(["no_such_benchmark"]) == 2
