@@ -194,12 +194,13 @@ def dated_entries(folder: Path) -> list[Path]:
 
 
 def newest(name: str, variant: str | None = None, suffix: str = "") -> Path | None:
-    """The newest dated result of `name` with this variant (a run folder, or a file with `suffix`)."""
+    """The newest dated result of `name` with this variant (a run folder, or a file with `suffix`);
+    runs of one variant on one day told apart by a time of day count as that variant."""
     folder = results_root() / name
     if not folder.is_dir():
         return None
     found = [e for e in dated_entries(folder)
-             if (e.is_dir() if not suffix else e.name.endswith(suffix)) and _variant(e) == variant]  # fmt: skip
+             if (e.is_dir() if not suffix else e.name.endswith(suffix)) and _variant_base(e) == variant]  # fmt: skip
     return found[-1] if found else None
 
 
@@ -215,8 +216,12 @@ def _date_machine(entry: Path) -> tuple[str, str]:
 
 
 def _demote(markdown: str) -> str:
-    """A dated report's headings one level down, so LATEST.md keeps one title."""
-    return "\n".join("#" + line if line.startswith("#") else line for line in markdown.splitlines())
+    """A dated report's headings one level down (not `#` lines in code blocks): LATEST.md keeps one title."""
+    lines, in_code = [], False
+    for line in markdown.splitlines():
+        in_code ^= line.startswith("```")
+        lines.append("#" + line if line.startswith("#") and not in_code else line)
+    return "\n".join(lines)
 
 
 _TIME_SUFFIX = re.compile(r"-\d{4}(?:-\d+)?$")  # several runs of one variant on one day: DATE-MACHINE[-VARIANT]-HHMM

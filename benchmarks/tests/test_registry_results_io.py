@@ -85,3 +85,20 @@ def test_run_lists_and_builds_commands():
     checksum = run.command(registry.get("checksum"), ["--quick"])
     assert checksum[1:] == [str(BENCHMARKS_DIR / "checksum_bench.py"), "--quick"]
     assert run.main(["no_such_benchmark"]) == 2
+
+
+def test_newest_finds_a_variant_run_twice_a_day(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVPOOL_RESULTS_DIR", str(tmp_path))
+    for name in ("2026-12-01-2cpu-epyc-tail", "2026-12-03-2cpu-epyc-tail-0900", "2026-12-03-2cpu-epyc-tail-1400",
+                 "2026-12-04-2cpu-epyc-router"):
+        (tmp_path / "demo" / name).mkdir(parents=True)
+    assert results_io.newest("demo", "tail").name == "2026-12-03-2cpu-epyc-tail-1400"
+    assert results_io.newest("demo", "kv40") is None
+
+
+def test_latest_demotes_headings_but_not_code(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVPOOL_RESULTS_DIR", str(tmp_path))
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "2026-12-01-2cpu-epyc.md").write_text("# Store\n```\n# a shell comment\n```\n")
+    latest = results_io.refresh_latest("store").read_text()
+    assert "## Store" in latest and "\n# a shell comment\n" in latest
