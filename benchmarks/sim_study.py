@@ -115,7 +115,7 @@ def validation(quick: bool) -> tuple[dict, str]:
     for label, sessions, time_scale, measured_dir in (
         ("demo (synthetic codex, 8 x 10 turns, think x0.05)", demo_synth_sessions(), 0.05, "tail"),
         ("demo (Claude Code, 8 sessions x 10 turns, x1/32 tokens, no think)",
-         demo_file_sessions(claude_sessions(), 8, 10, 0.03125), 0.0, "claude_code"),
+         demo_file_sessions(claude_sessions(), 8, 10, 0.03125), 0.0, "claude-code"),
     ):
         measured_run = results_io.newest("demo", measured_dir)
         if measured_run is None:
