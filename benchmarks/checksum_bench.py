@@ -14,10 +14,10 @@ warm-up round is dropped), P50/P90 over rounds and per-round ratios against xxh3
 - GIL: whether a pure-Python thread keeps running while another hashes (1.0: the hash releases
   the GIL; ~0.5: the two threads take turns).
 
-    .venv/bin/python benchmarks/checksum_bench.py            # ~40 s
-    .venv/bin/python benchmarks/checksum_bench.py --quick    # ~15 s, fewer rounds
+    benchmarks/run.py checksum            # ~40 s
+    benchmarks/run.py checksum --quick    # ~15 s, fewer rounds
 
-Writes benchmarks/results/checksum_bench.{json,md,png}.
+Writes benchmarks/results/checksum/DATE-MACHINE.{json,md,png} and LATEST.md.
 """
 
 from __future__ import annotations
@@ -40,13 +40,14 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE.parent / "src"))  # a fresh clone runs without `pip install -e .`
+sys.path.insert(0, str(HERE))
 
 try:
     import google_crc32c
 except ImportError:  # a benchmark-only dependency: the pool itself uses xxhash alone
     sys.exit("checksum_bench needs google-crc32c: pip install google-crc32c==1.9.0")
+import results_io  # noqa: E402
 import xxhash  # noqa: E402
 
 from kvpool.client import checksum as shipped  # noqa: E402
@@ -563,12 +564,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Writes benchmarks/results/checksum_bench.{json,md,png} (the folder is created). "
+        epilog="Writes benchmarks/results/checksum/DATE-MACHINE.{json,md,png} and LATEST.md. "
         "Run it on a quiet machine: the load average at start and end is recorded.",
     )
     parser.add_argument("--quick", action="store_true", help="fewer rounds and a 128 MiB arena (~15 s), for a smoke run")
     parser.add_argument("--rounds", type=int, default=None, help="measured rounds per case (default 61, --quick 9)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "checksum_bench", help="output path without extension")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output path without extension (default: the dated results files)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (9 if args.quick else 61)
     if rounds < 1:
@@ -594,6 +596,10 @@ def main(argv: list[str] | None = None) -> None:
     result["duration_s"] = time.time() - started_at
     result["verdict"] = verdict(result)
 
+    refresh = args.out is None
+    if refresh:
+        files = results_io.result_files("checksum")
+        args.out = files.folder / files.stem
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     write_md(result, args.out.with_suffix(".md"))
@@ -601,6 +607,8 @@ def main(argv: list[str] | None = None) -> None:
     v = result["verdict"]
     print(f"chosen {v['chosen']} (measured faster: {v['faster_measured']}); cold 64 MiB GB/s {v['cold_64mib_gbps']}; "
           f"wrote {args.out.with_suffix('.md')} in {result['duration_s']:.0f} s")
+    if refresh:
+        results_io.refresh_latest("checksum")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
 """A/B of the client's pool-hit path between this checkout and another (no vLLM: just kvpool).
 
     git worktree add /tmp/base REV
-    .venv/bin/python benchmarks/client_ab_bench.py --baseline-src /tmp/base/src [--rounds 8]
+    benchmarks/run.py client_ab --baseline-src /tmp/base/src [--rounds 8]
 
 One `kvpool master` + `kvpool node` (this tree); a writer puts objects shaped like the connector's
 (the CPU layout: one region per block and layer); then reader processes of the two trees alternate
 (A B A B ...), each timing `get_into` of a connector-sized load (16 objects x 4 layers, the 2K-token
 pool hit of connector_ttft_bench) and a `lookup_prefix`, bytes verified. Reports medians and the
 ratio per round pair, so a change's cost on the hot path is seen without vLLM's noise.
-Writes benchmarks/results/client_ab.{json,md}.
+Writes benchmarks/results/client_ab/DATE-MACHINE.{json,md} and LATEST.md.
 """
 
 from __future__ import annotations
@@ -82,9 +82,13 @@ def main() -> int:
     parser.add_argument("--baseline-src", type=Path, required=True, help="the other checkout's src/")
     parser.add_argument("--rounds", type=int, default=8, help="A/B reader pairs (default 8)")
     parser.add_argument("--reps", type=int, default=50, help="loads per reader process (default 50)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output path without extension (default: benchmarks/results/client_ab/DATE-MACHINE)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import results_io
+
     from kvpool.bench import procs
 
     this, base = ROOT / "src", args.baseline_src.resolve()
@@ -115,10 +119,13 @@ def main() -> int:
         result[key] = {"this_us": [round(x * 1e6, 1) for x in a], "baseline_us": [round(x * 1e6, 1) for x in b],
                        "ratio": round(ratio, 3)}  # fmt: skip
         lines.append(f"| {label} | {statistics.median(a) * 1e6:.0f} | {statistics.median(b) * 1e6:.0f} | {ratio:.3f} |")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "client_ab.json").write_text(json.dumps(result, indent=1))
-    (args.out / "client_ab.md").write_text("\n".join(lines) + "\n")
+    out = args.out or results_io.result_files("client_ab").prefix
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(result, indent=1))
+    Path(f"{out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    if args.out is None:
+        results_io.refresh_latest("client_ab")
     return 0
 
 

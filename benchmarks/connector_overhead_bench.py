@@ -7,9 +7,9 @@ the tiny seeded Llama. One request at a time, streamed; per prompt length and re
 - other server: B gets the same prompt + 50 tokens (pool hit with the connector, recompute without);
 - local hit: B again, + 60 tokens;
 - decode: A, a local hit + 32 decoded tokens (end-to-end shows the per-step cost).
-Writes benchmarks/results/connector_overhead.{json,md}.
+Writes benchmarks/results/connector_overhead/DATE-MACHINE.{json,md} and LATEST.md.
 
-    .venv/bin/python benchmarks/connector_overhead_bench.py [--reps 3] [--lengths 2000 6000]
+    benchmarks/run.py connector_overhead [--reps 3] [--lengths 2000 6000]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import os
 import platform
 import random
 import statistics
+import sys
 import tempfile
 import time
 import urllib.request
@@ -29,6 +30,9 @@ from pathlib import Path
 from kvpool.bench import procs
 from kvpool.bench.demo import CONNECTOR
 from kvpool.bench.tiny_model import TinyLlamaConfig, write_tiny_llama
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results_io  # noqa: E402
 
 CASES = ("prefill (A computes)", "other server (B: pool hit / recompute)", "local hit (B)",
          "32-token decode after local hit (A)")  # fmt: skip
@@ -106,7 +110,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3, help="repetitions per prompt length")
     ap.add_argument("--lengths", type=int, nargs="+", default=[2000, 6000], help="prompt lengths in tokens")
-    ap.add_argument("--output-dir", type=Path, default=Path("benchmarks/results"), help="where results go")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output path without extension (default: benchmarks/results/connector_overhead/DATE-MACHINE)")
     args = ap.parse_args()
     rows: list[dict] = []
     load_start = os.getloadavg()[0]
@@ -115,10 +120,13 @@ def main() -> None:
         for mode in ("none", "pool"):
             run_mode(mode, Path(tmp), model, args.lengths, args.reps, rows)
     load = (load_start, os.getloadavg()[0])
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "connector_overhead.json").write_text(json.dumps({"load_average_1m": load, "rows": rows}, indent=1))
-    (args.output_dir / "connector_overhead.md").write_text(markdown(rows, load, args.lengths))
+    out = args.out or results_io.result_files("connector_overhead").prefix
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps({"load_average_1m": load, "rows": rows}, indent=1))
+    Path(f"{out}.md").write_text(markdown(rows, load, args.lengths))
     print(markdown(rows, load, args.lengths))
+    if args.out is None:
+        results_io.refresh_latest("connector_overhead")
 
 
 if __name__ == "__main__":

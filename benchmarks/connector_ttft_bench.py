@@ -13,15 +13,16 @@ node` on this machine:
   reader_sync, interleaved (A B A B, --checksum-pairs), to measure what verifying costs a pool hit.
 TTFT = wall time of `generate(max_tokens=1)` for one prompt. Every process first serves a warm-up
 prompt of each length (excluded). Prompts are random token ids, different in every repetition.
-Writes benchmarks/results/connector_ttft.{json,md,png}.
+Writes benchmarks/results/connector_ttft/DATE-MACHINE.{json,md,png} and LATEST.md.
 
 With `--model gemma3 | nemotron_h | qwen3_next` (kvpool.bench.tiny_hybrid, bf16) vLLM keeps its
 hybrid KV cache manager on: the readers load asynchronously (how vLLM takes a failed load of a
 hybrid model), and the writers' pool bytes per token are reported by KV-cache group kind, beside
 a full-attention twin of the same width where the model has one. Writes
-benchmarks/results/connector_ttft_hybrid/DATE-NCPUcpu-MODEL.{json,md,png}.
+benchmarks/results/connector_ttft_hybrid/DATE-MACHINE-MODEL.{json,md,png} and LATEST.md.
 
-    .venv/bin/python benchmarks/connector_ttft_bench.py [--lengths 2048 8192] [--reps 5] [--model M]
+    benchmarks/run.py connector_ttft [--lengths 2048 8192] [--reps 5]
+    benchmarks/run.py connector_ttft_hybrid --model gemma3 [--lengths 2048 8192] [--reps 5]
 """
 
 from __future__ import annotations
@@ -155,7 +156,8 @@ def main() -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192], help="prompt lengths in tokens")
     parser.add_argument("--reps", type=int, default=7, help="prompts per length and case (default 7)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="results folder (default results/, or results/connector_ttft_hybrid/ for a hybrid model)")
+                        help="output path without extension (default: benchmarks/results/connector_ttft/DATE-MACHINE, "
+                             "or connector_ttft_hybrid/DATE-MACHINE-MODEL for a hybrid model)")
     parser.add_argument("--checksum-pairs", type=int, default=2,
                         help="interleaved reader_sync runs with and without checksum verification (default 2)")
     parser.add_argument("--baseline-src", type=Path, default=None,
@@ -169,8 +171,13 @@ def main() -> int:
     if args.child:
         child(*args.child)
         return 0
-    if args.out is None:
-        args.out = Path(__file__).parent / "results" / ("" if args.model == "llama" else "connector_ttft_hybrid")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import results_io
+
+    bench_name = "connector_ttft" if args.model == "llama" else "connector_ttft_hybrid"
+    refresh = args.out is None
+    if refresh:
+        args.out = results_io.result_files(bench_name, None if args.model == "llama" else args.model).prefix
 
     from rich.progress import Progress
 
@@ -256,13 +263,13 @@ def main() -> int:
     if hybrid:
         result["pool_bytes_per_token"] = {run: raw[run].get("pool_bytes_per_token", {})
                                           for run in ("writer", "writer_full_attention_twin") if run in raw}
-    args.out.mkdir(parents=True, exist_ok=True)
-    # a hybrid model's results: results/connector_ttft_hybrid/DATE-NCPUcpu-MODEL.* (--out to move them)
-    stem = "connector_ttft" if not hybrid else f"{time.strftime('%Y-%m-%d')}-{os.cpu_count()}cpu-{args.model}"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    write_markdown(result, args.lengths, args.out / f"{stem}.md")
-    plot(result, args.lengths, args.out / f"{stem}.png")
-    print((args.out / f"{stem}.md").read_text())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{args.out}.json").write_text(json.dumps(result, indent=1))
+    write_markdown(result, args.lengths, Path(f"{args.out}.md"))
+    plot(result, args.lengths, Path(f"{args.out}.png"))
+    print(Path(f"{args.out}.md").read_text())
+    if refresh:
+        results_io.refresh_latest(bench_name)
     return 0
 
 

@@ -18,7 +18,9 @@ the promotions a disk-tier pool starts (a second lookup after the node's reads),
 missed. Hit rate = prompt blocks served from the pool / prompt blocks. TTFT is modelled from the
 measured rates (DRAM copy, disk read) and an assumed prefill rate, and is labelled so.
 
-    python benchmarks/disk_tier_bench.py [--quick] [--out benchmarks/results/disk_tier]
+    benchmarks/run.py disk_tier [--quick] [--out PREFIX]
+
+Writes benchmarks/results/disk_tier/DATE-MACHINE.{json,md} (`--quick`: DATE-MACHINE-quick) and LATEST.md.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import platform
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections import deque
@@ -46,6 +49,9 @@ from kvpool.core import protocol as p
 from kvpool.master import MasterConfig, MasterCore
 from kvpool.node.disk_store import DiskStore
 from kvpool.workload.synth import SynthConfig, synth_sessions
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results_io  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 console = Console()
@@ -319,7 +325,8 @@ def modelled_ttft(per_turn, block_tokens: int, object_bytes: int, prefill_tps: f
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=None, help="where to put the disk files (default: a temp dir on /var/tmp)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/disk_tier"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output path without extension (default: benchmarks/results/disk_tier/DATE-MACHINE)")
     parser.add_argument("--quick", action="store_true", help="small sizes, one round (a smoke run)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sessions", type=int, default=48)
@@ -328,7 +335,9 @@ def main() -> int:
     args = parser.parse_args()
     directory = args.dir or Path(tempfile.mkdtemp(prefix="kvpool-disk-bench-", dir="/var/tmp"))
     directory.mkdir(parents=True, exist_ok=True)
-    args.out.mkdir(parents=True, exist_ok=True)
+    refresh = args.out is None
+    args.out = args.out or results_io.result_files("disk_tier", "quick" if args.quick else None).prefix
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     result: dict = {"machine": machine(directory), "directory": str(directory)}
     fio_state = ensure_fio()
     result["fio"] = fio_state or "not available: fio rows left out"
@@ -369,10 +378,11 @@ def main() -> int:
             run.update({"label": label, "dram_bytes": dram, "disk_bytes": disk})
             result["replay"]["runs"].append(run)
             console.print(label, {k: run[k] for k in ("hit_rate", "dram_hit_rate", "disk_hit_rate", "ttft_modelled")})
-    name = "quick" if args.quick else "results"
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{name}.md").write_text(report(result))
-    console.print(f"wrote {args.out / name}.json and .md")
+    Path(f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n")
+    Path(f"{args.out}.md").write_text(report(result))
+    console.print(f"wrote {args.out}.json and .md")
+    if refresh:
+        results_io.refresh_latest("disk_tier")
     if args.dir is None:
         shutil.rmtree(directory, ignore_errors=True)
     return 0
@@ -383,7 +393,7 @@ def report(r: dict) -> str:
     lines = ["# Disk tier benchmark", "",
              f"Machine: {m['host']}, {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}; "
              f"files on {m['filesystem']}; block devices: `{m['block_devices']}`; load at start {m['loadavg_at_start']} "
-             "(a VM shared with other agents' work: figures are medians of interleaved rounds). "
+             "(a shared VM: figures are medians of interleaved rounds). "
              f"fio: {r['fio']}{' (' + r['fio_version'] + ')' if 'fio_version' in r else ''}.", "",
              "## Bandwidth (MB/s, medians)", ""]
     rows = r["bandwidth"]

@@ -5,7 +5,8 @@ verified, bandwidth against the machine's pinned host-to-device copy.
     python benchmarks/gpu_check.py --out DIR            # on a GPU machine (well inside 10 minutes)
     python benchmarks/gpu_check.py --device cpu --out DIR   # the same flow on CPU tensors (a dry run)
 
-What it measures (results.json + results.md in DIR):
+What it measures (results.json + results.md in DIR; without --out,
+benchmarks/results/gpu_check/DATE-MACHINE.{json,md} and LATEST.md):
 - save and load GB/s of 64-block objects (8B-class geometry: 32 layers, 8 KV heads x 128, bf16,
   16-token blocks, FlashAttention's [2, num_blocks, 16, 8, 128] layout: 4096 regions of 32 KiB per
   object), through the client and the connector's device code, against one plain pinned-host-to-
@@ -17,7 +18,7 @@ What it measures (results.json + results.md in DIR):
 - whether a load overlaps a concurrent matmul stream: matmul TFLOP/s alone and during the load.
 
 The GPU machine has no vLLM, NIXL, pyzmq or msgspec and no network: carry pyzmq and msgspec wheels
-(and nixl + nixl-cu13 if they fit) in `.whl/`, see /work/.library/device/README.md. Nothing here
+(and nixl + nixl-cu13 if they fit) in `.whl/`, see benchmarks/gpu_wheels.sh. Nothing here
 imports vLLM: `kvpool.connector.device` is the connector's device code on its own.
 """
 
@@ -314,7 +315,8 @@ def main() -> int:
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument("--geometry", choices=sorted(GEOMETRIES), default=None,
                         help="KV geometry (default: 8b on a GPU, tiny on CPU)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_check")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for results.{json,md} (default: benchmarks/results/gpu_check/DATE-MACHINE.*)")
     parser.add_argument("--timeout-s", type=float, default=240.0, help="per child process")
     parser.add_argument("--role", choices=["writer", "reader"], help=argparse.SUPPRESS)
     parser.add_argument("--master", help=argparse.SUPPRESS)
@@ -364,9 +366,19 @@ def main() -> int:
 
         summary["gpu"] = torch.cuda.get_device_name()
     summary["wall_s"] = round(time.time() - started, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(summary, indent=2))
-    (args.out / "results.md").write_text(markdown(summary, summary.get("gpu", "CPU (dry run)")))
+    if args.out is not None:
+        json_path, md_path = args.out / "results.json", args.out / "results.md"
+    else:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import results_io
+
+        files = results_io.result_files("gpu_check", None if args.device == "cuda" else "dry-run")
+        json_path, md_path = files.json, files.md
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(summary, indent=2))
+    md_path.write_text(markdown(summary, summary.get("gpu", "CPU (dry run)")))
+    if args.out is None:
+        results_io.refresh_latest("gpu_check")
     print(json.dumps(summary, indent=2))
     wrong = sum(r.get("objects_x_layers_wrong", 0) for r in reads.values())
     return 1 if wrong or any("error" in r for k, r in reads.items() if k == "auto") else 0

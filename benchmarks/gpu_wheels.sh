@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Wheels that benchmarks/gpu_check.py needs on the lent GPU machine (Python 3.12, torch + CUDA 13,
-# no network, no pyzmq/msgspec/NIXL), into .whl/ (git-ignored). The tree that travels there is
-# capped at 64 MiB, and nixl-cu13 is 56 MiB: its wheel is repacked without `nixl_ep_cu13` (NIXL's
+# Wheels that benchmarks/gpu_check.py needs on a GPU machine without network (Python 3.12, torch +
+# CUDA 13, no pyzmq/msgspec/NIXL), into .whl/ (git-ignored). Keep the copied tree small (64 MiB):
+# nixl-cu13 is 56 MiB: its wheel is repacked without `nixl_ep_cu13` (NIXL's
 # expert-parallel kernels for three torch versions, 94 MB unpacked, never imported by kvpool) and
 # UCX's perftest library, which makes it 28 MiB.
 #
 #   bash benchmarks/gpu_wheels.sh
-#   then, on the device (run tool, carry [".whl"]):
+#   then, on the GPU machine (with .whl/ copied there):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
 #     && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 && python3 benchmarks/gpu_check.py --out $OUT
 set -euo pipefail

@@ -1,6 +1,6 @@
 """What an idle pool costs the machine: CPU of a `kvpool master` and a `kvpool node` doing nothing.
 
-    .venv/bin/python benchmarks/idle_cpu_bench.py [--seconds 20] [--rounds 3] [--delays-us 1000,10000,100000]
+    benchmarks/run.py idle_cpu [--seconds 20] [--rounds 3] [--delays-us 1000,10000,100000]
 
 An embedded node (the connector's `pool_memory_bytes`) runs inside a vLLM server and inherits its
 pinning to the forward's core, so every idle wake-up of the node is taken from the model. Per
@@ -8,14 +8,14 @@ round and per NIXL progress-thread fallback period (KVPOOL_NIXL_PROGRESS_DELAY_U
 nixlio.py), this starts a master and a node with a 64 MiB segment, lets it settle, then reads each
 process's CPU seconds (utime + stime, /proc) over `--seconds` of idleness, per thread. The
 periods alternate within a round, the order reversed every round. Results go to
-benchmarks/results/idle_cpu.{json,md}: median over rounds of the share of one core.
+benchmarks/results/idle_cpu/DATE-MACHINE.{json,md} (and LATEST.md): median over rounds of the share
+of one core.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
@@ -25,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import results_io  # noqa: E402
 from e2e_peers import cpu_time  # noqa: E402
 from kvpool.bench import procs  # noqa: E402
 from kvpool.transfer.config import PROGRESS_DELAY_ENV  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def measure(delay_us: int, seconds: float, workdir: Path) -> dict:
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--delays-us", default="1000,10000,100000",
                     help="NIXL progress-thread fallback periods to compare, microseconds")
-    ap.add_argument("--output-dir", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output path without extension (default: benchmarks/results/idle_cpu/DATE-MACHINE)")
     args = ap.parse_args(argv)
     delays = [int(d) for d in args.delays_us.split(",") if d.strip()]
     runs = []
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {k + 1} delay {delay} us: node {100 * run['share_of_core']['node']:.2f} % of a core, "
                       f"master {100 * run['share_of_core']['master']:.2f} %", flush=True)  # fmt: skip
     lines = ["# An idle pool's CPU (benchmarks/idle_cpu_bench.py)", "",
-             f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()} ({os.cpu_count()} CPUs, "
+             f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {results_io.this_machine().describe()} ("
              f"Python {platform.python_version()}); a master and a node (64 MiB) idle for {args.seconds:.0f} s per "
              f"run, {args.rounds} rounds, periods alternating. Median over rounds, % of one core.", "",
              "| NIXL progress fallback period | node | master |", "|---|---|---|"]  # fmt: skip
@@ -79,10 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         node = statistics.median(r["share_of_core"]["node"] for r in mine)
         master = statistics.median(r["share_of_core"]["master"] for r in mine)
         lines.append(f"| {delay / 1000:g} ms | {100 * node:.2f} % | {100 * master:.2f} % |")
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "idle_cpu.md").write_text("\n".join(lines) + "\n")
-    (args.output_dir / "idle_cpu.json").write_text(json.dumps(runs, indent=1))
+    out = args.out or results_io.result_files("idle_cpu").prefix
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.md").write_text("\n".join(lines) + "\n")
+    Path(f"{out}.json").write_text(json.dumps(runs, indent=1))
     print("\n".join(lines))
+    if args.out is None:
+        results_io.refresh_latest("idle_cpu")
     return 0
 
 

@@ -15,7 +15,10 @@ Client-visible round trips over ZMQ/TCP on 127.0.0.1, each variant decoding what
 Also, per version in a child process: the master alone (request decode + MasterCore.handle + reply
 encode, no sockets), and index memory per object (tracemalloc). And master RSS per object.
 
-    .venv/bin/python benchmarks/lease_lookup_bench.py --baseline-src scratch/lease_baseline/src
+    git worktree add /tmp/lease-baseline REV
+    benchmarks/run.py lease_lookup --baseline-src /tmp/lease-baseline/src
+
+Writes benchmarks/results/lease_lookup/DATE-MACHINE.{json,md} and LATEST.md.
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ import numpy as np
 import zmq
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
-MARK_BEGIN = "<!-- lease_lookup_bench: begin -->"
-MARK_END = "<!-- lease_lookup_bench: end -->"
+sys.path.insert(0, str(HERE))
+import results_io  # noqa: E402
+
 OBJECT_BYTES = 64 * 1024
 SEGMENT_BYTES = 1 << 46
 PUT_BATCH = 1000
@@ -239,7 +242,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per batch size")
     parser.add_argument("--seconds", type=float, default=1.0, help="duration of one measurement")
     parser.add_argument("--batches", default="1000,10000", help="keys per lookup, comma-separated")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output path without extension (default: benchmarks/results/lease_lookup/DATE-MACHINE)")
     parser.add_argument("--inproc-worker", nargs=3, metavar=("OBJECTS", "BATCH", "SECONDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inproc_worker:
@@ -310,18 +314,18 @@ def main() -> None:
     results["rss_bytes_per_object"] = memory
     results["lookups"] = [{"batch": b, "variant": v, "keys_per_s": rows[(b, v)]} for b in batches for v in variants]
     results["inproc"] = inproc
-    write(results, args.out, batches, variants)
+    write(results, args.out or results_io.result_files("lease_lookup").prefix, batches, variants)
+    if args.out is None:
+        results_io.refresh_latest("lease_lookup")
 
 
 def write(results: dict, out: Path, batches: list[int], variants: list[str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "lease_lookup_bench.json").write_text(json.dumps(results, indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(results, indent=2))
     by = {(r["batch"], r["variant"]): r["keys_per_s"] for r in results["lookups"]}
     med = statistics.median
     lines = [
-        MARK_BEGIN,
-        "",
-        f"## Compact leased lookups and lease release ({results['date']}, `benchmarks/lease_lookup_bench.py`)",
+        f"# Compact leased lookups and lease release ({results['date']}, `benchmarks/lease_lookup_bench.py`)",
         "",
         f"Before = commit {results['baseline_commit'] or '(see JSON)'} (one Replica struct per hit); after = packed "
         "int64 triples in one bytes field + lease id. Both masters ran at once with "
@@ -359,15 +363,8 @@ def write(results: dict, out: Path, batches: list[int], variants: list[str]) -> 
         "builds per-hit Replica lists as Client.get_into does; `after+release-rt` adds a synchronous "
         "ReleaseLeases round trip per lookup; `after+release-ff` sends it without waiting (the client's "
         "choice), the reply being dropped by the next call.",
-        "",
-        MARK_END,
     ]
-    md = out / "master_bench.md"
-    text = md.read_text() if md.exists() else ""
-    if MARK_BEGIN in text:  # a rerun replaces its own section only
-        head, _, rest = text.partition(MARK_BEGIN)
-        text = head + rest.partition(MARK_END)[2].lstrip("\n")
-    md.write_text(text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
+    Path(f"{out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -6,9 +6,9 @@ Measures, in one run:
 - single-key lookup round-trip latency P50/P90/P99/max (the client's MasterChannel, as used);
 - master memory per object at N objects: RSS delta of the master process, and tracemalloc of the
   same index built in-process (MasterCore, no sockets).
-Warm-up calls are excluded. Writes benchmarks/results/master_bench.{json,md,png}.
+Warm-up calls are excluded. Writes benchmarks/results/master/DATE-MACHINE.{json,md,png} and LATEST.md.
 
-    .venv/bin/python benchmarks/master_bench.py [--objects 1000000] [--out benchmarks/results]
+    benchmarks/run.py master [--objects 1000000] [--out PREFIX]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import os
 import platform
 import subprocess
 import tempfile
+import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -31,6 +32,9 @@ from kvpool.bench import procs
 from kvpool.core import protocol as p
 from kvpool.master import MasterConfig, MasterCore
 from kvpool.rpc.zmq_channel import MasterChannel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results_io  # noqa: E402
 
 OBJECT_BYTES = 64 * 1024
 SEGMENT_BYTES = 1 << 46  # metadata only: the master never touches this memory
@@ -160,8 +164,8 @@ def machine() -> dict:
 
 
 def write_report(results: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "master_bench.json").write_text(json.dumps(results, indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(results, indent=2))
     lines = [
         "# Master benchmark",
         "",
@@ -213,12 +217,8 @@ def write_report(results: dict, out: Path) -> None:
         "replica), and the figures are client-visible round trips (the client here decodes the reply but",
         "does not unpack the locations). Time the master alone by driving `MasterCore.handle` in-process.",
     ]
-    md = out / "master_bench.md"
-    # sections appended by other benchmarks (lease_lookup_bench.py) are kept
-    kept = md.read_text().partition("<!-- lease_lookup_bench: begin -->") if md.exists() else ("", "", "")
-    tail = ("\n" + kept[1] + kept[2]) if kept[1] else ""
-    md.write_text("\n".join(lines) + "\n" + tail)
-    plot(results, out / "master_bench.png")
+    Path(f"{out}.md").write_text("\n".join(lines) + "\n")
+    plot(results, Path(f"{out}.png"))
 
 
 def plot(results: dict, path: Path) -> None:
@@ -256,7 +256,8 @@ def main() -> None:
     parser.add_argument("--tracemalloc-objects", type=int, default=200_000, help="objects for the in-process measure")
     parser.add_argument("--seconds", type=float, default=2.0, help="duration of each batch-lookup measurement")
     parser.add_argument("--single", type=int, default=5000, help="single-key lookups timed per mode")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output path without extension (default: benchmarks/results/master/DATE-MACHINE)")
     args = parser.parse_args()
 
     load_before = os.getloadavg()[0]
@@ -315,8 +316,10 @@ def main() -> None:
             ["master memory per object (RSS)", "< 500 bytes", f"{rss_per_object:.0f} bytes"],
         ],
     }
-    write_report(results, args.out)
+    write_report(results, args.out or results_io.result_files("master").prefix)
     print(json.dumps(results["goals"], indent=1))
+    if args.out is None:
+        results_io.refresh_latest("master")
 
 
 if __name__ == "__main__":

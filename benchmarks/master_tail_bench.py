@@ -1,8 +1,10 @@
-"""The master's tail on a full pool: how long each call holds its one thread (issue 14).
+"""The master's tail on a full pool: how long each call holds its one thread.
 
-    .venv/bin/python benchmarks/master_tail_bench.py [--base REV] [--rounds 4] [--loops 20000] \
+    benchmarks/run.py master_tail [--base REV] [--rounds 4] [--loops 20000] \
         [--pool-mib 1024] [--object-kib 256] [--segments 1] [--modes saturated,idle,idle+freeze] \
-        [--out benchmarks/results/master_tail] [--name master_tail]
+        [--variant NAME] [--out PREFIX]
+
+Writes benchmarks/results/master_tail/DATE-MACHINE[-VARIANT].{json,md} and LATEST.md.
 
 Every client of a pool waits on the master's one thread, so one slow call (a batch of evictions,
 the timed work) delays every request queued behind it. This drives `MasterCore` in-process (no
@@ -184,9 +186,10 @@ def main() -> None:
     parser.add_argument("--modes", default="saturated,idle,idle+freeze",
                         help="how the working tree runs, of saturated, idle, idle+freeze (default all three); "
                              "the base runs in the first")
-    parser.add_argument("--name", default="master_tail", help="the report's file name (default master_tail)")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "master_tail",
-                        help="where NAME.{md,json} go")
+    parser.add_argument("--variant", default=None,
+                        help="names this configuration in the file name (e.g. 256k, segments16)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output path without extension (default: benchmarks/results/master_tail/DATE-MACHINE[-VARIANT])")
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     from rich.progress import Progress
@@ -208,14 +211,19 @@ def main() -> None:
                 for name in order if r % 2 == 0 else order[::-1]:
                     runs[name].append(measure(builds[name][0], args, builds[name][1]))
                     progress.advance(task)
-    args.out.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import results_io
+
+    out = args.out or results_io.result_files("master_tail", args.variant).prefix
+    out.parent.mkdir(parents=True, exist_ok=True)
     text = report(runs, args.base, args, started)
-    (args.out / f"{args.name}.md").write_text(text)
-    (args.out / f"{args.name}.json").write_text(json.dumps({"started": started, "loops": args.loops,
-                                                            "pool_mib": args.pool_mib, "object_kib": args.object_kib,
-                                                            "segments": args.segments, "modes": args.modes,
-                                                            "runs": runs}, indent=1))
+    Path(f"{out}.md").write_text(text)
+    summary = {"started": started, "loops": args.loops, "pool_mib": args.pool_mib, "object_kib": args.object_kib,
+               "segments": args.segments, "modes": args.modes, "runs": runs}
+    Path(f"{out}.json").write_text(json.dumps(summary, indent=1))
     print(text)
+    if args.out is None:
+        results_io.refresh_latest("master_tail")
 
 
 if __name__ == "__main__":

@@ -18,10 +18,10 @@ For each N (`--sizes`), a fresh `kvpool master` and two `kvpool node` processes 
 Goal: >= 99 % of committed objects served again within 10 s of the restart at 100K objects, and 0
 wrong bytes at every size.
 
-    .venv/bin/python benchmarks/recovery_bench.py              # 10K, 100K, 1M objects (~5 min)
-    .venv/bin/python benchmarks/recovery_bench.py --quick      # 10K only (~30 s)
+    benchmarks/run.py recovery              # 10K, 100K, 1M objects (~5 min)
+    benchmarks/run.py recovery --quick      # 10K only (~30 s)
 
-Writes benchmarks/results/recovery_bench.{json,md,png}. Ctrl-C stops every process it started.
+Writes benchmarks/results/recovery/DATE-MACHINE.{json,md,png} and LATEST.md. Ctrl-C stops every process it started.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ sys.path.insert(0, str(SRC))  # a fresh clone runs without `pip install -e .`
 # the services are started as `python -m kvpool`: they need to find the package too
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p)
 
+import results_io  # noqa: E402
 from kvpool.bench import procs  # noqa: E402
 from kvpool.client import PUT_ALLOCATED, Client  # noqa: E402
 from kvpool.core.errors import KVPoolError  # noqa: E402
@@ -60,7 +61,6 @@ GOAL_OBJECTS = 100_000
 GOAL_SERVED = 0.99
 GOAL_WITHIN_S = 10.0
 NUM_NODES = 2
-NOTES_BEGIN = "<!-- recovery_bench notes: begin -->"
 _ANNOUNCED = re.compile(r"announced (\d+) objects to the master \((\d+) rejected\) in ([\d.]+) s")
 
 
@@ -441,8 +441,8 @@ def reading(results: dict) -> list[str]:
 
 
 def write_report(results: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "recovery_bench.json").write_text(json.dumps(results, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(results, indent=1))
     m, cfg, runs = results["machine"], results["config"], results["runs"]
     lines = [
         "# Recovery benchmark: master SIGKILL and restart",
@@ -517,19 +517,14 @@ def write_report(results: dict, out: Path) -> None:
     ]
     for name, cell in rows:
         lines.append(f"| {name} | " + " | ".join(cell(r) for r in runs) + " |")
-    lines += ["", "![recovery](recovery_bench.png)", "", "## Reading", "", *reading(results), ""]
+    lines += ["", f"![recovery]({out.name}.png)", "", "## Reading", "", *reading(results), ""]
     warned = [(r["objects"], name, w) for r in runs for name, ws in r["warnings"].items() for w in ws]
     if warned:
         lines += ["## Warnings in the service logs", "", "```"]
         lines += [f"N={n:,} {name}: {w[:220]}" for n, name, w in warned[:40]]
         lines += ["```", ""]
-    md = out / "recovery_bench.md"
-    # a hand-written diagnosis between these markers survives a rerun (it names the run it is about)
-    kept = md.read_text().partition(NOTES_BEGIN) if md.exists() else ("", "", "")
-    if kept[1]:
-        lines += [kept[1] + kept[2].rstrip("\n"), ""]
-    md.write_text("\n".join(lines))
-    plot(results, out / "recovery_bench.png")
+    Path(f"{out}.md").write_text("\n".join(lines))
+    plot(results, Path(f"{out}.png"))
 
 
 def plot(results: dict, path: Path) -> None:
@@ -596,7 +591,8 @@ def main() -> None:
     parser.add_argument("--recovery-timeout-s", type=float, default=120.0,
                         help="stop polling this long after the restart whatever happened")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample")
-    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output path without extension (default: benchmarks/results/recovery/DATE-MACHINE)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="scratch folder for ready files and service logs; None: a new temporary one")
     parser.add_argument("--keep-workdir", action="store_true", help="keep the scratch folder (logs) afterwards")
@@ -641,12 +637,15 @@ def main() -> None:
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "runs": runs,
     }
-    write_report(results, args.out)
+    out = args.out or results_io.result_files("recovery").prefix
+    write_report(results, out)
+    if args.out is None:
+        results_io.refresh_latest("recovery")
     if args.keep_workdir or args.workdir is not None:
         print(f"service logs kept in {workdir}")
     else:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"wrote {args.out / 'recovery_bench.md'}")
+    print(f"wrote {out}.md")
 
 
 if __name__ == "__main__":

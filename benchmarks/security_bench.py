@@ -1,7 +1,8 @@
-"""What authentication costs, and what a flooding client costs the others (issue 16).
+"""What authentication costs, and what a flooding client costs the others.
 
-    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/security_bench.py [--rounds 5] [--quick]
-        [--out-dir benchmarks/results/security]
+    benchmarks/run.py security [--rounds 5] [--quick] [--out PREFIX]
+
+Writes benchmarks/results/security/DATE-MACHINE.{json,md,png} and LATEST.md.
 
 Two pools run side by side, each a `kvpool master` + one 256 MiB `kvpool node` on 127.0.0.1: one
 `--insecure`, one `--auth DIR` (CURVE on the control plane, a tenant identity for the client). In
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import subprocess
@@ -39,6 +39,9 @@ from kvpool.core import protocol as p
 from kvpool.core.errors import RateLimitedError
 from kvpool.rpc.zmq_channel import MasterChannel
 from kvpool.rpc.credentials import AuthDir, resolve_credential
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results_io  # noqa: E402
 
 MiB = 1 << 20
 NODE_MEMORY = "256MiB"
@@ -196,7 +199,8 @@ def main() -> int:
     parser.add_argument("--flood-s", type=float, default=8.0, help="how long the flooder runs per flood figure")
     parser.add_argument("--echo-batches", type=int, default=40, help="200-call batches per side of the CURVE echo")
     parser.add_argument("--quick", action="store_true", help="1 round, fewer calls (a smoke run)")
-    parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/results/security"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output path without extension (default: benchmarks/results/security/DATE-MACHINE)")
     parser.add_argument("--flood", metavar="ADDR", help=argparse.SUPPRESS)
     parser.add_argument("--credential", help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=5.0, help=argparse.SUPPRESS)
@@ -239,24 +243,27 @@ def main() -> int:
             node.stop(grace_s=5.0)
             master.stop(grace_s=5.0)
     echo = curve_echo(args)
-    report(rounds, echo, args)
+    out = args.out or results_io.result_files("security").prefix
+    report(rounds, echo, args, out)
+    if args.out is None:
+        results_io.refresh_latest("security")
     return 0
 
 
-def report(rounds: list[dict], echo: dict, args) -> None:
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+def report(rounds: list[dict], echo: dict, args, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
     med = lambda name, key: statistics.median(r[name][key] for r in rounds)  # noqa: E731
     ratio = lambda key: sorted(r["auth"][key] / r["insecure"][key] for r in rounds)  # noqa: E731
-    machine = f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}"
+    machine = f"{results_io.this_machine().describe()}, {platform.platform()}"
     lines = [
         "# Security: cost of CURVE authentication, and a flood's cost to a polite client",
         "",
-        f"Machine: {machine}. Load: whatever else ran on it (a shared 2-core VM; other agents' work).",
+        f"Machine: {machine}. Load: whatever else ran on it (a shared VM).",
         f"`benchmarks/security_bench.py` ({args.rounds} rounds, {args.lookups} lookups per figure, {args.objects} x 1 MiB "
         "objects per bandwidth figure; medians over rounds; ratio = auth / insecure per round, median [min-max]).",
         "",
         "insecure: plain ZMQ (the same transport as CURVE, so the ratio is what authentication and encryption",
-        "cost); insecure + lane: the plain TCP lane an insecure master offers for round trips (issue 14), which an",
+        "cost); insecure + lane: the plain TCP lane an insecure master offers for round trips, which an",
         "authenticated master does not offer.",
         "",
         "| figure | insecure | insecure + lane | CURVE auth | ratio auth / insecure |",
@@ -278,10 +285,10 @@ def report(rounds: list[dict], echo: dict, args) -> None:
                         ("flood_auth_tight", "auth, --rate-limit-keys-per-s 20000")]:
         lines.append(f"| {label} | {med(name, 'p50_us'):.0f} | {med(name, 'p99_us'):.0f} | {med(name, 'max_us'):.0f} | "
                      f"{med(name, 'answered'):.0f} | {med(name, 'limited'):.0f} |")
-    (args.out_dir / "security.md").write_text("\n".join(lines) + "\n")
-    (args.out_dir / "security.json").write_text(json.dumps({"machine": machine, "rounds": rounds, "curve_echo": echo},
+    Path(f"{out}.md").write_text("\n".join(lines) + "\n")
+    Path(f"{out}.json").write_text(json.dumps({"machine": machine, "rounds": rounds, "curve_echo": echo},
                                                            indent=1))
-    plot(rounds, args.out_dir / "security.png")
+    plot(rounds, Path(f"{out}.png"))
     print("\n".join(lines))
 
 

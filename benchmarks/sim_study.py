@@ -1,7 +1,8 @@
 """The fleet simulator's study: validation, the reference's reproduction, 60-GPU scaling, eviction
-and routing. Writes benchmarks/results/sim/sim_study.{md,json} and plots; runs from a fresh clone.
+and routing. Writes benchmarks/results/sim_study/DATE-MACHINE[-quick]/ (sim_study.{md,json} and
+plots) and LATEST.md; runs from a fresh clone.
 
-    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/sim_study.py [--quick] [--only SECTION ...]
+    benchmarks/run.py sim_study [--quick] [--only SECTION ...]
 
 Sections: validation (unbounded hit rate == `kvpool trace analyze`; the demo's measured P50 TTFT and
 hit rate vs simulated, CPU preset), reproduction (12 GB200-class GPUs, seed scale-out trace,
@@ -29,6 +30,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
+import results_io  # noqa: E402
+
 from kvpool.sim.eviction_study import access_log, replay, unique_blocks  # noqa: E402
 from kvpool.sim.fleet import simulate  # noqa: E402
 from kvpool.sim.metrics import summarize  # noqa: E402
@@ -41,7 +44,7 @@ from kvpool.workload.analysis import analyze  # noqa: E402
 from kvpool.workload.formats import expand_inputs, load_trace  # noqa: E402
 from kvpool.workload.synth import SynthConfig, synth_sessions  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "results" / "sim"
+OUT = Path()  # this run's folder, set by main() (results_io names it)
 CLAUDE = ROOT / "tests" / "data" / "traces" / "claude-code"
 REFERENCE = {"throughput": 3.8, "ttft_p50": 46.0, "e2e_p50": 8.6, "hit_without": 0.017, "hit_with": 0.922,
              "tok_s_gpu_without": 2012, "tok_s_gpu_with": 7669, "ttft_p50_without_s": 82.93, "ttft_p50_with_s": 1.80,
@@ -110,11 +113,14 @@ def validation(quick: bool) -> tuple[dict, str]:
     # (b) the demo, measured vs simulated
     demos = []
     for label, sessions, time_scale, measured_dir in (
-        ("demo (synthetic codex, 8 x 10 turns, think x0.05)", demo_synth_sessions(), 0.05, "demo_tail"),
+        ("demo (synthetic codex, 8 x 10 turns, think x0.05)", demo_synth_sessions(), 0.05, "tail"),
         ("demo (Claude Code, 8 sessions x 10 turns, x1/32 tokens, no think)",
-         demo_file_sessions(claude_sessions(), 8, 10, 0.03125), 0.0, "demo_claude_code"),
+         demo_file_sessions(claude_sessions(), 8, 10, 0.03125), 0.0, "claude-code"),
     ):
-        measured = json.loads((ROOT / "benchmarks" / "results" / measured_dir / "demo_summary.json").read_text())["runs"]
+        measured_run = results_io.newest("demo", measured_dir)
+        if measured_run is None:
+            raise FileNotFoundError(f"no measured demo run `{measured_dir}` under {results_io.results_root() / 'demo'}")
+        measured = json.loads((measured_run / "demo_summary.json").read_text())["runs"]
         for run_name, pool in (("baseline", False), ("pool", True)):
             config = replace(demo_fleet(pool), time_scale=time_scale)
             _, summary, _ = run(config, sessions, f"{measured_dir} {run_name}")
@@ -126,7 +132,7 @@ def validation(quick: bool) -> tuple[dict, str]:
                                         "e2e_p50_s": summary.e2e_p50_s, "throughput_tok_s": summary.throughput_tok_s}})
     out["demo"] = demos
     md += ["The demo's configurations simulated with the CPU preset (calibrated by benchmarks/sim_calibrate_cpu.py, "
-           "see cpu_calibration.md), against the measured results committed under benchmarks/results/demo_*/ "
+           "see benchmarks/results/sim_calibrate_cpu/), against the measured results committed under benchmarks/results/demo/ "
            "(goal: P50 TTFT and hit rate within 25 %):", "",
            "| trace | run | P50 TTFT measured | simulated | off by | hit rate measured | simulated | off by | "
            "P50 e2e measured | simulated | throughput measured | simulated |", "|" + "---|" * 12]
@@ -343,6 +349,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sizes and capacities (a smoke run)")
     parser.add_argument("--only", nargs="*", default=None, help="sections: validation reproduction scaling eviction routing ours")
     args = parser.parse_args()
+    global OUT
+    OUT = results_io.result_files("sim_study", "quick" if args.quick else None).run_folder
     OUT.mkdir(parents=True, exist_ok=True)
     want = set(args.only or ["validation", "reproduction", "scaling", "eviction", "routing", "ours", "performance"])
     started = time.perf_counter()
@@ -384,6 +392,7 @@ def main() -> int:
         report["performance"] = data
         parts.append(md)
     write(report, parts, args.quick, started)
+    results_io.refresh_latest("sim_study")
     return 0
 
 
@@ -391,7 +400,7 @@ def write(report: dict, parts: list[str], quick: bool, started: float) -> None:
     """Write what is done so far (a section at a time: an interrupted run keeps its finished sections)."""
     report["machine_at_end"] = machine()
     report["wall_s"] = time.perf_counter() - started
-    name = "sim_study_quick" if quick else "sim_study"
+    name = "sim_study"
     (OUT / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
     head = [f"# Fleet simulator study ({report['machine_at_start']['date']})", "",
             f"Generated by `benchmarks/sim_study.py` at commit {report['machine_at_start']['commit']} on "

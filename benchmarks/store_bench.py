@@ -1,6 +1,6 @@
 """Store benchmark: the pool through kvpool.Client, across processes, against memcpy.
 
-    .venv/bin/python benchmarks/store_bench.py [--quick] [--out-dir benchmarks/results]
+    benchmarks/run.py store [--quick] [--out PREFIX]
 
 Starts a `kvpool master` and storage nodes (separate processes), then client processes (this script
 in `worker` mode) that measure, each on both data-plane paths (shm: mapped same-host segment;
@@ -11,7 +11,7 @@ nixl: UCX one-sided transfers):
 - a single-key lookup round trip (P50/P90/P99) and batch lookup keys/s,
 and, in the same run, numpy memcpy for the same object sizes (the local limit).
 Warm-up passes are excluded; each figure is the median of `--repeats` passes. Writes
-store_bench.json, store_bench.md (naming the machine) and store_bench.png to --out-dir.
+benchmarks/results/store/DATE-MACHINE.{json,md,png} (the .md names the machine) and LATEST.md.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results_io  # noqa: E402
 
 KiB, MiB = 1024, 1024 * 1024
 SIZES = [64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB]
@@ -244,9 +247,9 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     return results
 
 
-def write_report(results: dict, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "store_bench.json").write_text(json.dumps(results, indent=2))
+def write_report(results: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(results, indent=2))
     m = results["machine"]
     paths = [p for p in PATHS if p in results]
     sizes = results["config"]["sizes"]
@@ -309,9 +312,9 @@ def write_report(results: dict, out_dir: Path) -> None:
     for p in paths:
         lk = results[p]["lookup"]
         lines.append(f"| {p} | {lk['p50_us']:.0f} / {lk['p90_us']:.0f} / {lk['p99_us']:.0f} | {lk['batch1000_keys_per_s']:,.0f} |")
-    lines += ["", "## Goals", ""] + goals(results) + ["", "Plot: `store_bench.png`. Script: `benchmarks/store_bench.py`.", ""]
-    (out_dir / "store_bench.md").write_text("\n".join(lines))
-    plot(results, out_dir / "store_bench.png")
+    lines += ["", "## Goals", ""] + goals(results) + ["", f"Plot: `{out.name}.png`. Script: `benchmarks/store_bench.py`.", ""]
+    Path(f"{out}.md").write_text("\n".join(lines))
+    plot(results, Path(f"{out}.png"))
 
 
 def goals(results: dict) -> list[str]:
@@ -365,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker(json.loads(argv[1]))))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results",
-                        help="where store_bench.{json,md,png} are written (default: benchmarks/results)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output path without extension (default: benchmarks/results/store/DATE-MACHINE)")
     parser.add_argument("--quick", action="store_true", help="3 sizes, 16 MiB per pass: a smoke run in ~1 minute")
     parser.add_argument("--repeats", type=int, default=3, help="measured passes per figure, after one warm-up (default: 3)")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=PATHS, help="data-plane paths to measure (default: both)")
@@ -378,10 +381,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1 or args.duration_s <= 0 or min(args.concurrency) < 1:
         parser.error("--repeats, --duration-s and --concurrency must be positive")
     results = run_benchmark(args)
-    results["config"]["out_dir"] = str(args.out_dir)
+    refresh = args.out is None
+    out = args.out or results_io.result_files("store").prefix
+    results["config"]["out"] = str(out)
     results["machine"]["load_avg_at_end"] = os.getloadavg()
-    write_report(results, args.out_dir)
-    print((args.out_dir / "store_bench.md").read_text())
+    write_report(results, out)
+    print(Path(f"{out}.md").read_text())
+    if refresh:
+        results_io.refresh_latest("store")
     return 0
 
 

@@ -9,7 +9,7 @@ with many 64 KiB scatter-gather regions, and NIXL with prepped descriptor lists 
 Each cell: `--repeats` rounds over a `--round-mib` working set (larger than the caches), the first
 round a warm-up and left out; GB/s is the median over rounds, latencies are per call.
 
-    .venv/bin/python benchmarks/transfer_bench.py            # writes benchmarks/results/transfer_*
+    benchmarks/run.py transfer    # writes benchmarks/results/transfer/DATE-MACHINE.{json,md,png}, LATEST.md
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ from rich.progress import Progress
 from kvpool.transfer import DataPlane
 from kvpool.transfer.hosting import read_segment_info
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results_io  # noqa: E402
+
 SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
-RESULTS = Path(__file__).parent / "results"
 
 
 def machine() -> dict:
@@ -245,10 +247,13 @@ def main() -> int:
     parser.add_argument("--round-mib", type=int, default=128, help="bytes moved per round, per cell (MiB)")
     parser.add_argument("--repeats", type=int, default=6, help="rounds per cell; the first is a warm-up")
     parser.add_argument("--segment-mib", type=int, default=512, help="served segment size (MiB)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "transfer_bench", help="results path prefix")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results path prefix (default: benchmarks/results/transfer/DATE-MACHINE)")
     parser.add_argument("--report-only", action="store_true", help="rewrite .md and .png from the .json")
     args = parser.parse_args()
     if args.report_only:
+        if args.out is None:
+            parser.error("--report-only needs --out PREFIX (the .json to rewrite from)")
         results = json.loads(Path(f"{args.out}.json").read_text())
         write_markdown(results, Path(f"{args.out}.md"))
         write_plot(results, Path(f"{args.out}.png"))
@@ -294,11 +299,15 @@ def main() -> int:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     results["machine"]["load_avg_at_end"] = os.getloadavg()
+    refresh = args.out is None
+    args.out = args.out or results_io.result_files("transfer").prefix
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(results, indent=1))
     write_markdown(results, Path(f"{args.out}.md"))
     write_plot(results, Path(f"{args.out}.png"))
     print(Path(f"{args.out}.md").read_text())
+    if refresh:
+        results_io.refresh_latest("transfer")
     return 0
 
 

@@ -1,1 +1,1 @@
-"""End to end against LMCache on the demo's agent workload (issue 15); `run.py` is the command."""
+"""End to end against LMCache on the demo's agent workload; `run.py` is the command."""

@@ -1,5 +1,5 @@
 """What hit rate a pool of the e2e benchmark's size can reach on its trace: eviction policies and
-the master's watermarks, replayed by the simulator on the trace's own access order (issue 15).
+the master's watermarks, replayed by the simulator on the trace's own access order.
 
 The e2e goal says "hit rate within 1 point of the potential", and the potential is an unbounded
 cache's. On a trace larger than the pool no policy reaches it; this says how close each can get:
@@ -14,7 +14,10 @@ cache's. On a trace larger than the pool no policy reaches it; this says how clo
   run, are not modelled.
 Deterministic: the machine's load does not change the figures. Seconds to run.
 
-    .venv/bin/python benchmarks/e2e_peers/capacity_bound.py --trace long
+    benchmarks/run.py e2e_capacity_bound --trace long
+
+Writes benchmarks/results/e2e_capacity_bound/DATE-MACHINE-TRACE.{json,md} and LATEST.md (with
+--out-dir DIR: DIR/capacity_bound.{json,md}).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import results_io  # noqa: E402
 from e2e_peers.run import demo_config, parse_args  # noqa: E402
 from kvpool.bench.demo import Demo  # noqa: E402
 from kvpool.sim.eviction_study import ON_DEMAND, access_log, replay, unique_blocks  # noqa: E402
@@ -47,6 +51,7 @@ ROWS = (
 
 
 def main(argv: list[str] | None = None) -> int:
+    explicit_out = "--out-dir" in (sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     sessions = Demo(demo_config(args), status=lambda _m: None).sessions()
     # the access order only: local KV big enough for any prompt, the pool unbounded
@@ -63,9 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     out = {"trace": args.trace, "sessions": len(sessions), "turns": sum(len(s.turns) for s in sessions),
            "blocks_written": blocks, "capacity_blocks": capacity, "block_bytes": block_bytes,
            "pool_mib": SERVERS * args.extra_mib / 2**20, "potential": potential, "rows": rows}
-    out_dir = args.out_dir  # run.py's: OUT/<trace> for a preset other than demo
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "capacity_bound.json").write_text(json.dumps(out, indent=1))
+    prefix = (args.out_dir / "capacity_bound" if explicit_out
+              else results_io.result_files("e2e_capacity_bound", args.trace).prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{prefix}.json").write_text(json.dumps(out, indent=1))
     md = [f"# Pool hit rate the e2e `{args.trace}` trace allows at the benchmark's pool size",
           "", f"Made by `benchmarks/e2e_peers/capacity_bound.py --trace {args.trace}` (its docstring: the method). "
           f"{out['sessions']} sessions, {out['turns']} turns, {blocks:,} distinct blocks of {BLOCK_TOKENS} tokens "
@@ -73,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
           f"({capacity / blocks:.0%} of them). Potential (unbounded shared cache, in whole {BLOCK_TOKENS}-token blocks): {potential:.1%}.", "",
           "| policy | pool hit rate | below the potential |", "|---|---|---|"]
     md += [f"| {r['label']} | {r['hit_rate']:.1%} | {(potential - r['hit_rate']) * 100:.1f} pt |" for r in rows]
-    (out_dir / "capacity_bound.md").write_text("\n".join(md) + "\n")
+    Path(f"{prefix}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
+    if not explicit_out:
+        results_io.refresh_latest("e2e_capacity_bound")
     return 0
 
 

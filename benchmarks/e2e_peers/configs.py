@@ -264,7 +264,7 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
               backend="shm", policy="cache_aware", engine_share=0.5),
     Kvpool("kvpool_rr", "kvpool, round-robin"),
     Kvpool("kvpool_cache_aware", "kvpool, cache_aware router", policy="cache_aware"),
-    # stop 30: 0.2 ms became the connector's default; this row keeps Python's 5 ms (switch-interval-stop30/)
+    # the connector's default switch interval is 0.2 ms; this row keeps Python's 5 ms (results/e2e_peers/*-switch-interval/)
     Kvpool("kvpool_cache_aware_switch5ms", "kvpool, cache_aware router, Python's own GIL switch interval (5 ms)",
            policy="cache_aware", connector_options=(("switch_interval_s", 0.0),)),
     Kvpool("kvpool_cache_aware_half_kv", "kvpool, cache_aware router, half the memory as local KV", policy="cache_aware",

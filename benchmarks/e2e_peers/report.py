@@ -77,7 +77,7 @@ def ratio_rows(runs: list[RunRecord]) -> list[tuple[str, ...]]:
     return out
 
 
-# issue 15's goal, against the LMCache configuration best on each metric: (metric, needed ratio, words)
+# the goal, against the LMCache configuration best on each metric: (metric, needed ratio, words)
 GOALS = (("ttft_p50", 1.3, "P50 TTFT >= 1.3x lower"), ("throughput", 1.3, "throughput >= 1.3x higher"),
          ("ttft_p99", 1.0, "P99 TTFT no worse"))  # fmt: skip
 
@@ -161,7 +161,7 @@ def markdown(saved: list[dict], runs: list[RunRecord], settings: dict | list, co
     machine = saved[0].get("machine_at_start") or {}
     ratio_body = ratio_rows(runs)
     lines = [
-        f"# kvpool vs LMCache vs plain vLLM, end to end on the {_trace_name(settings)} trace (issue 15)", "",
+        f"# kvpool vs LMCache vs plain vLLM, end to end on the {_trace_name(settings)} trace", "",
         "Made by `benchmarks/e2e_peers/run.py` (its docstring has the method). Every figure is a median over "
         "rounds with the min-max in brackets; rounds interleave the configurations (order rotated each round).",
         "", f"Trace: {saved[0].get('trace', 'n/a')}.", "",
@@ -178,7 +178,7 @@ def markdown(saved: list[dict], runs: list[RunRecord], settings: dict | list, co
         lines += _md_table(RATIO_COLUMNS, ratio_body) + [""]
         goals = goal_lines(runs)
         if goals:
-            lines += ["Goal (issue 15), kvpool with the cache_aware router against the LMCache configuration "
+            lines += ["Goal: kvpool with the cache_aware router against the LMCache configuration "
                       "that is best on each metric:", "", *goals, ""]  # fmt: skip
     else:
         lines += ["No ratios: no usable run of kvpool or of any LMCache configuration.", ""]

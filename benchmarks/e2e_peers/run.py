@@ -1,7 +1,10 @@
-"""kvpool end to end against LMCache and plain vLLM on the demo's agent workload (issue 15).
+"""kvpool end to end against LMCache and plain vLLM on the demo's agent workload.
 
-    .venv/bin/python benchmarks/e2e_peers/run.py [--rounds 3] [--configs NAME,...] \\
-        [--lock /tmp/kvpool-heavy.lock] [--resume] [--out-dir benchmarks/results/e2e_peers]
+    benchmarks/run.py e2e_peers [--trace demo|long|claude-code] [--rounds 3] [--configs NAME,...] \\
+        [--resume] [--out-dir DIR]
+
+Results: a folder benchmarks/results/e2e_peers/DATE-MACHINE-TRACE/ (runs/*.json, summary.json,
+results.md, e2e_peers.png) and LATEST.md. Run it alone on the machine.
 
 See `--help` for what each configuration is. Method:
 - The same trace (the demo's synthesized Codex-like sessions, or --sessions-file), the same model
@@ -20,7 +23,6 @@ See `--help` for what each configuration is. Method:
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import resource
 import signal
@@ -34,6 +36,7 @@ from rich.console import Console  # noqa: E402
 
 from e2e_peers import breakdown, cpu_time, lmcache_env, profile, report, tails  # noqa: E402
 from e2e_peers.aggregate import RunRecord  # noqa: E402
+import results_io  # noqa: E402
 from e2e_peers.configs import CONFIGS, LMCACHE_CONFIGS, PeerUnavailable, Setup, find_redis_server  # noqa: E402
 from kvpool.bench import procs, reports  # noqa: E402
 from kvpool.bench.cli import replay_with_progress  # noqa: E402
@@ -43,7 +46,7 @@ from kvpool.bench.replay import ReplayConfig  # noqa: E402
 DEFAULT_WORKDIR = Path.home() / ".cache" / "kvpool" / "e2e-peers" / "work"
 QUICK = {"num_sessions": 1, "max_turns": 4, "scale": 0.05, "time_scale": 0.0}
 REPO = Path(__file__).resolve().parents[2]
-# --trace presets: settings a trace needs unless given on the command line; results under OUT/<trace>/
+# --trace presets: settings a trace needs unless given on the command line; results in a folder named after it
 TRACES = {
     "demo": {},  # the demo's own: 12 Codex-like sessions x 12 turns, scale 0.25; the pool holds it all
     # longer contexts (up to 19.5K tokens, 1.4 M input tokens; 20480 still fits the 48 MiB of local
@@ -89,8 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"configurations to run, from {', '.join(CONFIGS)}")
     p.add_argument("--trace", choices=tuple(TRACES), default="demo",
                    help="a preset trace: demo (the demo's), long (longer contexts, a pool smaller than the "
-                        "trace: eviction matters), claude-code (the shared Claude Code traces, scaled); its "
-                        "results go to OUT/<trace>/ unless demo; explicit options override the preset")
+                        "trace: eviction matters), claude-code (the shared Claude Code traces, scaled); the "
+                        "results folder is named after it; explicit options override the preset")
     p.add_argument("--rounds", type=int, default=3, help="runs per configuration (one per round)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 1 session x 4 short turns, 1 round")
     p.add_argument("--sessions", type=int, default=d.num_sessions, help="sessions in the synthesized trace")
@@ -106,17 +109,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--extra-mib", type=_mib, default=d.pool_bytes_per_server, metavar="MIB",
                    help="extra memory per server, given to each configuration its own way")
     p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="vLLM --max-model-len")
-    p.add_argument("--out-dir", type=Path, default=Path("benchmarks/results/e2e_peers"),
-                   help="results: runs/*.json (one per run), summary.json, results.md, e2e_peers.png")
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="results: runs/*.json (one per run), summary.json, results.md, e2e_peers.png (default: "
+                        "benchmarks/results/e2e_peers/DATE-MACHINE-TRACE/; with --resume or --report-only the "
+                        "newest such folder of the trace)")
     p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="model, logs and scratch files")
     p.add_argument("--lmcache-venv", type=Path, default=lmcache_env.DEFAULT_DIR, help="LMCache's own venv")
     p.add_argument("--no-install", action="store_true", help="do not make LMCache's venv; skip LMCache if missing")
     p.add_argument("--resume", action="store_true", help="keep the runs already under OUT/runs/ and do the rest")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from OUT/runs/; run nothing")
-    p.add_argument("--lock", type=Path, default=None,
-                   help="take this flock around runs, released between runs once held --max-hold-min "
-                        "(do not also wrap the command in flock on the same file: it would wait for itself)")
-    p.add_argument("--max-hold-min", type=float, default=20.0, help="with --lock: release it after this long")
     p.add_argument("--stop-after-min", type=float, default=None,
                    help="start no new run after this many minutes (the report covers what finished)")
     p.add_argument("--load-note", default="", help="what else ran on the machine, for the report")
@@ -126,8 +127,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     preset = TRACES[p.parse_known_args(argv)[0].trace]
     p.set_defaults(**{("sessions" if k == "num_sessions" else k): v for k, v in preset.items()})
     args = p.parse_args(argv)
-    if args.trace != "demo" and args.out_dir == Path("benchmarks/results/e2e_peers"):
-        args.out_dir = args.out_dir / args.trace
+    if args.out_dir is None:
+        earlier = results_io.newest("e2e_peers", args.trace) if args.resume or args.report_only else None
+        args.out_dir = earlier or results_io.result_files("e2e_peers", args.trace).run_folder
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
     if args.quick:
@@ -135,36 +137,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for key, value in QUICK.items():
             setattr(args, {"num_sessions": "sessions"}.get(key, key), value)
     return args
-
-
-class HeavyLock:
-    """An flock held across consecutive runs, given back before a run that would end past `max_hold_s`
-    of holding (judged by the previous run's length), so others interleave."""
-
-    def __init__(self, path: Path | None, max_hold_s: float, status) -> None:
-        self.path, self.max_hold_s, self.status = path, max_hold_s, status
-        self._file = None
-        self._since = 0.0
-
-    def before_run(self, expected_s: float = 0.0) -> None:
-        if self.path is None:
-            return
-        if self._file is not None and time.monotonic() - self._since + expected_s > self.max_hold_s:
-            self.release()
-            time.sleep(5.0)  # let a waiting job take it
-        if self._file is None:
-            self.status(f"waiting for {self.path}")
-            self._file = open(self.path, "a")
-            fcntl.flock(self._file, fcntl.LOCK_EX)
-            self._since = time.monotonic()
-            self.status(f"holding {self.path}")
-
-    def release(self) -> None:
-        if self._file is not None:
-            fcntl.flock(self._file, fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
-            self.status(f"released {self.path} after {time.monotonic() - self._since:.0f} s")
 
 
 def schedule(configs: tuple[str, ...], rounds: int) -> list[tuple[int, str]]:
@@ -283,12 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     code = reports.code_version()
-    lock = HeavyLock(args.lock, args.max_hold_min * 60, lambda m: console.print(f"[dim]{m}[/]"))
     t0 = time.monotonic()
     try:
         sessions, setup = prepare(args, console)
         plan = schedule(args.configs, args.rounds)
-        last_run_s = 0.0
         console.print(f"trace: {_trace_info(sessions)}; {len(plan)} runs ({args.rounds} rounds x {len(args.configs)} "
                       f"configurations); workdir {args.workdir}; results {out_dir}")  # fmt: skip
         for i, (k, name) in enumerate(plan):
@@ -298,8 +268,6 @@ def main(argv: list[str] | None = None) -> int:
             if args.stop_after_min is not None and time.monotonic() - t0 > args.stop_after_min * 60:
                 console.print(f"[yellow]--stop-after-min reached: {len(plan) - i} runs not started[/]")
                 break
-            lock.before_run(expected_s=last_run_s)
-            started = time.monotonic()
             console.print(f"[bold][{i + 1}/{len(plan)}] round {k + 1}: {CONFIGS[name].label}[/]")
             workdir = args.workdir / f"r{k}-{name}"
             outcome = run_one(name, k, setup, sessions, args, workdir, console)
@@ -308,7 +276,6 @@ def main(argv: list[str] | None = None) -> int:
                 console.print("[red]interrupted: this run is not saved[/]")
                 raise KeyboardInterrupt
             reports.write_json(path, outcome)
-            last_run_s = time.monotonic() - started
             _print_outcome(console, outcome)
     except KeyboardInterrupt:
         console.print("[red]interrupted: every process stopped; finished runs are kept (--resume continues)[/]")
@@ -316,7 +283,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         procs.stop_all()
-        lock.release()
     return _write_report(args, console)
 
 
@@ -337,6 +303,8 @@ def _write_report(args: argparse.Namespace, console: Console) -> int:
                          code=codes[0] if len(codes) == 1 else codes, load_note=args.load_note)  # fmt: skip
     console.print(report.console_table(runs))
     console.print(f"results: {', '.join(str(p) for p in paths)}")
+    if args.out_dir.parent == results_io.results_root() / "e2e_peers":
+        results_io.refresh_latest("e2e_peers")
     return 0
 
 

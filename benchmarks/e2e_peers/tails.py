@@ -7,9 +7,11 @@ on that server, and the router, believing the server lightly loaded, may send it
 writes OUT/tails.md: per configuration, how many requests were surprises, how many of the slowest
 10 % were, and the slowest requests of each run.
 
-    .venv/bin/python benchmarks/e2e_peers/tails.py --out-dir benchmarks/results/e2e_peers/quiet-long-wm \\
+An analysis of one e2e_peers run folder (not a benchmark of its own): it writes into that folder.
+
+    python benchmarks/e2e_peers/tails.py --out-dir benchmarks/results/e2e_peers/DATE-MACHINE-TRACE \\
         --attach ~/.cache/kvpool/e2e-peers/work   # runs saved before run.py kept routes
-    .venv/bin/python benchmarks/e2e_peers/tails.py --out-dir ... --report
+    python benchmarks/e2e_peers/tails.py --out-dir ... --report
 """
 
 from __future__ import annotations

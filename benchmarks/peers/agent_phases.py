@@ -1,6 +1,6 @@
-"""The 4-client agent loop on one host, phase by phase, with the client's populate chunk varied (issue 14).
+"""The 4-client agent loop on one host, phase by phase, with the client's populate chunk varied.
 
-    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/agent_phases.py \
+    benchmarks/run.py agent_phases \
         [--chunks-kib 2048,256] [--rounds 3] [--loops 300] [--calls] [--out FILE]
 
 Per round and chunk size (interleaved, order as given): a fresh `kvpool master` and `kvpool node`
@@ -30,6 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from kvpool.bench import procs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import results_io  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -142,7 +145,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--loops", type=int, default=300, help="loops per client (default 300)")
     ap.add_argument("--calls", action="store_true", help="also time the calls inside clients and master (see above)")
-    ap.add_argument("--out", type=Path, default=None, help="write the runs and the summary here")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write the summary here (default: benchmarks/results/agent_phases/DATE-MACHINE.md, "
+                         "the runs beside it as .json)")
     args = ap.parse_args()
     chunks = [int(c) << 10 for c in args.chunks_kib.split(",")]
     runs: dict[int, list[dict]] = {c: [] for c in chunks}
@@ -170,9 +175,9 @@ def main() -> None:
             cells.append(f"{np.median(ratios):.2f} [{min(ratios):.2f} - {max(ratios):.2f}]")
         lines.append(f"| {metric} | " + " | ".join(cells) + " |")
     print("\n".join(lines))
-    if args.out:
-        calls = "\n\n" + "\n".join(call_lines) if call_lines else ""
-        args.out.write_text(json.dumps({str(c): v for c, v in runs.items()}, indent=1) + "\n\n" + "\n".join(lines) + calls + "\n")
+    calls = "\n\n" + "\n".join(call_lines) if call_lines else ""
+    md = results_io.publish("agent_phases", "\n".join(lines) + calls + "\n", args.out)
+    md.with_suffix(".json").write_text(json.dumps({str(c): v for c, v in runs.items()}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

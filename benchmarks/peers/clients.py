@@ -48,7 +48,7 @@ def aligned_zeros(nbytes: int) -> np.ndarray:
     buffers are (a torch tensor is 64-byte aligned at least, a pinned or mapped KV cache
     page-aligned) and what Mooncake IPC's own pool gives; numpy's large arrays sit 16 bytes past a
     page boundary (malloc's header), where glibc copies 64 KiB regions at half speed (fixes.md 38,
-    40). Since stop 42 every store without memory of its own gets this."""
+    40). Every store without memory of its own gets this."""
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
 
 

@@ -1,6 +1,6 @@
-"""A bare Python TCP ping-pong across two harness hosts, with both ends on one vCPU or on two (issue 14).
+"""A bare Python TCP ping-pong across two harness hosts, with both ends on one vCPU or on two.
 
-    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/echo_placement.py [--rounds 2] [--out FILE]
+    benchmarks/run.py echo_placement [--rounds 2] [--out FILE]
 
 Why: the single-key lookup round trip of every peer (kvpool's master, Mooncake's, Redis) swung by
 up to 2x between runs of `run.py` on the 2-core VM. A round trip is two wake-ups; where the two
@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 from kvpool.bench import hosts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import results_io  # noqa: E402
 
 SERVER = r'''
 import socket, sys, zmq
@@ -68,7 +71,8 @@ PLACEMENTS = (("one vCPU", "0", "0"), ("two vCPUs", "0", "1"))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=None, help="also write the table here")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write the table here (default: benchmarks/results/echo_placement/DATE-MACHINE.md)")
     args = ap.parse_args()
     if (os.cpu_count() or 1) < 2:
         sys.exit("needs two CPUs")
@@ -97,8 +101,7 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f} at the end", "",
         "| round | server loop | placement | P50 us | P99 us |", "|---|---|---|---|---|", *rows, ""])  # fmt: skip
     print(text)
-    if args.out is not None:
-        args.out.write_text(text)
+    results_io.publish("echo_placement", text, args.out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""Where a plain `get` / `put` of one value spends its time, phase by phase, across hosts (issue 14).
+"""Where a plain `get` / `put` of one value spends its time, phase by phase, across hosts.
 
-    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/plain_phases.py \
+    benchmarks/run.py plain_phases \
         [--size-kib 1024] [--count 200] [--out FILE]
 
 Starts the peers benchmark's `kvpool-nixl` peer (master, node and client on three hosts of the
@@ -26,7 +26,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from kvpool.bench import hosts  # noqa: E402
-from servers import HOSTS, PEERS, client_script, emit, run_script  # noqa: E402
+from servers import HOSTS, PEERS, client_script, run_script  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import results_io  # noqa: E402
 
 CLIENT = r'''
 import collections, json, sys, time
@@ -100,7 +103,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-kib", type=int, default=1024)
     ap.add_argument("--count", type=int, default=192, help="values put and got per pass, a multiple of 16 (default 192)")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write the table here (default: benchmarks/results/plain_phases/DATE-MACHINE.md)")
     args = ap.parse_args()
     import numpy as np
 
@@ -117,7 +121,8 @@ def main() -> None:
     for name, samples in [*out["calls"].items(), *sorted(out["phases"].items())]:
         us = np.array(samples) * 1e6
         lines.append(f"| {name} | {len(us)} | {np.percentile(us, 50):.0f} | {np.percentile(us, 90):.0f} |")
-    emit(lines, args.out)
+    print("\n".join(lines))
+    results_io.publish("plain_phases", "\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":

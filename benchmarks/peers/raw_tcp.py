@@ -1,4 +1,4 @@
-"""The TCP ceiling for the peers benchmark: the least a key-value store over TCP can do (issue 14).
+"""The TCP ceiling for the peers benchmark: the least a key-value store over TCP can do.
 
     python benchmarks/peers/raw_tcp.py --port 7000 --memory BYTES      (started by servers.py)
 

@@ -90,14 +90,11 @@ def write_report(results: dict, out_dir: Path, name: str) -> None:
     peers = [p for p in results["rounds"] if results["rounds"][p]]
     m = results["machine"]
     lines = [
-        "# kvpool side by side with Mooncake Store and Redis (issue 14)", "",
+        "# kvpool side by side with Mooncake Store and Redis", "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB (a VM), kernel "
         f"{m['kernel']}, Python {m['python']}. Load average {results['load_avg_start'][0]:.1f} at start, "
-        f"{results['load_avg_end'][0]:.1f} at the end: the lead and other helpers run their own work on the same "
-        "two cores " + ("(this run held /tmp/kvpool-heavy.lock, so no other benchmark or e2e suite ran at once)"
-                        if results.get("heavy_lock") else "(this run did NOT hold /tmp/kvpool-heavy.lock: other "
-                        "benchmarks, vLLM servers or e2e tests may have run at the same time)") + ", so "
-        "absolute figures move by tens of percent between runs; the ratios come from the same rounds.",
+        f"{results['load_avg_end'][0]:.1f} at the end: other work on the same cores "
+        "moves absolute figures by tens of percent between runs; the ratios come from the same rounds.",
         "",
         f"Rounds: {results['config']['rounds']} measured after one warm-up round, peers in rotated order per "
         f"round; figures are medians over rounds{' (--quick sizes)' if results['config']['quick'] else ''}. "
@@ -128,7 +125,7 @@ def write_report(results: dict, out_dir: Path, name: str) -> None:
                 cells.append(f"{statistics.median(rs):.2f} [{min(rs):.2f} - {max(rs):.2f}]" if rs else "-")
             if any(c != "-" for c in cells):
                 lines.append(f"| {title} | " + " | ".join(cells) + " |")
-        lines += ["", "## Goals (issue 14)", ""]
+        lines += ["", "## Goals", ""]
         goals = [(SUBJECT, *g) for g in GOALS if SUBJECT in peers]
         goals += [(SAME_HOST_SUBJECT, *g) for g in SAME_HOST_GOALS if SAME_HOST_SUBJECT in peers]
         for subject, case, field, against, factor in goals:

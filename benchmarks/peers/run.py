@@ -1,9 +1,12 @@
-"""kvpool side by side with Mooncake Store and Redis, across hosts as well as on one (issue 14).
+"""kvpool side by side with Mooncake Store and Redis, across hosts as well as on one.
 
-    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/run.py [--quick] [--rounds N]
-        [--peers kvpool-same,kvpool-nixl,mooncake-tcp,redis] [--out-dir benchmarks/results/peers]
+    benchmarks/run.py peers [--quick] [--rounds N] [--peers kvpool-same,kvpool-nixl,mooncake-tcp,redis]
+        [--variant NAME] [--out PREFIX]
 
-Method (benchmarks/results/peers/method.md has the long form):
+Writes benchmarks/results/peers/DATE-MACHINE[-VARIANT].{json,md,png} and LATEST.md. Run it alone on
+the machine: other work on the same cores moves the absolute figures (the ratios less).
+
+Method (benchmarks/method.md; the peers' long form in benchmarks/results/peers/):
 - Hosts are the multi-host harness's (kvpool.bench.hosts): network + PID + mount namespaces on a
   bridge. Cross-host peers keep their metadata server, storage process and client on three
   different hosts; `kvpool-same` has all three on one host (its shared-memory path).
@@ -132,22 +135,6 @@ def machine() -> dict:
             "kernel": platform.release(), "python": platform.python_version()}  # fmt: skip
 
 
-def heavy_lock_taken(path: str = "/tmp/kvpool-heavy.lock") -> bool:
-    """True when someone (normally the `flock` this run was started under) holds the heavy lock."""
-    import fcntl
-
-    try:
-        with open(path, "a") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(f, fcntl.LOCK_UN)
-            return False
-    except OSError:
-        return False
-
-
 def run_benchmark(args: argparse.Namespace) -> dict:
     from rich.progress import Progress
 
@@ -157,7 +144,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     if unknown:
         raise SystemExit(f"unknown peers {unknown}; known: {', '.join(PEERS)}")
     cases = [c.strip() for c in args.cases.split(",")]
-    results: dict = {"machine": machine(), "load_avg_start": os.getloadavg(), "heavy_lock": heavy_lock_taken(), "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"cases": cases},
+    results: dict = {"machine": machine(), "load_avg_start": os.getloadavg(), "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"cases": cases},
                      "skipped": {}, "rounds": {n: [] for n in names}, "failed": {}}  # fmt: skip
     pythons = {}
     for name in names:
@@ -255,8 +242,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller transfers and fewer samples (a smoke run)")
     parser.add_argument("--storage-mib", type=int, default=1024, help="each peer's storage memory (default 1024)")
     parser.add_argument("--no-install", action="store_true", help="report missing peers instead of installing them")
-    parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parents[1] / "results" / "peers")
-    parser.add_argument("--name", default="peers", help="results file name stem (default peers)")
+    parser.add_argument("--variant", default=None, help="names this configuration in the file name (e.g. same-host)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output path without extension (default: benchmarks/results/peers/DATE-MACHINE[-VARIANT])")
     parser.add_argument("--note", default="", help="a line written into the report (what else ran, which build)")
     parser.add_argument("--pin", default=None, metavar="SERVERS:CLIENT",
                         help="pin every peer's servers and every client to these CPU lists (taskset), e.g. 0:1; "
@@ -280,8 +268,14 @@ def main() -> None:
         raise SystemExit(130)
     from report import write_report
 
-    write_report(results, args.out_dir, args.name)
-    print(f"wrote {args.out_dir}/{args.name}.md, .json, .png")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import results_io
+
+    out = args.out or results_io.result_files("peers", args.variant).prefix
+    write_report(results, out.parent, out.name)
+    if args.out is None:
+        results_io.refresh_latest("peers")
+    print(f"wrote {out}.md, .json, .png")
 
 
 if __name__ == "__main__":

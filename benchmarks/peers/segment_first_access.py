@@ -1,6 +1,6 @@
-"""First access to a large node segment over the same-host path, and what its mapping costs (issue 14).
+"""First access to a large node segment over the same-host path, and what its mapping costs.
 
-    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/segment_first_access.py \
+    benchmarks/run.py segment_first_access \
         [--sizes-gib 1,4,8,16] [--repeats 2] [--out benchmarks/results/peers/segment_first_access.json]
 
 For each segment size: a "node" process creates the segment (transfer.shm.SharedSegmentFile, as
@@ -27,6 +27,9 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import results_io  # noqa: E402
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -117,7 +120,8 @@ def main() -> None:
     parser.add_argument("--sizes-gib", default="1,4,8,16", help="comma-separated segment sizes in GiB")
     parser.add_argument("--repeats", type=int, default=2, help="client processes per size (median reported)")
     parser.add_argument("--label", default="", help="what code was measured (written into the results)")
-    parser.add_argument("--out", type=Path, default=None, help="JSON results file (default: print only)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON results file (default: benchmarks/results/segment_first_access/DATE-MACHINE.json)")
     args = parser.parse_args()
     from rich.progress import Progress
 
@@ -145,8 +149,7 @@ def main() -> None:
                                        f"{row['node_pte_kib'] / 1024:.1f} MiB")  # fmt: skip
             progress.advance(task)
     results["load_avg_end"] = os.getloadavg()
-    if args.out is not None:
-        args.out.write_text(json.dumps(results, indent=1))
+    results_io.publish("segment_first_access", json.dumps(results, indent=1), args.out, suffix=".json")
     print(json.dumps({k: v for k, v in results.items() if k != "sizes"}))
 
 

@@ -1,6 +1,6 @@
-"""Segment lane vs NIXL by job size, across harness hosts (issue 14): what the lane's limit rests on.
+"""Segment lane vs NIXL by job size, across harness hosts: what the lane's limit rests on.
 
-    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/segment_lane_sweep.py [--rounds 4] [--out FILE]
+    benchmarks/run.py segment_lane_sweep [--rounds 4] [--out FILE]
 
 A SegmentMemory serving its lane on host n (no master: the DataPlane alone, no checksums or
 round trips to a master); a client process on host c with two DataPlanes, path "lane" and path
@@ -19,6 +19,9 @@ import tempfile
 from pathlib import Path
 
 from kvpool.bench import hosts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import results_io  # noqa: E402
 
 SERVER = r'''
 import os, sys, time, msgspec
@@ -73,7 +76,8 @@ for total in (256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--out", type=Path, default=None, help="also write the table here")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write the table here (default: benchmarks/results/segment_lane_sweep/DATE-MACHINE.md)")
     args = ap.parse_args()
     info = Path(tempfile.mkdtemp(prefix="kvpool-lane-sweep-")) / "segment"
     with hosts.HostNetwork(["n", "c"]) as net:
@@ -90,8 +94,7 @@ def main() -> None:
     head = (f"Segment lane vs NIXL (UCX_TLS=tcp) across harness hosts, {args.rounds} rounds, load average "
             f"{os.getloadavg()[0]:.1f} at the end\n\n")
     print(head + table)
-    if args.out is not None:
-        args.out.write_text(head + table + "\n")
+    results_io.publish("segment_lane_sweep", head + table + "\n", args.out)
 
 
 if __name__ == "__main__":

@@ -235,16 +235,16 @@ PEERS: dict[str, Peer] = {
         # every transfer by NIXL, none over the nodes' segment lanes (A/B for the lane)
         Peer("kvpool-nixl-only", "kvpool cross-host, NIXL only (before the segment lane)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", path="nixl")),
-        # the client as before this session's first fix: NIXL's progress thread on (A/B for it)
+        # the client with NIXL's progress thread on, as it once ran (A/B for running without it)
         Peer("kvpool-nixl-pt", "kvpool NIXL cross-host, progress thread (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", nixl_progress_thread=True)),
         # lane calls block for their reply at once, as before c688096 (A/B for the spin)
         Peer("kvpool-nixl-nospin", "kvpool cross-host, lane calls without the spin (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", lane_spin_us=0)),
-        # segment lane jobs block at once, as before stop 40 (A/B for the segment lane's spin)
+        # segment lane jobs block at once, without the spin (A/B for the segment lane's spin)
         Peer("kvpool-nixl-lane-block", "kvpool cross-host, segment lane jobs without the spin (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", segment_lane_spin_us=0)),
-        # a put's PutEnd after its write, as before stop 36 (A/B for client/landing.py)
+        # a put's PutEnd after its write, without landing (A/B for client/landing.py)
         Peer("kvpool-same-endafter", "kvpool same-host, PutEnd after the write (before)", "same-host",
              _kvpool("kvsame", "kvsame", "kvsame", landing=False)),
         Peer("kvpool-nixl-endafter", "kvpool cross-host, PutEnd after the write (before)", "cross-host",
@@ -252,7 +252,7 @@ PEERS: dict[str, Peer] = {
         # no checksums written or verified (what the reader's xxh3 pass costs)
         Peer("kvpool-nixl-nocheck", "kvpool cross-host, no checksums", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", checksums=False)),
-        # master round trips over ZMQ instead of the lane (A/B for the lane, issue 14)
+        # master round trips over ZMQ instead of the lane (A/B for the lane)
         Peer("kvpool-nixl-zmq", "kvpool NIXL cross-host, ZMQ control (before)", "cross-host",
              _kvpool("kvmaster", "kvnode", "client", lane=False)),
         # values of 16-64 KiB on the node, not held by the master (A/B for the master's inline limit)
@@ -285,14 +285,6 @@ def client_script(name: str, code: str) -> tuple[Path, Path]:
 def median_range(values: list[float], digits: int = 3) -> str:
     """`median [min - max]`, how the A/B scripts report per-round ratios."""
     return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f} - {max(values):.{digits}f}]"
-
-
-def emit(lines: list[str], out: Path | None) -> None:
-    """Print a report and, with `out`, write it there too."""
-    text = "\n".join(lines)
-    print(text)
-    if out:
-        out.write_text(text + "\n")
 
 
 def run_script(running: Running, script: Path, spec: dict, env: dict | None = None, timeout_s: float = 600.0) -> dict:

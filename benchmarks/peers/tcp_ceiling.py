@@ -1,6 +1,6 @@
-"""What TCP itself carries between two harness hosts: the limit under every cross-host row (issue 14).
+"""What TCP itself carries between two harness hosts: the limit under every cross-host row.
 
-    flock /tmp/kvpool-heavy.lock .venv/bin/python benchmarks/peers/tcp_ceiling.py [--rounds 5] [--out FILE]
+    benchmarks/run.py tcp_ceiling [--rounds 5] [--out FILE]
 
 iperf3 (C, Debian's package, installed when missing) between two hosts of the multi-host harness
 (kvpool.bench.hosts), data flowing server -> client as in a get (`-R`): one stream, two streams,
@@ -25,6 +25,9 @@ from pathlib import Path
 
 from kvpool.bench import hosts
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import results_io  # noqa: E402
+
 VARIANTS = {"1 stream": [], "2 streams": ["-P", "2"], "1 stream, sendfile": ["-Z"]}
 
 
@@ -43,7 +46,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=int, default=4, help="each measurement's length")
-    ap.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write the table here (default: benchmarks/results/tcp_ceiling/DATE-MACHINE.md)")
     args = ap.parse_args()
     iperf3 = ensure_iperf3()
     results: dict[str, list[float]] = {name: [] for name in VARIANTS}
@@ -72,8 +76,7 @@ def main() -> None:
         lines.append(f"| {name} | {statistics.median(values):.2f} | {min(values):.2f} - {max(values):.2f} | "
                      + ", ".join(f"{v:.2f}" for v in values) + " |")
     print("\n".join(lines))
-    if args.out is not None:
-        args.out.write_text("\n".join(lines) + "\n")
+    results_io.publish("tcp_ceiling", "\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":
