@@ -1,5 +1,5 @@
 """Plain gets of values a client never saw, read by tag while GetValue travels (transfer/lane_tags.py,
-client/known_places.py; issue 14), with a real master and nodes over the segment lane: the bytes a
+client/known_places.py), with a real master and nodes over the segment lane: the bytes a
 node holds under the key's tag are kept only when the master's answer places the value there and
 they match its checksum. A removed, replaced or wrongly tagged value is never served from the tag."""
 
