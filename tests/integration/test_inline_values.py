@@ -1,4 +1,4 @@
-"""Small plain values kept by the master (master/inline.py, issue 14), with real processes: a master,
+"""Small plain values kept by the master (master/inline.py), with real processes: a master,
 nodes, clients; restarts of the master. Every byte read is compared with what its writer wrote."""
 
 from __future__ import annotations

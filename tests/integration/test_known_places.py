@@ -1,5 +1,5 @@
 """Plain gets that read where their client last saw the value while GetValue travels
-(client/known_places.py, issue 14), with a real master and nodes, over shared memory and over
+(client/known_places.py), with a real master and nodes, over shared memory and over
 the segment lane: the bytes are kept only when the master's answer still places the value there
 and they match its checksum; a moved, replaced, removed or corrupted value is never served from
 the old place."""

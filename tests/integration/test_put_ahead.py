@@ -1,4 +1,4 @@
-"""Plain puts into an allocation held ahead (client/ahead.py, issue 14), with real processes: a
+"""Plain puts into an allocation held ahead (client/ahead.py), with real processes: a
 master, nodes, clients; a master restart. After the first plain put of a size, the next ones are
 their write and one PutEnd; every byte read is compared with what its writer wrote."""
 

@@ -1,4 +1,4 @@
-"""A put's PutEnd sent while its bytes are written (client/landing.py, issue 14), with real master
+"""A put's PutEnd sent while its bytes are written (client/landing.py), with real master
 and node processes: every put written across to a node (the segment lane here) ends while
 landing, a same-host copy ends after it, and another client reading right after each put returns
 finds it, byte for byte; a PutLanded that never arrives leaves the object unreadable until the

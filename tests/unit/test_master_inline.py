@@ -1,4 +1,4 @@
-"""Small plain values held by the master (master/inline.py, issue 14): one namespace with the index,
+"""Small plain values held by the master (master/inline.py): one namespace with the index,
 LRU eviction within a byte budget, pinned values, per-tenant quotas, access scoping; MasterCore
 driven with a fake clock, every reply through the wire encoding."""
 

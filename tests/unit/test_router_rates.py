@@ -60,7 +60,7 @@ def test_decode_latency_is_an_ewma_reported_apart_and_ignores_empty_decodes():
 
 
 def test_a_server_decoding_a_few_answers_does_not_look_busy():
-    # the Claude Code replay (cc-estimates-stop29): a server decoding two answers (100 tokens left)
+    # on the Claude Code replay a server decoding two answers (100 tokens left)
     # at 0.2 s between tokens looked 20 s busy, and warm requests went behind a cold 14K prefill
     est = RateEstimator(RateConfig(PRIOR))
     for k in range(50):

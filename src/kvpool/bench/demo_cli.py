@@ -126,7 +126,7 @@ def _get(s: dict | None, *path: str):
 
 
 def comparison_rows(outcomes: dict[str, RunOutcome]) -> list[tuple[str, ...]]:
-    """One row per run: the figures the issue asks for, and the P50 TTFT ratio to row 1."""
+    """One row per run: the figures of COLUMNS, and the P50 TTFT ratio to row 1."""
     first = _get((outcomes.get("baseline") or RunOutcome("baseline")).summary, "ttft_s", "p50")
     rows = []
     for name, o in outcomes.items():

@@ -25,7 +25,7 @@ class RouterConfig:
     prior_costs: CostModel = DEFAULT_COSTS
     pool_ledger_blocks: int = 1_000_000
     # a backend's queue is also how long its oldest request has waited for a first byte
-    # (policy.estimate_ttft); False: from the tokens in flight only (the router before 2026-12-02)
+    # (policy.estimate_ttft); False: from the tokens in flight only
     observed_wait: bool = True
     # late binding (dispatch.py): a streamed completion waits at the router while every backend already has
     # this many requests without a first byte; 0: off, every request is sent as it arrives

@@ -17,7 +17,7 @@ Rules:
   engine step, shared by every request in the batch, and a request sent now joins the next step
   alongside the decodes. Charged per token in flight, the latency made a server decoding two
   answers (~100 tokens) look 20 s busy on the Claude Code replay, so warm requests went behind a
-  14K-token cold prefill instead (benchmarks/results/e2e_peers/cc-estimates-stop29/NOTES.md).
+  14K-token cold prefill instead (docs/design/router.md).
 """
 
 from __future__ import annotations
