@@ -13,7 +13,8 @@ per round the ratios of the first chunk size's figures to each other's (> 1: the
 `--calls`: also each run's calls, timed inside the processes: the clients' master round trips by
 request type, transfer rounds, checksums and segment-chunk mapping (`_populate`), and the master's
 own handling of each request type (`MasterCore.handle`, and all of a request's work in
-`MasterService._answer`), P50 / P90 / P99 in microseconds (fixes.md 38).
+`MasterService._answer`), P50 / P90 / P99 in microseconds (a kept run:
+benchmarks/results/agent_phases/2026-12-06-unknown-calls.txt).
 """
 
 from __future__ import annotations

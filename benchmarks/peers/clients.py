@@ -47,8 +47,9 @@ def aligned_zeros(nbytes: int) -> np.ndarray:
     """Zeroed, page-aligned memory (an anonymous mapping) as a numpy byte array. What an engine's
     buffers are (a torch tensor is 64-byte aligned at least, a pinned or mapped KV cache
     page-aligned) and what Mooncake IPC's own pool gives; numpy's large arrays sit 16 bytes past a
-    page boundary (malloc's header), where glibc copies 64 KiB regions at half speed (fixes.md 38,
-    40). Every store without memory of its own gets this."""
+    page boundary (malloc's header), where glibc copies 64 KiB regions at half speed
+    (benchmarks/results/peers/2026-12-06-2cpu-epyc-aligned-buffers-{before,after}.md). Every store
+    without memory of its own gets this."""
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
 
 

@@ -16,7 +16,7 @@ Method (benchmarks/method.md; the peers' long form in benchmarks/results/peers/)
 - Every case runs in a fresh client process on the client host (never in a storage process),
   so no case inherits the allocator state an earlier one left (a client process whose glibc had
   raised its trim threshold after freeing large values took no page faults on 64 KiB results:
-  fixes.md 38); every byte read is compared with what was written.
+  docs/performance/index.md, Method); every byte read is compared with what was written.
 - Round 0 writes each store's memory once (Mooncake and Redis do not pre-fault) and is excluded.
   Then `--rounds` rounds, each running every peer once in a rotated order, so a peer's figures
   and its ratio to another come from the same minutes of a shared machine. Reported: the median
@@ -186,7 +186,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                         try:
                             out, routes = {}, set()
                             for case in spec["cases"]:  # each case in a fresh process: none inherits another's
-                                result = run_client(running[name], {**spec, "cases": [case]})  # (fixes.md 38)
+                                result = run_client(running[name], {**spec, "cases": [case]})
                                 routes |= set(result.pop("route", None) or ())
                                 out.update(result)
                             if routes:

@@ -2,7 +2,7 @@
 
 Why: a collection holds the master's one thread, and so every client queued behind it; with
 100 K-256 K records a full one took 82-246 ms before `kvpool master` froze what is alive after
-each tick (service.py, benchmarks/results/peers/fixes.md 20). These metrics show an operator
+each tick (service.py, docs/performance/changes.md §20). These metrics show an operator
 whether that still happens: pauses and their seconds per generation, and the longest one.
 
 Rules:
