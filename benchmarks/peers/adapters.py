@@ -31,7 +31,7 @@ class KvpoolAdapter:
         self.plane = None
         if "nixl_progress_thread" in spec:  # a variant of the data plane (before/after a fix)
             self.plane = DataPlane(path=path, nixl_progress_thread=spec["nixl_progress_thread"])
-        # lane=False: master round trips over ZMQ only, as before the lane (transfer/lane.py)
+        # lane=False: master round trips over ZMQ only, as before the lane (rpc/tcp_channel.py)
         self.client = Client(spec["master"], spec["tenant"], timeout_s=30.0, path=path, plane=self.plane,
                              lane=spec.get("lane", True), landing=spec.get("landing", True),
                              checksums=spec.get("checksums", True))

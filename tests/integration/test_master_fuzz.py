@@ -3,7 +3,7 @@ well-behaved client keeps putting, looking up and reading its own objects.
 
 The master (`kvpool master`) and one storage node run as processes on 127.0.0.1. The fuzzer talks
 the wire format of master/service.py on a raw DEALER socket: hypothesis draws every request type of
-core/protocol.py with hostile field values (huge and mismatched lists, empty and over-long strings,
+core/protocol/ with hostile field values (huge and mismatched lists, empty and over-long strings,
 other tenants' names, ints at and past the int64 edges, NaN ages), wrong types and unknown tags
 as raw msgpack, random bytes, wrong frame counts and bad request ids. Ids the fuzzer learned from
 its own replies (write tokens, lease ids, the segments it mounted) are fed back into later

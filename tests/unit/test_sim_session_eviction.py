@@ -1,4 +1,4 @@
-"""The master's session-aware eviction order (master/eviction.py SessionAwareOrder), exact order on
+"""The master's session-aware eviction order (master/session_order.py SessionAwareOrder), exact order on
 tiny pools, against LRU on the same puts; and the eviction study's policies on a small log."""
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ Rules:
   lately reads it where it was while GetValue travels (known_places.py), and keeps those bytes
   only when the master's answer still places the value there and they match its checksum. A get
   of a value it never saw reads, meanwhile, what a node holds under the value's tag (where its
-  writer last wrote it, lane_tags.py), under the same rule.
+  writer last wrote it, transfer/tcp_path_tags.py), under the same rule.
 - Thread-safe: the channel and caches have locks, the staging buffer has its own; no lock is held
   across a transfer except the staging buffer's.
 """
@@ -99,7 +99,7 @@ class ClientConfig:
     read_only: bool = False  # a reader: puts refused, same-host segments mapped read-only (PROT_READ)
     landing: bool = True  # over the lane, a put's PutEnd travels while its bytes are written (landing.py)
     known_places: bool = True  # a plain get reads where this client saw the value while GetValue travels
-    read_by_tag: bool = True  # a plain get of a value it never saw reads its node's tag meanwhile (lane_tags.py)
+    read_by_tag: bool = True  # a plain get of a value never seen reads its node's tag meanwhile (transfer/tcp_path_tags.py)
 
     def __post_init__(self) -> None:
         parse_addresses(self.master_address)  # ValueError naming the malformed one

@@ -7,7 +7,7 @@ retry), and it knows where they were put. Such a get sends its
 GetValue and, without waiting for the answer, reads the value from where it was; the master's
 answer, taken after the read, says whether those bytes are the value. A get of a value the
 client never saw (another instance wrote it) does the same with what the nodes hold under the
-key's tag, where its writer last wrote it (transfer/lane_tags.py). Measurements:
+key's tag, where its writer last wrote it (transfer/tcp_path_tags.py). Measurements:
 docs/design/client.md.
 
 Rules:
@@ -189,7 +189,7 @@ class EarlyReads:
 
     def read_by_tag(self, key: str, make: MakeOutput, started: float):
         """A get of a value this client has no place for: GetValue, and meanwhile what the nodes
-        hold under the key's tag (lane_tags.py), kept under read_early's rule. Asked: the
+        hold under the key's tag (transfer/tcp_path_tags.py), kept under read_early's rule. Asked: the
         segments this client knows on other hosts, at most MAX_TAG_ASKS of them (picked by the
         tag); a node that knows no such tag answers at once, and with none the get goes on as
         usual. NotImplemented when none is asked (no such segment known, or no node knew the tags

@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 class Ending:
     """A PutEnd sent with `landing` before its write; its reply is taken after the write."""
 
-    call: object  # transfer.control.BegunCall
+    call: object  # rpc.zmq_channel.BegunCall
     num_keys: int
     grant: Callable[[protocol.PutEndReply], None] | None  # keeps the allocation asked ahead, if one was
 

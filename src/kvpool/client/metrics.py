@@ -79,7 +79,7 @@ class ClientMetrics:
         self.tag_reads = Counter(
             "kvpool_client_tag_reads",
             "Plain gets of values this client never saw that read the node's tag while GetValue "
-            "travelled (transfer/lane_tags.py), by outcome: used, read_again (not the value), "
+            "travelled (transfer/tcp_path_tags.py), by outcome: used, read_again (not the value), "
             "unknown (the node knew no such tag), failed (the read broke)",
             t + ["outcome"],
             registry=registry,

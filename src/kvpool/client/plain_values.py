@@ -229,7 +229,7 @@ class PlainValues:
         it with _read_found, which releases the lease), or None on a miss. With `make` (size ->
         (a new output, its address)) and a place this client knows for the key, the value is read
         there while GetValue travels (known_places.py): EarlyRead when those bytes were it; for a
-        key it knows no place of, what a node holds under the key's tag (lane_tags.py), alike."""
+        key it knows no place of, what a node holds under the key's tag (transfer/tcp_path_tags.py), alike."""
         check_keys([key], unique=False)
         started = time.perf_counter()
         if make is not None and self._config.checksums and self._values.max_inline >= 0:

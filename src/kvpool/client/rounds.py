@@ -72,7 +72,7 @@ class Transfers:
         digests[object index] (a smaller job is still in the CPU's last-level cache after its copy:
         checksummed after it in one call, without a call per object). `sent`: the data plane's
         hook, called once a WRITE's bytes are on their way (it must not raise). `tags[object
-        index]`: a WRITE's lane tag for that object (lane_tags.py), sent where its job holds it alone."""
+        index]`: a WRITE's lane tag for that object (transfer/tcp_path_tags.py), sent where its job holds it alone."""
         in_flight: dict = {}
         if not choices:
             return set(), in_flight

@@ -5,7 +5,7 @@ Rules:
 - libzmq does the cryptography and the handshake; pyzmq's ThreadAuthenticator answers ZAP requests
   from its own thread. We only decide which keys are known (`identities.json` of the auth dir).
 - A connection whose key is unknown never completes its handshake: no request of it reaches the
-  loop, and the client sees the refusal (transfer/control.py turns it into AuthError).
+  loop, and the client sees the refusal (rpc/zmq_channel.py turns it into AuthError).
 - The identity list is read again when its file changes (checked at most once a second by the
   loop, and at once when an unknown key knocks; the table is replaced whole, never edited, so readers need no lock). A key
   revoked while connected is refused at its next request (`principal_of` returns None).

@@ -44,7 +44,7 @@ class MasterConfig:
     # small plain values (no parent) kept in the master itself, one round trip each (inline.py); 0: off
     inline_capacity_bytes: int = 64 << 20
     max_inline_bytes: int = DEFAULT_MAX_INLINE_BYTES  # capped at the capacity and half of max_message_bytes
-    auth_dir: str | None = None  # CURVE keys and trusted identities (transfer/credentials.py); None: insecure
+    auth_dir: str | None = None  # CURVE keys and trusted identities (rpc/credentials.py); None: insecure
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

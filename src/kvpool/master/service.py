@@ -94,7 +94,7 @@ class MasterService:
         self._decode = p.request_decoder.decode
         self._epoch_frame = self.core.epoch.to_bytes(8, "little")
         self._auth = None  # MasterAuth when config.auth_dir is set
-        self._lane: LaneServer | None = None  # the plain TCP lane (transfer/lane_server.py): only without auth
+        self._lane: LaneServer | None = None  # the plain TCP lane (rpc/tcp_server.py): only without auth
         self._poller: zmq.Poller | None = None  # with a lane: polls the ROUTER socket and the lane's fds
         self.limiter = RateLimiter(config.rate_limit_keys_per_s, config.rate_limit_burst_keys)
 

@@ -28,7 +28,7 @@ class NodeConfig:
     tenant: "" (shared: any tenant's objects) or a tenant name: the segment holds only that tenant's
     objects, and that tenant's objects go only to segments dedicated to it (hard isolation).
     segment_lane: without a credential, also serve small transfers over a plain TCP port (one round
-    trip instead of UCX's emulated one-sided ops; transfer/segment_lane.py).
+    trip instead of UCX's emulated one-sided ops; transfer/tcp_path.py).
     """
 
     master_address: str

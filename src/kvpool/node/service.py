@@ -4,7 +4,7 @@ Rules:
 - A node only talks to the master (mount, heartbeat, unmount); clients move the bytes
   one-sidedly, so the node can live inside another process (the vLLM connector embeds one). Its
   one data-path duty: without a credential it serves small transfers over its segment lane
-  (transfer/segment_lane.py), announced in the mount at the address that routes to the master.
+  (transfer/tcp_path.py), announced in the mount at the address that routes to the master.
 - Heartbeats go out every `heartbeat_interval_s` from the MountReply (at once again while the
   master says it holds more directory ops than one reply carries). They acknowledge the directory ops applied so far; the reply
   brings the next ones (directory.py).
@@ -70,7 +70,7 @@ class NodeMetrics:
 
 
 class _LaneTags:
-    """The segment lane's tags (transfer/lane_tags.py), read from its TagIndex when scraped."""
+    """The segment lane's tags (transfer/tcp_path_tags.py), read from its TagIndex when scraped."""
 
     def __init__(self) -> None:
         self.index = None  # the segment's TagIndex, once it has one

@@ -11,7 +11,7 @@ Rules:
   lru          plain LRU over blocks (a lookup touches the blocks it hit; a write touches all).
   tail-lru     the master's own code (MasterCore via sim.pool.PoolModel, watermarks at 1.0/0.999
                so it evicts on demand like the others, or as given): LRU among chain tails only.
-  session      the master's session-aware option (master/eviction.py, `SessionAwareOrder`).
+  session      the master's session-aware option (master/session_order.py, `SessionAwareOrder`).
   belady       the offline optimum for equal sizes: evict the block whose next use is farthest
                (never used again first). Uses the future; an upper bound, not a policy.
 - Pure: sessions and records in, hit counts out.
