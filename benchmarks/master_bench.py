@@ -209,7 +209,7 @@ def write_report(results: dict, out: Path) -> None:
         f"- tracemalloc of the same index in-process ({mem['tracemalloc_objects']:,} objects): "
         f"{mem['tracemalloc_bytes_per_object']:.0f} bytes/object.",
         "",
-        "![lookups](master_bench.png)",
+        f"![lookups]({out.name}.png)",
         "",
         "Notes: while loading, the client acknowledges the master's directory ops once a second, as a node's",
         "heartbeat does (the master logs one op per committed object until its node has it).",

