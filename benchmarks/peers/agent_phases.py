@@ -47,11 +47,14 @@ shm._CHUNK = int(sys.argv[6])
 calls = {}
 if sys.argv[7] == "1":  # --calls: the client's steps timed (by request type for master round trips)
     from call_timer import timed
-    from kvpool.client import Client
-    timed(Client, "_call", lambda a: "client: " + type(a[1]).__name__, calls)
-    timed(Client, "_run_round", lambda a: f"client: transfer round {a[1]}", calls)
-    timed(Client, "_checksums", "client: put checksums", calls)
-    timed(Client, "_verified", "client: get checksums", calls)
+    from kvpool.client.master_link import MasterLink
+    from kvpool.client.puts import Puts
+    from kvpool.client.reads import Reads
+    from kvpool.client.rounds import Transfers
+    timed(MasterLink, "call", lambda a: "client: " + type(a[1]).__name__, calls)
+    timed(Transfers, "run_round", lambda a: f"client: transfer round {a[1]}", calls)
+    timed(Puts, "checksums", "client: put checksums", calls)
+    timed(Reads, "_verified", "client: get checksums", calls)
     timed(shm.PeerMapping, "_populate", "client: segment chunks mapped (_populate)", calls)
 store = adapters.KvpoolAdapter({"master": address, "tenant": "peers"})
 chunk, prefix, tail, sessions = 256 << 10, 8, 2, 8

@@ -6,12 +6,14 @@
 Starts the peers benchmark's `kvpool-nixl` peer (master, node and client on three hosts of the
 multi-host harness), then one client process that puts and gets `--count` values of `--size-kib`
 one call at a time (as `case_plain` does, results kept until the pass ends) with the client's
-internal steps wrapped in timers: the master round trips (`_call`, by request type; a PutEnd
-sent while the bytes travel as its send, the wait for its reply after the write and the
-PutLanded, client/landing.py), the staging
-copy, the checksums, the lane round (`_run_round`), the lease release and the result bytes;
-then a second client that never saw them gets each too (phases prefixed "another client:"); then 300 pings, the bare master round trip, and 300 more each after 0.7 ms asleep (as long as
-a 1 MiB write: what waking an idle master and client adds to a round trip).
+internal steps wrapped in timers (the client's parts' methods, patched on their classes): the
+master round trips (`MasterLink.call`, by request type; a PutEnd sent while the bytes travel as
+its send, the wait for its reply after the write and the PutLanded, client/landing.py), the
+staging copy, the checksums, the transfer round (`Transfers.run_round`), a GetValue with the
+read beside it (`EarlyReads.read_early` / `read_by_tag`), the lease release and the result
+bytes; then a second client that never saw them gets each too (phases prefixed "another
+client:"); then 300 pings, the bare master round trip, and 300 more each after 0.7 ms asleep (as
+long as a 1 MiB write: what waking an idle master and client adds to a round trip).
 Reported: per phase the median and P90 per call in microseconds, and the whole call's, so a
 change that should cut one phase can be seen to cut it. Bytes are compared with what was put.
 """
@@ -36,6 +38,12 @@ import collections, json, sys, time
 import numpy as np
 spec = json.loads(sys.argv[1])
 from kvpool.client import Client, fresh_memory, plain_values
+from kvpool.client.known_places import EarlyReads
+from kvpool.client.landing import Landings
+from kvpool.client.master_link import MasterLink
+from kvpool.client.puts import Puts
+from kvpool.client.reads import Reads
+from kvpool.client.rounds import Transfers
 phases = collections.defaultdict(list)
 stage = [""]
 
@@ -45,19 +53,21 @@ import call_timer
 def timed(owner, name, label=None):  # each phase's calls under the stage's prefix ("another client: ")
     call_timer.timed(owner, name, lambda a: stage[0] + (label(a) if callable(label) else (label or name)), phases)
 
-timed(Client, "_call", lambda a: type(a[1]).__name__)
-timed(Client, "_checksums")
-timed(Client, "_run_round", lambda a: f"_run_round {a[1]}")
-timed(Client, "_release")
-timed(Client, "_verified")
+timed(MasterLink, "call", lambda a: type(a[1]).__name__)
+timed(MasterLink, "release", "release (lease)")
+timed(Puts, "checksums", "checksums (put batch)")
+timed(Transfers, "run_round", lambda a: f"run_round {a[1]}")
+timed(Transfers, "carried_unregistered")
+timed(Reads, "_verified")
 timed(plain_values, "copy_bytes")
 timed(plain_values, "checksum_regions")
 timed(plain_values, "_bytes_of")
-timed(Client, "_carried_unregistered")
-timed(Client, "_find_value")
-timed(Client, "_begin_ending", lambda a: "PutEnd sent (landing)")
-timed(Client, "_finish_ending", lambda a: "PutEnd reply taken after the write (landing)")
-timed(Client, "_land", lambda a: "PutLanded sent (one way)")
+timed(plain_values.PlainValues, "_find_value")
+timed(EarlyReads, "read_early", "read_early (GetValue, the known place read meanwhile)")
+timed(EarlyReads, "read_by_tag", "read_by_tag (GetValue, the tag read meanwhile)")
+timed(Landings, "send", "PutEnd sent (landing)")  # Landings.begin sends through it too
+timed(Landings, "finish", "PutEnd reply taken after the write (landing)")
+timed(Landings, "land", "PutLanded sent (one way)")
 timed(fresh_memory, "new_bytes")
 timed(fresh_memory, "prefault")
 c = Client(spec["master"], spec["tenant"], timeout_s=30.0)
