@@ -18,8 +18,9 @@ class MasterConfig:
     # tick the rest (pressure.py).
     # Close together: the pool's average fill is between them, and every point of it is hit rate
     # once the pool is full (the long e2e trace: 0.95 / 0.85 -> 0.99 / 0.98 simulate 73.5 -> 79.4 %
-    # pool hits, benchmarks/results/e2e_peers/long/capacity_bound.md); a burst evicts 1 % of the
-    # pool, not 10 %, on the master's one thread. An allocation that does not fit evicts on demand either way (evict_for).
+    # pool hits, benchmarks/results/e2e_capacity_bound/2026-12-02-unknown-long.md); a burst evicts
+    # 1 % of the pool, not 10 %, on the master's one thread. An allocation that does not fit
+    # evicts on demand either way (evict_for).
     high_watermark: float = 0.99
     low_watermark: float = 0.98
     lease_ttl_s: float = 5.0  # a read lease granted by lookup_prefix(lease=True)

@@ -3,7 +3,7 @@
 Why: a request sent at once joins one server's queue, and stays there if that queue turns out
 slow (a prefix it expected cached is recomputed, KV memory fills); a request sent later can go to
 whichever server frees up first. On the long e2e trace the slowest tenth of requests all sat in
-one server's queue (benchmarks/results/e2e_peers/quiet-long-wm/tails.md). With a shared pool,
+one server's queue (benchmarks/results/e2e_peers/2026-12-02-2cpu-epyc-quiet-long-wm/tails.md). With a shared pool,
 the server that frees up loads the prefix from the pool, so choosing late costs little.
 
 Rules:

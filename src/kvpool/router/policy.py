@@ -215,7 +215,7 @@ def estimate_ttft(request: RouteRequest, backend: BackendView, costs: CostModel)
     The token count misses what the router cannot see (a prefix it expected cached but the server
     recomputed, requests held back because the server's KV memory is full); the observed wait does
     not. On the long e2e trace every slowest request sat on one server the token estimate called
-    idle (benchmarks/results/e2e_peers/quiet-long-wm/tails.md)."""
+    idle (benchmarks/results/e2e_peers/2026-12-02-2cpu-epyc-quiet-long-wm/tails.md)."""
     prompt = max(0, request.prompt_tokens)
     local = min(max(0, backend.local_prefix_tokens), prompt)
     pool = max(0, min(request.pool_prefix_tokens, prompt) - local)
