@@ -11,7 +11,7 @@ Rules:
   data.
 - It lives in the node process, beside the segment it describes: both outlive any master and end
   together (a restarted node has new, empty memory and nothing to announce).
-- Ops that ask for disk-tier work (DIR_PROMOTE, DIR_DISK_DROP; protocol.py) are handed to
+- Ops that ask for disk-tier work (DIR_PROMOTE, DIR_DISK_DROP; core/protocol/records.py) are handed to
   `on_ops` too and leave the directory as it is: a DIR_DISK_DROP names no DRAM range, and a
   promotion is recorded (`record`) only once it landed and the master was told, so a new master
   is never announced a range whose bytes never came.

@@ -135,7 +135,7 @@ class TcpPathConnection:
         self.port = int(port)
         self.address = address
         self._sock: socket.socket | None = None
-        self._timeouts: KernelTimeouts | None = None  # the socket's (timeouts.py: no poll() per receive)
+        self._timeouts: KernelTimeouts | None = None  # the socket's (rpc/timeouts.py: no poll() per receive)
 
     def transfer(self, op: str, local_addrs: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
                  deadline_s: float, before_landing=None, sent=None, spin: SpinPolicy | None = None,
