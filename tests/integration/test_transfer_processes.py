@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kvpool.core.errors import TransferError
-from kvpool.transfer import DataPlane
+from kvpool.transfer import DataPlane, host_id
 from kvpool.transfer.hosting import pattern, read_segment_info
 
 SEGMENT_BYTES = 32 << 20
@@ -169,3 +169,9 @@ def test_auto_prefers_shared_memory_on_the_same_host(served):
     segment = served().info
     with DataPlane() as plane:
         assert plane.path_for(segment) == "shm"
+
+
+def test_host_id_is_the_same_in_another_process():
+    code = "from kvpool.transfer import host_id; print(host_id())"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert other.stdout.strip() == host_id()

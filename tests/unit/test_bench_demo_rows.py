@@ -34,18 +34,3 @@ def test_router_counters_sum_labels():
     c = router_counters(METRICS)
     assert (c["retries"], c["backend_failures"], c["decisions"]) == (3.0, 2.0, {"local": 7.0, "cold": 3.0})
     assert router_counters(None) is None
-
-
-def test_demo_reads_any_trace_format_and_refuses_a_missing_one_clearly(tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from kvpool.bench.demo import read_trace
-
-    traces = Path(__file__).resolve().parents[1] / "data" / "traces"
-    sessions = read_trace(traces / "claude-code")  # a directory of kv-cache-tester JSON files
-    assert len(sessions) == 8 and {s.source for s in sessions} == {"claude-code"}
-    out = subprocess.run([sys.executable, "-m", "kvpool", "demo", "--sessions-file", str(tmp_path / "none"),
-                          "--workdir", str(tmp_path / "wd")], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "cannot read --sessions-file" in out.stderr and "Traceback" not in out.stderr
