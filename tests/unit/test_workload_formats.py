@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvpool.workload.formats import TraceFormatError, detect_format, load_trace, parse_claude_code, parse_mooncake
+from kvpool.workload.errors import TraceFormatError
+from kvpool.workload.formats import detect_format, load_trace, parse_claude_code, parse_mooncake
 from kvpool.workload.model import Session, Turn, read_sessions, write_sessions
 from kvpool.workload.multiturn import MultiturnConfig, parse_vllm_multiturn
 

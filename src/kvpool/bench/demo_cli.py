@@ -14,7 +14,7 @@ from rich.table import Table
 from kvpool.bench import plots, procs, reports
 from kvpool.bench.cli import replay_with_progress
 from kvpool.bench.demo import DEFAULT_RUNS, DEMO_MODELS, LABELS, RUN_SPECS, RUNS, ConnectorProbe, Demo, DemoConfig, RunOutcome, ratio
-from kvpool.workload.formats import TraceFormatError
+from kvpool.workload.errors import TraceFormatError
 
 # The published reference (vLLM + Mooncake Store, Kimi-K2.5 on 12 GB200, Codex traces), for context.
 REFERENCE = {"throughput": "3.8x", "ttft": "46x lower", "e2e": "8.6x lower", "hit": "1.7 % -> 92.2 %"}

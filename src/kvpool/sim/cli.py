@@ -26,7 +26,8 @@ from kvpool.sim.hardware import ACCELERATORS, MODELS
 from kvpool.sim.metrics import summarize
 from kvpool.sim.report import as_json, markdown_table
 from kvpool.sim.scenarios import demo_fleet, reference_fleet
-from kvpool.workload.formats import FORMATS, TraceFormatError, expand_inputs, load_trace
+from kvpool.workload.errors import TraceFormatError
+from kvpool.workload.formats import FORMATS, expand_inputs, load_trace
 from kvpool.workload.synth import PROFILES, SynthConfig, synth_sessions
 
 ROUTERS = ("round_robin", "least_loaded", "session", "cache_aware")

@@ -14,7 +14,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvpool.workload.formats import FORMATS, TraceFormatError, expand_inputs, load_trace
+from kvpool.workload.errors import TraceFormatError
+from kvpool.workload.formats import FORMATS, expand_inputs, load_trace
 from kvpool.workload.model import Session, write_sessions
 from kvpool.workload.synth import PROFILES, SynthConfig, synth_session
 

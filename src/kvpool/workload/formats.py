@@ -24,17 +24,11 @@ from typing import Iterable
 
 import msgspec
 
-from kvpool.core.errors import UsageError
+from kvpool.workload.errors import TraceFormatError
 from kvpool.workload.model import Session, Turn, read_sessions
 
 FORMATS = ("claude-code", "mooncake", "vllm-multiturn", "kvpool")
 MOONCAKE_BLOCK_SIZE = 512
-
-
-class TraceFormatError(UsageError):
-    """A trace file is not in the format it claims (or that was detected)."""
-
-    kind = "usage"
 
 
 def _int_field(record: dict, key: str, where: str, minimum: int = 0) -> int:

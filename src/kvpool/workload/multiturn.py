@@ -19,7 +19,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 
-from kvpool.workload.formats import TraceFormatError
+from kvpool.workload.errors import TraceFormatError
 from kvpool.workload.model import Session, Turn
 
 
