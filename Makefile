@@ -22,9 +22,14 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(VENV)/bin/kvpool demo
 
+# Tests run in two worker processes (TEST_WORKERS=0: in this one); vLLM's start-up is mostly one
+# core's work, so two workers on two cores take about half the wall time of one.
+TEST_WORKERS ?= 2
+
 test: install
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir "$$(mktemp -d)"
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -67,3 +67,16 @@ def make_pool(tmp_path):
 def pool(make_pool) -> Pool:
     """A master and two 64 MiB nodes."""
     return make_pool()
+
+
+# The longest vLLM tests start first, so that the test workers (make test runs two) finish together
+# instead of one running a long test alone at the end.
+_LONGEST_FIRST = ("tests/e2e/test_connector_hybrid.py", "tests/e2e/test_demo.py", "tests/e2e/test_connector_tp.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        path = item.nodeid.split("::")[0]
+        return _LONGEST_FIRST.index(path) if path in _LONGEST_FIRST else len(_LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: every other test keeps its place

@@ -23,29 +23,47 @@ def tiny_model_f32(tmp_path_factory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-f32"), TinyLlamaConfig(dtype="float32"))
 
 
+def _shared_root(tmp_path_factory) -> Path:
+    """The run's temporary root, one for all of pytest-xdist's workers (each has its own basetemp)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def vllm_cache_root(tmp_path_factory) -> Path:
-    """vLLM's cache (model-class info, compiled graphs) shared by every vLLM of the session, the
-    runner's (vllm_env) and the servers' (procs.start_vllm_server(cache_root=...)): with a fresh one
-    each vLLM inspects the model class in a subprocess that imports vLLM again (~15-20 s here)."""
-    return tmp_path_factory.getbasetemp() / "vllm-cache"
+    """vLLM's cache (model-class info) shared by every vLLM of the run, the runner's (vllm_env) and
+    the servers' (procs.start_vllm_server(cache_root=...)): with a fresh one each vLLM inspects the
+    model class in a subprocess that imports vLLM again (~9 s here)."""
+    return _shared_root(tmp_path_factory) / "vllm-cache"
 
 
-def vllm_env(workdir: Path) -> dict[str, str]:
+@pytest.fixture(scope="session", autouse=True)
+def _inductor_cache(tmp_path_factory):
+    """One torch inductor cache for every vLLM of the run, the servers' included (they inherit this
+    process's environment): even eager vLLM compiles a few CPU kernels on its first request (~10 s
+    here), and a server's default cache lies under its own TMPDIR, so each would compile them again."""
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(_shared_root(tmp_path_factory) / "inductor-cache")
+    yield
+    if before is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR")
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+
+
+def vllm_env(workdir: Path, cache_root: Path) -> dict[str, str]:
     scratch = workdir / "vllm-scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     return {
         **os.environ,
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
         "TMPDIR": str(scratch), "VLLM_RPC_BASE_PATH": str(scratch),
-        "VLLM_CACHE_ROOT": str(workdir.parent / "vllm-cache"),  # = vllm_cache_root (workdir is a tmp_path) "HF_HOME": str(scratch / "hf"),
-        # one inductor cache for the session: each fresh vLLM would compile the same CPU kernels again
-        "TORCHINDUCTOR_CACHE_DIR": str(workdir.parent / "inductor-cache"),
+        "VLLM_CACHE_ROOT": str(cache_root), "HF_HOME": str(scratch / "hf"),
     }  # fmt: skip
 
 
 @pytest.fixture
-def run_vllm(tmp_path, tiny_model_f32):
+def run_vllm(tmp_path, tiny_model_f32, vllm_cache_root):
     """run_vllm(name, master, phases, **spec) -> the runner's JSON (fresh process each call)."""
 
     started: list[subprocess.Popen] = []
@@ -56,7 +74,7 @@ def run_vllm(tmp_path, tiny_model_f32):
         spec_path.write_text(json.dumps(
             {"model_dir": str(tiny_model_f32), "master": master, "block_size": BLOCK_SIZE, "phases": phases, **spec}
         ))  # fmt: skip
-        env = vllm_env(tmp_path)
+        env = vllm_env(tmp_path, vllm_cache_root)
         for name in spec.pop("unset_env", ()):
             env.pop(name, None)
         env.update(spec.pop("set_env", {}))
