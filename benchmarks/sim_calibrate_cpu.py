@@ -143,7 +143,6 @@ def main() -> int:
         results_io.refresh_latest("sim_calibrate_cpu")
         return 0
     from kvpool.bench.tiny_model import TinyLlamaConfig, write_tiny_llama
-    from kvpool.sim.hardware import MODELS
 
     with tempfile.TemporaryDirectory(prefix="kvpool-simcal-") as tmp:
         work = Path(tmp)

@@ -13,7 +13,6 @@ import pytest
 
 from kvpool.core.errors import TransferError
 from kvpool.transfer import tcp_path_tags
-from kvpool.transfer import tcp_path as sl
 from kvpool.transfer import tcp_path_wire as wire
 from kvpool.transfer.tcp_path_tags import TagIndex, tag_of
 

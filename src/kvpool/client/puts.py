@@ -117,11 +117,7 @@ class Puts:
         pinned: bool = False,
         on_written=None,
     ) -> list[int]:
-        """Store objects given as scatter-gather regions. Returns PUT_ALLOCATED (stored now),
-        PUT_EXISTS, PUT_NO_SPACE or PUT_FAILED (write failed, revoked) per key. `pinned` objects
-        are never evicted (remove them explicitly). `on_written()` is called once the source
-        memory is no longer needed (after the copy, before the master is told; also when the call
-        fails early), so a caller can reuse it without waiting for the last round trip."""
+        """Client.put_from: the statuses of put_batch."""
         statuses, _ = self.put_batch(keys, addrs, sizes, parents, pinned, on_written)
         return statuses
 
