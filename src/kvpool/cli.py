@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("kvpool.bench.cli", "benchmarks: replay traces against endpoints, store benchmarks"),
     "demo": ("kvpool.bench.demo_cli", "the end-to-end demo: two vLLM servers, with and without the pool"),
     "router": ("kvpool.router.cli", "an OpenAI-compatible router in front of several vLLM servers"),
+    "connector-config": ("kvpool.core.transfer_config_cli",
+                         "print the --kv-transfer-config JSON for a vLLM server using the pool (aggregated or P/D)"),
     "sim": ("kvpool.sim.cli", "simulate a serving fleet on a trace: with/without the pool, routing policies"),
 }
 

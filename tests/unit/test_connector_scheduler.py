@@ -274,6 +274,26 @@ def test_a_local_hit_is_not_saved_again():
     assert save.keys == object_keys(HASHES, 1, 2, 3) and save.block_ids == [[table[2]]]
 
 
+def test_a_pd_decode_request_neither_looks_up_nor_saves_its_prompt():
+    """Beside NixlConnector in vLLM's MultiConnector: the prefill instance sent the prompt's KV and
+    saved it to the pool; the decode side saves only what it decodes."""
+    lookups = Lookups({k for k in object_keys(HASHES, 1, 0, 3)})
+    side, pool = make(lookups)
+    table = [b.block_id for b in pool.get_new_blocks(5)]
+    req = request("r", num_tokens=14)  # 3 full prompt blocks and 2 tokens of a 4th
+    req.kv_transfer_params = {"do_remote_prefill": True, "remote_block_ids": [[7, 8, 9, 10]]}
+    side.on_new_request(req)
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)  # NixlConnector loads it
+    assert lookups.calls == 0
+    req.kv_transfer_params["do_remote_prefill"] = False  # what NixlConnector does at admission
+    side.update_state_after_alloc(req, blocks(table), 0)
+    assert side.build_connector_meta(step("r", 13, 1, table)).saves == []  # the prompt: saved by the prefill
+    req.num_tokens, req.block_hashes = 20, HASHES[:5]  # decoding filled block 3 and block 4
+    (save,) = side.build_connector_meta(step("r", 14, 6, table, new=False)).saves
+    assert save.keys == object_keys(HASHES, 1, 3, 5) and save.block_ids == [[table[3]], [table[4]]]
+    assert side.stats.take().data["remote_prefills"] == 1
+
+
 def test_blocks_pinned_for_saves_are_bounded_so_admission_never_starves():
     side, pool = make(Lookups(), max_pinned_fraction=0.25)  # 32 blocks: at most 8 pinned
     a_table = [b.block_id for b in pool.get_new_blocks(12)]

@@ -11,6 +11,9 @@ Rules:
 - A request whose pool load came back short is computed from then on: asking the pool again
   would plan the same failing load forever (the master may list a dead node's objects until the
   node's TTL ends).
+- A P/D decode request (vLLM's `kv_transfer_params` say `do_remote_prefill`) gets its prompt's KV
+  from the prefill instance, which saved it to the pool: its prompt's objects need no save and no
+  lookup; what it decodes is saved as usual.
 - Save progress only grows: objects [0, next_save) are in the pool or on their way; for a hybrid
   model, `saved_until[group]` is the same per KV-cache group (groups.py), 0 where absent.
 """
@@ -26,6 +29,7 @@ class RequestState:
     request: object | None = None  # vLLM's Request, from its admission on
     local_hit_tokens: int = 0  # vLLM's local prefix-cache hit when it last asked, until admission
     lookup: tuple[int, int] | None = None  # (local hit tokens, pool hit objects) of the last answer, until admission
+    remote_prefill: bool = False  # P/D decode: the prompt's KV comes from a prefill instance
     load_failed: bool = False  # its pool load came back short: computed from now on, never planned again
     next_save: int = 0
     saved_until: dict[int, int] = field(default_factory=dict)  # hybrid models: per KV-cache group

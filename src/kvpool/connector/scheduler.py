@@ -40,6 +40,13 @@ Facts this relies on (vLLM 0.32, v1/core/sched/scheduler.py):
   round trip per rank namespace answers every group, vLLM's coordinator picks the hit
   (hit_rule.py), each group's rule picks what a save stores (groups.py), Mamba states come from
   vLLM's boundary-state hand-offs, and loads are asynchronous (failures go to `failed_recving`).
+- With vLLM's MultiConnector beside NixlConnector (P/D), a decode request arrives with
+  `kv_transfer_params["do_remote_prefill"]`: NixlConnector (listed first) loads its prompt from the
+  prefill instance, and the prefill instance's own KVPoolConnector saved that prompt to the pool.
+  This side then neither looks it up (no round trip delays the decode) nor saves the prompt's
+  objects again; the decode-phase KV (the agent's output) is saved as usual, so the next turn's
+  prefill finds prompt and output in the pool. NixlConnector clears the flag in its own
+  `update_state_after_alloc`, which MultiConnector calls first: it is read when vLLM asks.
 - Saves never starve admission: blocks pinned for saves (planned, not yet reported copied) are
   bounded by `max_pinned_fraction` of vLLM's blocks. Past it, a running request's save waits for
   a later step (`saves_deferred`; its blocks stay the request's anyway) and a finished request's is
@@ -78,6 +85,12 @@ log = logging.getLogger(__name__)
 
 _COUNTED = {DEFERRED: "lookups_deferred", REUSED: "lookups_cached", GIVEN_UP: "lookups_given_up"}
 NULL_BLOCK_ID = 0  # vLLM's placeholder block (v1/attention/backends/utils.py); never holds KV
+
+
+def is_remote_prefill(request) -> bool:
+    """A P/D decode request whose prompt KV a prefill instance sends (vLLM's kv_transfer_params)."""
+    params = getattr(request, "kv_transfer_params", None)
+    return bool(params) and bool(params.get("do_remote_prefill"))
 
 
 class SchedulerSide:
@@ -134,7 +147,7 @@ class SchedulerSide:
         its waiting clock (with `touch_waiting_s`; waiting.py)."""
         if self._waiting is not None:
             self._waiting.arrived(request.request_id, request, self._clock())
-        if not self._lookup_on_arrival:
+        if not self._lookup_on_arrival or is_remote_prefill(request):
             return
         window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
         if window <= 0 or not self._health.should_try():
@@ -170,6 +183,9 @@ class SchedulerSide:
         state.lookup = None
         state.local_hit_tokens = num_computed_tokens
         if state.load_failed:
+            return 0, False
+        if is_remote_prefill(request):
+            state.remote_prefill = True
             return 0, False
         window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
         if window * self.geom.tokens_per_object <= num_computed_tokens or not self._health.should_try():
@@ -234,6 +250,10 @@ class SchedulerSide:
         # again would only cost a round trip per step (PUT_EXISTS). If the pool evicted it since,
         # it stays evicted: the pool's choice, not ours to undo.
         self._mark_saved(state, state.take_local_hit() // self.geom.tokens_per_object)
+        if state.remote_prefill:
+            self._mark_saved(state, request.num_prompt_tokens // self.geom.tokens_per_object)
+            self.stats.add(remote_prefills=1)
+            state.remote_prefill = False  # counted once; a preempted request recomputes and saves as usual
         lookup = state.take_lookup()
         if lookup is None:
             return

@@ -23,6 +23,7 @@ COUNTERS = {
     "lookups_deferred": "Engine steps in which a request's lookup was still in flight (vLLM asked again later)",
     "lookups_given_up": "Lookups unanswered within lookup_timeout_s: the request was computed without the pool",
     "lookup_hit_tokens": "Tokens the pool reported beyond vLLM's local hit",
+    "remote_prefills": "P/D decode requests whose prompt KV came from a prefill instance (no lookup, no prompt save)",
     "lookup_failures": "Lookups that failed (master unreachable or error)",
     "prefix_touches": "Lookups that kept a waiting request's prefix fresh in the pool (touch_waiting_s)",
     "prefix_touched_objects": "Pool objects those lookups found (and refreshed in the master's LRU)",
