@@ -64,11 +64,6 @@ def wait_for(what: str, check, timeout_s: float = 30.0) -> None:
         time.sleep(0.2)
 
 
-def nixl_env() -> dict[str, str]:
-    """Each vLLM instance on one machine needs its own NIXL side-channel port."""
-    return {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(procs.free_port())}
-
-
 def pd_request(prefill_url: str, decode_url: str, body: dict) -> list[int]:
     """The P/D protocol without the router (vLLM's kv_transfer_params): the fault cases need to act
     between the two steps."""
@@ -86,7 +81,7 @@ def test_pd_session_matches_aggregated_and_reuses_the_pool(tmp_path, vllm_cache_
                                              max_model_len=MAX_MODEL_LEN, kv_transfer_config=config,
                                              cpu_bind=str(i % 2), cache_root=vllm_cache_root, wait=False,
                                              extra_args=("--dtype", "float32", "--block-size", str(BLOCK_SIZE)),
-                                             extra_env=nixl_env())
+                                             extra_env=procs.nixl_env())
                for i, name in enumerate(("prefill0", "prefill1", "decode"))}  # fmt: skip
     for s in servers.values():
         procs.wait_http_ok(s, s.info["url"] + "/health", 400)

@@ -10,7 +10,14 @@ the trace and the compiled-graph caches. The runs (`RUN_SPECS`), on the same tot
    pool segment, so any server can load any prefix the other computed;
 4. session: the pool run with `--policy session` (consistent hashing of the session id);
 5. cache_aware: the pool run with `--policy cache_aware` (lowest estimated TTFT from the servers'
-   KV events and the pool).
+   KV events and the pool);
+6. pd: prefill/decode disaggregation, server 0 prefills and server 1 decodes, vLLM's NixlConnector
+   hands the KV over (`kvpool router --prefill ... --decode ...`), no pool;
+7. pd_more_kv: the same, each server's KV memory grown by what it would give the pool;
+8. pd_pool: P/D with the pool: both servers run MultiConnector(NixlConnector, KVPoolConnector), so
+   the prefill loads what the pool holds and the decode saves the agent's output for the next turn.
+`--pd` runs 6, 7, 8 and 5 (aggregated, with the pool) on the same trace and memory. In P/D runs the
+hit rates are the prefill instance's: the decode instance's "external" hits are NIXL's hand-offs.
 Every server publishes its KV events in every run (like for like). Server i's worker threads are
 pinned to core i in every run.
 A run that cannot start (no connector yet, a server that dies) is reported with its reason and
@@ -34,6 +41,7 @@ from kvpool.bench.replay import ReplayConfig, ReplayResult
 from kvpool.bench.reports import summarize
 from kvpool.bench.tiny_model import TinyLlamaConfig, write_tiny_llama
 from kvpool.bench.tiny_tokenizer import write_tiny_tokenizer
+from kvpool.core.transfer_config import pd_transfer_config, pool_transfer_config
 from kvpool.workload.formats import expand_inputs, load_trace
 from kvpool.workload.model import Session, scale_session
 from kvpool.workload.synth import SynthConfig, synth_sessions
@@ -47,6 +55,7 @@ class RunSpec:
     policy: str
     pooled: bool
     more_kv: bool = False  # each server's KV memory + its pool share
+    pd: bool = False  # server 0 prefills, server 1 decodes (needs num_servers == 2)
 
 
 RUN_SPECS = {s.name: s for s in (
@@ -55,13 +64,15 @@ RUN_SPECS = {s.name: s for s in (
     RunSpec("pool", "3. round-robin + pool", "round_robin", pooled=True),
     RunSpec("session", "4. session + pool", "session", pooled=True),
     RunSpec("cache_aware", "5. cache_aware + pool", "cache_aware", pooled=True),
+    RunSpec("pd", "6. P/D, no pool", "round_robin", pooled=False, pd=True),
+    RunSpec("pd_more_kv", "7. P/D, no pool, pool memory as local KV", "round_robin", pooled=False, more_kv=True, pd=True),
+    RunSpec("pd_pool", "8. P/D + pool", "round_robin", pooled=True, pd=True),
 )}  # fmt: skip
 RUNS = tuple(RUN_SPECS)
-DEFAULT_RUNS = ("baseline", "cache_aware")  # `--compare` runs all of RUNS
+DEFAULT_RUNS = ("baseline", "cache_aware")
+COMPARE_RUNS = ("baseline", "more_kv", "pool", "session", "cache_aware")  # `--compare`
+PD_RUNS = ("pd", "pd_more_kv", "pd_pool", "cache_aware")  # `--pd`
 LABELS = {name: spec.label for name, spec in RUN_SPECS.items()}
-# a failed pool load is recomputed by vLLM rather than failing the request
-CONNECTOR = {"kv_connector": "KVPoolConnector", "kv_connector_module_path": "kvpool.connector", "kv_role": "kv_both",
-             "kv_load_failure_policy": "recompute"}
 
 
 # the tiny models the demo serves: a full-attention Llama, and a sliding-window hybrid (vLLM's
@@ -101,6 +112,8 @@ class DemoConfig:
             raise ValueError("kv_cache_bytes and pool_bytes_per_server must be at least 1 MiB")
         if not self.runs or any(r not in RUNS for r in self.runs):
             raise ValueError(f"runs must be a non-empty subset of {', '.join(RUNS)}; got {', '.join(self.runs)}")
+        if self.num_servers != 2 and any(RUN_SPECS[r].pd for r in self.runs):
+            raise ValueError("the P/D runs use two servers: one prefill and one decode instance")
 
 
 @dataclass
@@ -192,12 +205,15 @@ class Demo:
         """Start (master,) servers and the router of one run; return them, the router URL, the server URLs."""
         c, spec = self.config, RUN_SPECS[name]
         started: list[procs.ManagedProcess] = []
-        transfer = None
+        pool = None
         if spec.pooled:
             master = procs.start_master(self.workdir / name, name="master")
             started.append(master)
-            extra = {"master_address": master.info["address"], "pool_memory_bytes": c.pool_bytes_per_server}
-            transfer = CONNECTOR | {"kv_connector_extra_config": extra}
+            pool = {"master_address": master.info["address"], "pool_memory_bytes": c.pool_bytes_per_server}
+        if spec.pd:
+            transfer = pd_transfer_config(pool)
+        else:
+            transfer = pool_transfer_config(pool) if pool else None
         kv_bytes = c.kv_cache_bytes + (c.pool_bytes_per_server if spec.more_kv else 0)
         servers = []
         for i in range(c.num_servers):
@@ -205,16 +221,21 @@ class Demo:
                 self.workdir / name, self.model_dir, name=f"vllm{i}", kv_cache_memory_bytes=kv_bytes,
                 max_model_len=c.max_model_len, kv_transfer_config=transfer, cpu_bind=_cpu_for(i),
                 cache_root=self.workdir / f"vllm-cache-{i}", kv_events=True, tokenizer=self.tokenizer_dir,
-                wait=False,
+                wait=False, extra_env=procs.nixl_env() if spec.pd else None,
             )  # fmt: skip
             servers.append(server)
             started.append(server)
         for server in servers:
             procs.wait_http_ok(server, server.info["url"] + "/health", c.start_timeout_s)
         urls = [s.info["url"] for s in servers]
-        router_args = ["--policy", spec.policy, *(["--pooled"] if spec.pooled else []),
-                       *[a for s in servers for a in ("--kv-events", s.info["kv_events"])]]  # fmt: skip
-        router = procs.start_router(self.workdir / name, urls, *router_args, name="router")
+        if spec.pd:  # the router's view of the prefill side: its KV events
+            router_args = ["--prefill", urls[0], "--decode", urls[1], "--policy", spec.policy,
+                           *(["--pooled"] if spec.pooled else []), "--kv-events", servers[0].info["kv_events"]]  # fmt: skip
+            router = procs.start_router(self.workdir / name, [], *router_args, name="router")
+        else:
+            router_args = ["--policy", spec.policy, *(["--pooled"] if spec.pooled else []),
+                           *[a for s in servers for a in ("--kv-events", s.info["kv_events"])]]  # fmt: skip
+            router = procs.start_router(self.workdir / name, urls, *router_args, name="router")
         started.append(router)
         return started, router.info["url"], urls
 
@@ -231,7 +252,9 @@ class Demo:
                 outcome.error = f"could not start the {LABELS[name]} stack: {e}"
                 return outcome
             outcome.startup_s = time.monotonic() - t0
-            config = ReplayConfig(endpoints=(router_url,), metrics_urls=tuple(server_urls), time_scale=self.config.time_scale,
+            # P/D: the prefill instance's counters are the hit rates (the decode's are NIXL's hand-offs)
+            metrics_urls = tuple(server_urls[:1] if RUN_SPECS[name].pd else server_urls)
+            config = ReplayConfig(endpoints=(router_url,), metrics_urls=metrics_urls, time_scale=self.config.time_scale,
                                   seed=self.config.seed, request_timeout_s=self.config.request_timeout_s)  # fmt: skip
             try:
                 outcome.result = replay_fn(sessions, config, f"replay {LABELS[name]}")

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from kvpool.bench import plots, procs, reports
 from kvpool.bench.cli import replay_with_progress
-from kvpool.bench.demo import DEFAULT_RUNS, DEMO_MODELS, LABELS, RUN_SPECS, RUNS, ConnectorProbe, Demo, DemoConfig, RunOutcome, ratio
+from kvpool.bench.demo import COMPARE_RUNS, DEFAULT_RUNS, DEMO_MODELS, LABELS, PD_RUNS, RUN_SPECS, RUNS, ConnectorProbe, Demo, DemoConfig, RunOutcome, ratio
 from kvpool.workload.errors import TraceFormatError
 
 # The published reference (vLLM + Mooncake Store, Kimi-K2.5 on 12 GB200, Codex traces), for context.
@@ -45,13 +45,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "end-to-end P50, throughput, hit rates (local and pool) and failed requests side by side; save "
         "JSON, Markdown and a plot. The runs, on the same trace and total memory: "
         + "; ".join(f"{s.label} ({s.name})" for s in RUN_SPECS.values())
-        + f". By default {' and '.join(DEFAULT_RUNS)} (rows 1 and 5); --compare runs all five (about "
-        "2.5x as long). Every process is stopped on exit or Ctrl-C; Ctrl-C during a replay writes the "
+        + f". By default {' and '.join(DEFAULT_RUNS)} (rows 1 and 5); --compare runs rows 1-5 (about "
+        "2.5x as long); --pd runs the prefill/decode rows 6-8 and row 5. Every process is stopped on exit or Ctrl-C; Ctrl-C during a replay writes the "
         "partial results."
     )
     parser.add_argument("--quick", action="store_true",
                         help=f"a smoke run: {QUICK['num_sessions']} session(s) x {QUICK['max_turns']} turns, short prompts, no think time")
-    parser.add_argument("--compare", action="store_true", help="run all five rows of the comparison")
+    parser.add_argument("--compare", action="store_true", help="run rows 1-5 of the comparison (aggregated serving)")
+    parser.add_argument("--pd", action="store_true",
+                        help="prefill/decode disaggregation: 1 prefill + 1 decode instance without the pool, the same "
+                             "with the pool memory as local KV, with the pool; and aggregated serving with the pool")
     parser.add_argument("--runs", type=_runs, default=None, metavar="NAME,...",
                         help=f"run exactly these, in order (from {', '.join(RUNS)})")
     parser.add_argument("--only", choices=RUNS, default=None, help="run one row only")
@@ -92,7 +95,8 @@ def _config(args: argparse.Namespace) -> DemoConfig:
     for key, arg in (("num_sessions", "sessions"), ("max_turns", "max_turns"), ("scale", "scale"), ("time_scale", "time_scale")):
         if getattr(args, arg) is not None:
             base[key] = getattr(args, arg)
-    runs = args.runs or ((args.only,) if args.only else RUNS if args.compare else DEFAULT_RUNS)
+    runs = args.runs or ((args.only,) if args.only else COMPARE_RUNS if args.compare else PD_RUNS if args.pd
+                         else DEFAULT_RUNS)
     return DemoConfig(
         **base, seed=args.seed, sessions_file=args.sessions_file, sessions_scale=args.sessions_scale,
         kv_cache_bytes=args.kv_cache_mib,
@@ -114,7 +118,7 @@ def _x(v: float | None, suffix: str = "") -> str:
 
 
 COLUMNS = ("run", "TTFT P50", "TTFT P99", "end-to-end P50", "throughput (tok/s)", "local hit", "pool hit",
-           "failed / skipped", "P50 TTFT vs row 1")  # fmt: skip
+           "failed / skipped", "P50 TTFT vs no pool")  # fmt: skip
 
 
 def _get(s: dict | None, *path: str):
@@ -126,8 +130,10 @@ def _get(s: dict | None, *path: str):
 
 
 def comparison_rows(outcomes: dict[str, RunOutcome]) -> list[tuple[str, ...]]:
-    """One row per run: the figures of COLUMNS, and the P50 TTFT ratio to row 1."""
-    first = _get((outcomes.get("baseline") or RunOutcome("baseline")).summary, "ttft_s", "p50")
+    """One row per run: the figures of COLUMNS, and the P50 TTFT ratio to row 1 (aggregated rows) or
+    row 6 (P/D rows), the same serving shape without the pool."""
+    firsts = {pd: _get((outcomes.get(base) or RunOutcome(base)).summary, "ttft_s", "p50")
+              for pd, base in ((False, "baseline"), (True, "pd"))}  # fmt: skip
     rows = []
     for name, o in outcomes.items():
         s = o.summary
@@ -138,7 +144,7 @@ def comparison_rows(outcomes: dict[str, RunOutcome]) -> list[tuple[str, ...]]:
         pool_hit = ratio(_get(s, "server_counters", "external_hits"), _get(s, "server_counters", "local_queries"))
         req = s["requests"]
         p50 = _get(s, "ttft_s", "p50")
-        vs = "-" if name == "baseline" else _x(ratio(first, p50), " lower")
+        vs = "-" if name in ("baseline", "pd") else _x(ratio(firsts[RUN_SPECS[name].pd], p50), " lower")
         rows.append((o.label, _s(p50), _s(_get(s, "ttft_s", "p99")), _s(_get(s, "e2e_s", "p50")),
                      f"{tput:.0f}" if tput else "n/a", _pct(_get(s, "hit_rate", "local")),
                      _pct(pool_hit) if RUN_SPECS[name].pooled else "-", f"{req['error']} / {req['skipped']}", vs))  # fmt: skip
@@ -188,7 +194,10 @@ METHOD = (
     "trace (one client per session, think times scaled) once per run: round-robin without the pool; "
     "round-robin without the pool but each server's KV memory grown by its pool share; then with "
     "`kvpool master` and `KVPoolConnector` (each server contributes an embedded pool segment) under the "
-    "round_robin, session and cache_aware policies. Each run starts its own processes. Prompts are token ids; each turn "
+    "round_robin, session and cache_aware policies; in the P/D rows server 0 prefills and server 1 decodes "
+    "(vLLM's NixlConnector hands the KV over, `kvpool router --prefill --decode`), without the pool, with the pool "
+    "memory as local KV, and with MultiConnector(NixlConnector, KVPoolConnector), their hit rates the prefill "
+    "instance's. Each run starts its own processes. Prompts are token ids; each turn "
     "re-sends the previous prompt and the output the server returned. TTFT and end-to-end latency are "
     "measured at the client; hit rates come from vLLM's /metrics (local prefix cache + external/pool hits, "
     "over prompt tokens); the potential hit rate is what one unbounded cache shared by both servers could "

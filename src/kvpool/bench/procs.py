@@ -274,9 +274,16 @@ def start_vllm_server(
     return proc
 
 
+def nixl_env(host: str = "127.0.0.1") -> dict[str, str]:
+    """The environment of a vLLM server running NixlConnector: each instance on one machine needs its
+    own side-channel port (where peers fetch its NIXL metadata)."""
+    return {"VLLM_NIXL_SIDE_CHANNEL_HOST": host, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port(host))}
+
+
 def start_router(workdir: Path, backends: list[str], *extra: str, name: str = "router", timeout_s: float = 30.0) -> ManagedProcess:
     """A `kvpool router` on 127.0.0.1 and an OS-chosen port (round-robin unless `extra` says
-    `--policy ...`); `info["url"]` is its base URL."""
+    `--policy ...`); `info["url"]` is its base URL. P/D mode: no `backends`, and `extra` names
+    `--prefill URL ... --decode URL ...`."""
     argv = kvpool_argv("router", "--host", "127.0.0.1", "--port", "0", *[a for b in backends for a in ("--backend", b)], *extra)
     return ManagedProcess(name, argv, workdir).start(timeout_s)
 
