@@ -1,6 +1,8 @@
 """Small local servers for the router's HTTP tests: an OpenAI-ish streaming backend whose health
-and failure modes a test sets, a backend that closes a kept-alive connection when it is reused
-(as uvicorn's idle timeout does), and the router itself, all on 127.0.0.1 and OS-chosen ports."""
+and failure modes a test sets (it also plays a P/D prefill instance, answering `kv_transfer_params`,
+or a decode instance, keeping the params it got), a backend that closes a kept-alive connection
+when it is reused (as uvicorn's idle timeout does), and the router itself, all on 127.0.0.1 and
+OS-chosen ports."""
 
 from __future__ import annotations
 
@@ -19,12 +21,17 @@ from kvpool.router.config import RouterConfig
 class FakeBackend:
     name: str
     healthy: bool = True
-    mode: str = "ok"  # ok | status503 | die_before_first_chunk | die_mid_stream
+    mode: str = "ok"  # ok | status503 | die_before_first_chunk | die_mid_stream | no_params
     num_tokens: int = 4
     token_delay_s: float = 0.0
     first_byte_delay_s: float = 0.0  # a queue: nothing is sent back before this
-    fail_from_request: int | None = None  # answer 500 from this request (0-based) on
+    fail_from_request: int | None = None  # answer fail_status from this request (0-based) on
+    fail_status: int = 500
     requests: list[dict] = field(default_factory=list)
+    # a P/D prefill instance: a request asking for remote decode is answered with kv_transfer_params
+    # naming its blocks (unless mode is no_params); each set it answered, in order
+    prefill: bool = False
+    sent_params: list[dict] = field(default_factory=list)
     unanswered: int = 0  # requests here now without their first byte
     max_unanswered: int = 0
     runner: web.AppRunner | None = None
@@ -35,7 +42,21 @@ class FakeBackend:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._completions)
         return app
+
+    @property
+    def received_params(self) -> list[dict | None]:
+        """The kv_transfer_params of each request received, in order (a decode instance's view)."""
+        return [r["body"].get("kv_transfer_params") for r in self.requests]
+
+    def _transfer_params(self) -> dict:
+        first = 10 * len(self.sent_params)
+        params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": f"engine-{self.name}",
+                  "remote_block_ids": list(range(first, first + 3)), "remote_host": "127.0.0.1",
+                  "remote_port": 5600 + len(self.sent_params), "tp_size": 1}  # fmt: skip
+        self.sent_params.append(params)
+        return params
 
     async def _health(self, _r: web.Request) -> web.Response:
         return web.Response(text="ok", status=200 if self.healthy else 503)
@@ -47,7 +68,7 @@ class FakeBackend:
         body = await request.json()
         self.requests.append({"body": body, "headers": dict(request.headers)})
         if self.fail_from_request is not None and len(self.requests) > self.fail_from_request:
-            return web.json_response({"error": {"message": "injected failure"}}, status=500)
+            return web.json_response({"error": {"message": "injected failure"}}, status=self.fail_status)
         if self.mode == "status503":
             return web.json_response({"error": "overloaded"}, status=503)
         self.unanswered += 1
@@ -58,7 +79,11 @@ class FakeBackend:
         finally:
             self.unanswered -= 1
         if not body.get("stream"):
-            return web.json_response({"served_by": self.name, "choices": [{"text": "x" * self.num_tokens}]})
+            answer = {"served_by": self.name, "choices": [{"text": "x" * self.num_tokens}]}
+            asked = body.get("kv_transfer_params") or {}
+            if self.prefill and asked.get("do_remote_decode") and self.mode != "no_params":
+                answer["kv_transfer_params"] = self._transfer_params()
+            return web.json_response(answer)
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         if self.mode == "die_before_first_chunk":

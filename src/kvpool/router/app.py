@@ -11,23 +11,23 @@ Rules:
   OpenAI-style `{"error": ...}` event and `[DONE]`; other responses are cut.
 - `/health` (200 while a backend is in rotation), `/metrics` are the router's own; `/v1/models`
   goes to any healthy backend.
+- P/D mode (`--prefill`/`--decode`): the two completion endpoints take the two-step path of
+  `disagg.py`; the policy, the gate and the KV events concern the prefill instances (`backends`),
+  everything else goes to a healthy decode instance; `/health` is 200 while both sets have one.
 - One access log line per request (logger `kvpool.router.access`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import time
-from dataclasses import dataclass, field
-
 import aiohttp
 from aiohttp import web
 from prometheus_client import generate_latest
 
 from kvpool.router.backends import Backend, Load
 from kvpool.router.config import RouterConfig
+from kvpool.router.disagg import PrefillDecode
 from kvpool.router.dispatch import ClientLeft, DispatchGate
 from kvpool.router.health import HealthChecker
 from kvpool.router.kv_events import EventStream, EventSubscriber
@@ -40,65 +40,34 @@ from kvpool.router.policy import (
     estimate_ttft,
     make_policy,
 )
-from kvpool.router.prefix_index import PoolLedger, RouterHash, prompt_chain
+from kvpool.router.prefix_index import PoolLedger, prompt_chain
 from kvpool.router.rates import RateConfig, RateEstimator
-from kvpool.router.sessions import RequestInfo, parse_body, request_info
+from kvpool.router.replies import HOP_HEADERS, RETRY_STATUSES, SEND_ERRORS, error_response, write_stream_error
+from kvpool.router.routed import Attempt, RoutedRequest
+from kvpool.router.sessions import parse_body, request_info
 
-_HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade"}
-_RETRY_STATUSES = {502, 503, 504}
-_SEND_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 access_log = logging.getLogger("kvpool.router.access")
-
-
-@dataclass
-class Attempt:
-    """One try of a request on one backend."""
-
-    backend: Backend
-    reason: str
-    load: Load
-    local_tokens: int
-    pool_tokens: int
-    compute_tokens: int  # what the backend must compute before this request's first token
-    sent_s: float
-    first_byte_s: float | None = None
-    estimates: str = ""  # the cache-aware policy's estimated TTFT on each backend, for the access log
-
-
-@dataclass
-class RoutedRequest:
-    """Everything the router knows about one client request, start to end."""
-
-    info: RequestInfo
-    chain: list[RouterHash]
-    block_size: int
-    pool_tokens: int
-    started_s: float = field(default_factory=time.perf_counter)
-    attempts: list[Attempt] = field(default_factory=list)
-    status: int = 0
-    bytes_out: int = 0
-    error: str | None = None
-
-    def tried(self) -> set[str]:
-        return {a.backend.name for a in self.attempts}
 
 
 class Router:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.backends = [Backend(url.rstrip("/"), url.rstrip("/"), fail_threshold=config.fail_threshold)
-                         for url in config.backends]  # fmt: skip
+                         for url in config.policy_backends]  # fmt: skip
+        self.decode = [Backend(url.rstrip("/"), url.rstrip("/"), fail_threshold=config.fail_threshold)
+                       for url in config.decode]  # fmt: skip
+        self.pd = PrefillDecode(self) if config.disaggregated else None
         self.policy = make_policy(config.policy, [b.name for b in self.backends], config.prior_costs)
         self.rates = RateEstimator(RateConfig(config.prior_costs))
         self.ledger = PoolLedger(config.pool_ledger_blocks)
         self.metrics = RouterMetrics()
         streams = [EventStream(ep, b.cache) for ep, b in zip(config.kv_events, self.backends)]
         self.events = EventSubscriber(streams, self.ledger.add if config.pooled else lambda _h: None)
-        self.health = HealthChecker(self.backends, config, self.metrics)
+        self.health = HealthChecker(self.backends + self.decode, config, self.metrics)
         self.gate = DispatchGate(self.backends, config.max_waiting)
         self._http: aiohttp.ClientSession | None = None
         self._next_any = 0
-        for b in self.backends:
+        for b in self.backends + self.decode:
             self.metrics.healthy.labels(b.name).set(1)
         self._publish_costs()
 
@@ -131,13 +100,19 @@ class Router:
     # ---- the router's own endpoints -----------------------------------------------------------
 
     async def _health(self, _request: web.Request) -> web.Response:
-        healthy = [b.name for b in self.backends if b.healthy]
-        body = {"status": "ok" if healthy else "no healthy backend", "healthy": healthy,
-                "unhealthy": {b.name: b.last_error for b in self.backends if not b.healthy}}  # fmt: skip
-        return web.json_response(body, status=200 if healthy else 503)
+        every = self.backends + self.decode
+        healthy = [b.name for b in every if b.healthy]
+        if self.pd is None:
+            status = "ok" if healthy else "no healthy backend"
+        else:
+            status = ("ok" if any(b.healthy for b in self.decode) else "no healthy decode instance") \
+                if any(b.healthy for b in self.backends) else "no healthy prefill instance"  # fmt: skip
+        body = {"status": status, "healthy": healthy,
+                "unhealthy": {b.name: b.last_error for b in every if not b.healthy}}  # fmt: skip
+        return web.json_response(body, status=200 if status == "ok" else 503)
 
     async def _metrics(self, _request: web.Request) -> web.Response:
-        for b in self.backends:
+        for b in self.backends + self.decode:
             self.metrics.inflight.labels(b.name).set(b.inflight_requests)
             self.metrics.inflight_tokens.labels(b.name, "prompt").set(b.inflight_prompt_tokens)
             self.metrics.inflight_tokens.labels(b.name, "decode").set(b.inflight_decode_tokens)
@@ -158,44 +133,53 @@ class Router:
         # vLLM never takes a prompt's last token from the cache
         usable = max(0, (info.prompt_tokens - 1) // block_size) if block_size else 0
         pool_blocks = min(self.ledger.prefix_blocks(chain), usable) if self.config.pooled else 0
-        return RoutedRequest(info, chain, block_size, pool_blocks * block_size)
+        path = request.path
+        if self.pd is not None:
+            to_any = not self.pd.handles(request.method, path, parsed)
+        else:
+            to_any = not path.startswith("/v1/") or path == "/v1/models"
+        return RoutedRequest(info, chain, block_size, pool_blocks * block_size, to_any=to_any, body_json=parsed)
 
-    def _choose(self, routed: RoutedRequest, path: str, rooms: list[bool] | None = None) -> Attempt:
+    def _choose(self, routed: RoutedRequest, rooms: list[bool] | None = None) -> Attempt:
         """The next attempt's backend (among those with `rooms`, when given); raises NoHealthyBackend."""
         tried = routed.tried()
         estimates = ""
         now = time.perf_counter() if self.config.observed_wait else None
         bs = routed.block_size
         usable = max(0, (routed.info.prompt_tokens - 1) // bs) if bs else 0
-        local = [min(b.cache.prefix_blocks(routed.chain), usable) * bs for b in self.backends]
-        if not path.startswith("/v1/") or path == "/v1/models":
-            index = self._any_healthy(tried)
+        if routed.to_any:
+            backend = self._any_healthy(tried)
+            local_tokens = min(backend.cache.prefix_blocks(routed.chain), usable) * bs
             reason = "any"
         else:
+            local = [min(b.cache.prefix_blocks(routed.chain), usable) * bs for b in self.backends]
             untried_healthy = any(b.healthy and b.name not in tried for b in self.backends)
             views = [b.view(local[i], excluded=(untried_healthy and b.name in tried) or (rooms is not None and not rooms[i]),
                             now_s=now) for i, b in enumerate(self.backends)]  # fmt: skip
             route = RouteRequest(routed.info.session_id, routed.info.prompt_tokens, routed.pool_tokens)
             decision = self.policy.choose(route, views)
-            index, reason = decision.index, decision.reason
+            backend, reason, local_tokens = self.backends[decision.index], decision.reason, local[decision.index]
             estimates = _estimates_text(decision.estimates, views)
-        backend = self.backends[index]
         costs = self.policy.costs if isinstance(self.policy, CacheAwarePolicy) else self.rates.costs()
         est = estimate_ttft(RouteRequest(routed.info.session_id, routed.info.prompt_tokens, routed.pool_tokens),
-                            backend.view(local[index], now_s=now), costs)  # fmt: skip
+                            backend.view(local_tokens, now_s=now), costs)  # fmt: skip
         queued = backend.inflight_prompt_tokens
-        load = Load(backend, est.recompute_tokens, routed.info.max_tokens, sent_s=time.perf_counter())
+        # a P/D prefill generates one token; the decode instance the rest
+        decode_tokens = 1 if self.pd is not None and not routed.to_any else routed.info.max_tokens
+        load = Load(backend, est.recompute_tokens, decode_tokens, sent_s=time.perf_counter())
         return Attempt(backend, reason, load, est.local_tokens, est.pool_tokens, est.recompute_tokens + queued,
                        time.perf_counter(), estimates=estimates)  # fmt: skip
 
-    def _any_healthy(self, tried: set[str]) -> int:
-        order = [(self._next_any + k) % len(self.backends) for k in range(len(self.backends))]
-        for pick in ([i for i in order if self.backends[i].healthy and self.backends[i].name not in tried],
-                     [i for i in order if self.backends[i].healthy]):  # fmt: skip
+    def _any_healthy(self, tried: set[str]) -> Backend:
+        """The next healthy backend (P/D mode: decode instance), untried ones first."""
+        pool = self.decode if self.pd is not None else self.backends
+        order = [(self._next_any + k) % len(pool) for k in range(len(pool))]
+        for pick in ([i for i in order if pool[i].healthy and pool[i].name not in tried],
+                     [i for i in order if pool[i].healthy]):  # fmt: skip
             if pick:
                 self._next_any = pick[0] + 1
-                return pick[0]
-        raise NoHealthyBackend("no backend is healthy")
+                return pool[pick[0]]
+        raise NoHealthyBackend("no backend is healthy" if self.pd is None else "no decode instance is healthy")
 
     # ---- forwarding ---------------------------------------------------------------------------
 
@@ -204,47 +188,56 @@ class Router:
             raise web.HTTPServiceUnavailable(text="router is starting")
         body = await request.read()
         routed = self._plan(request, body)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-        response: web.StreamResponse | None = None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         try:
-            while True:
-                try:
-                    attempt = await self._next_attempt(routed, request)
-                except ClientLeft:
-                    routed.status, routed.error = 499, "the client hung up while held at the router"
-                    return web.Response(status=499)  # nginx's "client closed request"; nobody reads it
-                except NoHealthyBackend as e:
-                    self.metrics.no_backend.inc()
-                    routed.status = 503 if not routed.attempts else 502
-                    message = str(e) if not routed.attempts else f"every attempt failed; last: {routed.error}"
-                    return _error_response(routed.status, message, "no_backend" if routed.status == 503 else "bad_gateway")
-                if len(routed.attempts) == 1 and attempt.reason != "any":  # a policy decision
-                    self._count_decision(routed, attempt)
-                result = await self._try(request, body, headers, routed, attempt)
-                if isinstance(result, web.StreamResponse):
-                    response = result
-                    return response
-                routed.error = result
-                attempt.load.end()  # the failed try no longer loads its backend
-                self.gate.notify()
-                if len(routed.attempts) >= self.config.max_attempts:
-                    routed.status = 502
-                    return _error_response(502, f"{len(routed.attempts)} attempts failed; last: {result}", "bad_gateway")
-                self.metrics.retries.labels(result.split(":", 1)[0]).inc()
+            if self.pd is not None and not routed.to_any:
+                return await self.pd.serve(request, headers, routed)
+            return await self._serve(request, body, headers, routed)
         finally:
-            for a in routed.attempts:
-                a.load.end()
+            for load in routed.loads():
+                load.end()
             self.gate.notify()
             self._log(request, routed)
+
+    async def _serve(self, request: web.Request, body: bytes, headers: dict[str, str],
+                     routed: RoutedRequest) -> web.StreamResponse:  # fmt: skip
+        """Forward the request as it is; a failure before the first byte is tried again elsewhere."""
+        while True:
+            try:
+                attempt = await self._next_attempt(routed, request)
+            except ClientLeft:
+                return self._client_left(routed)
+            except NoHealthyBackend as e:
+                return self._no_backend(routed, e)
+            if len(routed.attempts) == 1 and attempt.reason != "any":  # a policy decision
+                self._count_decision(routed, attempt)
+            result = await self._try(request, body, headers, routed, attempt)
+            if isinstance(result, web.StreamResponse):
+                return result
+            routed.error = result
+            attempt.load.end()  # the failed try no longer loads its backend
+            self.gate.notify()
+            if len(routed.attempts) >= self.config.max_attempts:
+                routed.status = 502
+                return error_response(502, f"{len(routed.attempts)} attempts failed; last: {result}", "bad_gateway")
+            self.metrics.retries.labels(result.split(":", 1)[0]).inc()
+
+    def _client_left(self, routed: RoutedRequest) -> web.Response:
+        routed.status, routed.error = 499, "the client hung up while held at the router"
+        return web.Response(status=499)  # nginx's "client closed request"; nobody reads it
+
+    def _no_backend(self, routed: RoutedRequest, e: NoHealthyBackend) -> web.Response:
+        self.metrics.no_backend.inc()
+        routed.status = 503 if not routed.attempts else 502
+        message = str(e) if not routed.attempts else f"every attempt failed; last: {routed.error}"
+        return error_response(routed.status, message, "no_backend" if routed.status == 503 else "bad_gateway")
 
     async def _next_attempt(self, routed: RoutedRequest, request: web.Request) -> Attempt:
         """Choose the next attempt and take its load. A first try of a streamed completion goes
         through the gate (late binding, dispatch.py); retries do not wait again."""
-        path = request.path
-        gated = (self.gate.enabled and not routed.attempts and routed.info.stream and path.startswith("/v1/")
-                 and path != "/v1/models")  # fmt: skip
+        gated = self.gate.enabled and not routed.attempts and routed.info.stream and not routed.to_any
         if not gated:
-            attempt = self._choose(routed, path)
+            attempt = self._choose(routed)
             routed.attempts.append(attempt)
             return attempt
         self.metrics.held.inc()
@@ -255,7 +248,7 @@ class Router:
                 async with self.gate.turn(lambda: _client_gone(request), front=front):
                     rooms = self.gate.rooms()
                     if any(rooms) or not any(b.healthy for b in self.backends):  # none healthy: 503 below
-                        attempt = self._choose(routed, path, rooms if any(rooms) else None)
+                        attempt = self._choose(routed, rooms if any(rooms) else None)
                         routed.attempts.append(attempt)
                         self.metrics.held_s.observe(time.perf_counter() - started)
                         return attempt
@@ -279,22 +272,22 @@ class Router:
         try:
             upstream = await self._http.request(request.method, backend.url + request.rel_url.path_qs,
                                                 headers=headers, data=body or None)  # fmt: skip
-        except _SEND_ERRORS as e:
+        except SEND_ERRORS as e:
             return self._failed(backend, "connect", e)
         try:
-            if upstream.status in _RETRY_STATUSES:
+            if upstream.status in RETRY_STATUSES:
                 text = (await upstream.text(errors="replace"))[:200]
                 backend.request_answered()
                 return f"status: {backend.name} answered {upstream.status}: {text}"
             try:
                 first = await upstream.content.readany()
-            except _SEND_ERRORS as e:
+            except SEND_ERRORS as e:
                 return self._failed(backend, "first_byte", e)
             backend.request_answered()
             self._first_byte(routed, attempt)
             response = web.StreamResponse(status=upstream.status)
             for k, v in upstream.headers.items():
-                if k.lower() not in _HOP_HEADERS:
+                if k.lower() not in HOP_HEADERS:
                     response.headers[k] = v
             routed.status = upstream.status
             await response.prepare(request)
@@ -311,10 +304,10 @@ class Router:
                 routed.bytes_out += len(chunk)
                 try:
                     chunk = await upstream.content.readany()
-                except _SEND_ERRORS as e:
+                except SEND_ERRORS as e:
                     self._stream_cut(routed, backend, e)
                     if is_sse:
-                        await _write_stream_error(response, backend.name, e)
+                        await write_stream_error(response, backend.name, e)
                     return response
             if is_sse and routed.info.stream and attempt.first_byte_s is not None:
                 self.rates.observe_decode(max(0, chunks - 3), time.perf_counter() - attempt.first_byte_s)
@@ -349,8 +342,9 @@ class Router:
         if routed.info.stream and routed.info.prompt_tokens > 0:
             ttft = now - attempt.sent_s
             self.metrics.ttft_s.observe(ttft)
-            self.rates.observe_ttft(attempt.compute_tokens, attempt.pool_tokens, ttft)
-            self._publish_costs()
+            if attempt.computes_prompt:  # a P/D prefill is observed when its response comes (disagg.py)
+                self.rates.observe_ttft(attempt.compute_tokens, attempt.pool_tokens, ttft)
+                self._publish_costs()
 
     def _publish_costs(self) -> None:
         costs = self.rates.costs()
@@ -363,15 +357,19 @@ class Router:
             self.metrics.decode_latency.set(self.rates.decode_latency_s_per_token)
 
     def _log(self, request: web.Request, routed: RoutedRequest) -> None:
+        """`backend`, `reason`, `local` and `est` are the policy's choice (in P/D mode the prefill
+        instance); `ttft_s` is when the client's first byte went out."""
         last = routed.attempts[-1] if routed.attempts else None
-        ttft = f"{last.first_byte_s - routed.started_s:.3f}" if last and last.first_byte_s else "-"
+        served = routed.decodes[-1] if routed.decodes else last
+        ttft = f"{served.first_byte_s - routed.started_s:.3f}" if served and served.first_byte_s else "-"
         access_log.info(
             '%s "%s %s" %s session=%s(%s) backend=%s reason=%s attempts=%d prompt=%d local=%d pool=%d '
-            "ttft_s=%s total_s=%.3f bytes=%d%s%s",
+            "ttft_s=%s total_s=%.3f bytes=%d%s%s%s",
             request.remote, request.method, request.path_qs, routed.status, routed.info.session_id,
             routed.info.session_source, last.backend.name if last else "-", last.reason if last else "-",
             len(routed.attempts), routed.info.prompt_tokens, last.local_tokens if last else 0,
             routed.pool_tokens, ttft, time.perf_counter() - routed.started_s, routed.bytes_out,
+            self.pd.log_fields(routed) if self.pd is not None and not routed.to_any else "",
             f" est={last.estimates}" if last and last.estimates else "",
             f' error="{routed.error}"' if routed.error else "",
         )  # fmt: skip
@@ -387,18 +385,3 @@ def _estimates_text(estimates: tuple, views: list[BackendView]) -> str:
 def _client_gone(request: web.Request) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
-
-
-def _error_response(status: int, message: str, kind: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
-
-
-async def _write_stream_error(response: web.StreamResponse, backend: str, e: BaseException) -> None:
-    """End a cut SSE stream the way OpenAI clients understand: an error event, then [DONE]."""
-    event = {"error": {"message": f"backend {backend} failed mid-stream: {type(e).__name__}: {e}",
-                       "type": "backend_error", "code": 502}}  # fmt: skip
-    try:
-        await response.write(b"\n\ndata: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n")  # ends a cut event first
-        await response.write_eof()
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError, RuntimeError):
-        pass  # the client is gone too

@@ -36,14 +36,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with an OpenAI error event. Sessions are identified by the x-session-id header (or the headers "
         "coding agents send), the `user` field, or a hash of the first prompt block. Policies: "
         + "; ".join(f"{k}: {v}" for k, v in POLICY_HELP.items())
+        + ". P/D mode (--prefill URL ... --decode URL ..., instead of --backend): each completion is "
+        "prefilled on a prefill instance chosen by --policy (max_tokens 1, kv_transfer_params asking for "
+        "remote decode), then decoded on a decode instance (the session's own while healthy, else the "
+        "least loaded) with the prefill's kv_transfer_params, and streamed back from there; the vLLM servers "
+        "need a --kv-transfer-config whose connector hands KV over (e.g. NixlConnector). A failed prefill is "
+        "retried on another prefill instance, a decode that fails before the first byte redoes the request. "
+        "--kv-events then name the prefill instances' endpoints; every other path goes to a decode instance."
     )
-    parser.add_argument("--backend", action="append", required=True, metavar="URL",
-                        help="base URL of a vLLM OpenAI server (repeat for each)")  # fmt: skip
+    parser.set_defaults(_usage_error=parser.error)
+    parser.add_argument("--backend", action="append", default=[], metavar="URL",
+                        help="base URL of a vLLM OpenAI server (repeat for each); aggregated mode")  # fmt: skip
+    parser.add_argument("--prefill", action="append", default=[], metavar="URL",
+                        help="P/D mode: base URL of a vLLM server that prefills (repeat for each; needs --decode)")
+    parser.add_argument("--decode", action="append", default=[], metavar="URL",
+                        help="P/D mode: base URL of a vLLM server that decodes from the prefill's KV "
+                             "(repeat for each; needs --prefill)")  # fmt: skip
     parser.add_argument("--policy", choices=POLICY_NAMES, default="round_robin", help="routing policy (default round_robin)")
     parser.add_argument("--kv-events", action="append", default=[], metavar="ZMQ_ENDPOINT",
                         help="where backend i publishes its KV events (vLLM --kv-events-config with "
                              '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:PORT"}); '
-                             "repeat once per --backend, same order, e.g. tcp://127.0.0.1:PORT")  # fmt: skip
+                             "repeat once per --backend (P/D mode: per --prefill), same order, "
+                             "e.g. tcp://127.0.0.1:PORT")  # fmt: skip
     parser.add_argument("--pooled", action="store_true",
                         help="the backends share a kvpool pool (KVPoolConnector): a prefix one computed, any can load")
     parser.add_argument("--prefill-s-per-token", type=float, default=None,
@@ -56,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-waiting", type=int, default=0, metavar="N",
                         help="late binding: hold a streamed completion at the router while every backend has N requests "
                              "still without a first token, and route it when one has room (default 0: off)")
-    parser.add_argument("--max-attempts", type=int, default=3, help="tries per request, on different backends (default 3)")
+    parser.add_argument("--max-attempts", type=int, default=3,
+                        help="tries per request, on different backends (P/D mode: prefills sent) (default 3)")
     parser.add_argument("--health-interval-s", type=float, default=1.0, help="seconds between health checks (default 1)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 = any free port (default 8000)")
@@ -79,7 +94,9 @@ async def _serve(router: Router, host: str, port: int, ready_file: Path | None) 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     config = router.config
-    print(f"kvpool router ({config.policy}) on http://{host}:{bound} -> {', '.join(config.backends)}", flush=True)
+    to = (f"prefill {', '.join(config.prefill)}; decode {', '.join(config.decode)}" if config.disaggregated
+          else ", ".join(config.backends))  # fmt: skip
+    print(f"kvpool router ({config.policy}) on http://{host}:{bound} -> {to}", flush=True)
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"url": f"http://{host}:{bound}", "port": bound, "pid": os.getpid()}))
@@ -103,14 +120,35 @@ def _setup_logging(args: argparse.Namespace) -> None:
     access.setLevel(logging.INFO)
 
 
+def mode_error(backend: list[str], prefill: list[str], decode: list[str]) -> str | None:
+    """Why the URLs given name no mode (aggregated: --backend; P/D: --prefill and --decode), or None."""
+    if backend and (prefill or decode):
+        return "give either --backend URLs (aggregated) or --prefill and --decode URLs (P/D mode), not both"
+    if prefill and not decode:
+        return "--prefill needs at least one --decode URL (P/D mode: the prefill's KV is decoded there)"
+    if decode and not prefill:
+        return "--decode needs at least one --prefill URL (P/D mode: the decode continues a prefill)"
+    if not backend and not prefill:
+        return "give at least one --backend URL, or --prefill and --decode URLs (P/D mode)"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    error = mode_error(args.backend, args.prefill, args.decode)
+    if error is not None:
+        usage_error = getattr(args, "_usage_error", None)
+        if usage_error is not None:
+            usage_error(error)  # argparse's usage and message; exits 2
+        print(f"kvpool router: {error}", file=sys.stderr)
+        return 2
     try:
         prior = CostModel(
             prefill_s_per_token=args.prefill_s_per_token if args.prefill_s_per_token is not None else 1e-3,
             pool_load_s_per_token=args.pool_load_s_per_token if args.pool_load_s_per_token is not None else 1e-4,
             decode_s_per_token=1e-4,
         )
-        config = RouterConfig(backends=tuple(args.backend), policy=args.policy, kv_events=tuple(args.kv_events),
+        config = RouterConfig(backends=tuple(args.backend), prefill=tuple(args.prefill), decode=tuple(args.decode),
+                              policy=args.policy, kv_events=tuple(args.kv_events),
                               pooled=args.pooled, request_timeout_s=args.request_timeout_s,
                               health_interval_s=args.health_interval_s, max_attempts=args.max_attempts,
                               prior_costs=prior, observed_wait=not args.no_observed_wait,

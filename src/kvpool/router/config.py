@@ -1,4 +1,9 @@
-"""The router's one config object, validated at construction (errors say what to change)."""
+"""The router's one config object, validated at construction (errors say what to change).
+
+Two modes: aggregated (`backends`: each serves whole requests) or prefill/decode disaggregated
+(`prefill` and `decode`: a completion is prefilled on one set and decoded on the other, see
+`disagg.py`). The policy, `kv_events` and late binding concern the instances that compute
+prompts: the backends, or in P/D mode the prefill instances (`policy_backends`)."""
 
 from __future__ import annotations
 
@@ -9,9 +14,11 @@ from kvpool.router.policy import DEFAULT_COSTS, POLICY_NAMES, CostModel
 
 @dataclass(frozen=True)
 class RouterConfig:
-    backends: tuple[str, ...]
+    backends: tuple[str, ...] = ()
+    prefill: tuple[str, ...] = ()  # P/D mode: the instances that compute prompts (kv_producer)
+    decode: tuple[str, ...] = ()  # P/D mode: the instances that generate from transferred KV (kv_consumer)
     policy: str = "round_robin"
-    kv_events: tuple[str, ...] = ()  # one zmq endpoint per backend, same order; () = none
+    kv_events: tuple[str, ...] = ()  # one zmq endpoint per policy backend, same order; () = none
     pooled: bool = False  # the backends share a kvpool pool: blocks one computed, all can load
     request_timeout_s: float = 3600.0
     connect_timeout_s: float = 5.0
@@ -31,18 +38,34 @@ class RouterConfig:
     # this many requests without a first byte; 0: off, every request is sent as it arrives
     max_waiting: int = 0
 
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.prefill)
+
+    @property
+    def policy_backends(self) -> tuple[str, ...]:
+        """The instances the policy chooses among: the backends, or the prefill instances."""
+        return self.prefill if self.disaggregated else self.backends
+
     def __post_init__(self) -> None:
-        if not self.backends:
-            raise ValueError("at least one --backend URL is required")
-        for url in self.backends:
+        if self.backends and (self.prefill or self.decode):
+            raise ValueError("give either --backend (aggregated) or --prefill and --decode (P/D), not both")
+        if bool(self.prefill) != bool(self.decode):
+            raise ValueError("P/D mode needs at least one --prefill and one --decode URL")
+        if not self.backends and not self.prefill:
+            raise ValueError("at least one --backend URL (or --prefill and --decode URLs) is required")
+        role = "--prefill" if self.disaggregated else "--backend"
+        every = self.backends + self.prefill + self.decode
+        for url in every:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"backend {url!r} must start with http:// or https://")
-        if len(set(self.backends)) != len(self.backends):
-            raise ValueError("a --backend is given twice")
+        if len(set(every)) != len(every):
+            raise ValueError("a --backend is given twice" if not self.disaggregated
+                             else "a URL is given twice among --prefill and --decode (an instance has one role)")  # fmt: skip
         if self.policy not in POLICY_NAMES:
             raise ValueError(f"unknown --policy {self.policy!r}; choose one of {', '.join(POLICY_NAMES)}")
-        if self.kv_events and len(self.kv_events) != len(self.backends):
-            raise ValueError(f"give one --kv-events endpoint per --backend ({len(self.backends)}), "
+        if self.kv_events and len(self.kv_events) != len(self.policy_backends):
+            raise ValueError(f"give one --kv-events endpoint per {role} ({len(self.policy_backends)}), "
                              f"in the same order; got {len(self.kv_events)}")  # fmt: skip
         for ep in self.kv_events:
             if not ep.startswith(("tcp://", "ipc://", "inproc://")):

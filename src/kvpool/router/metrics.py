@@ -39,6 +39,21 @@ class RouterMetrics:
         self.held_s = Histogram("kvpool_router_held_seconds",
                                 "how long a streamed completion waited at the router (--max-waiting; 0: sent at once)",
                                 buckets=(0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100), registry=r)  # fmt: skip
+        # P/D mode
+        self.prefill_requests = Counter("kvpool_router_prefill_requests",
+                                        "prefill requests sent, by prefill instance and outcome", ["backend", "outcome"],
+                                        registry=r)  # fmt: skip
+        self.decode_requests = Counter("kvpool_router_decode_requests",
+                                       "decode requests sent, by decode instance and outcome", ["backend", "outcome"],
+                                       registry=r)  # fmt: skip
+        self.prefill_s = Histogram("kvpool_router_prefill_seconds", "time to a prefill instance's response",
+                                   buckets=(0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100), registry=r)  # fmt: skip
+        self.handoff_failures = Counter("kvpool_router_handoff_failures",
+                                        "prefill or decode steps that failed before the client's first byte, by why",
+                                        ["stage", "reason"], registry=r)  # fmt: skip
+        self.handoff_retries = Counter("kvpool_router_handoff_retries",
+                                       "requests prefilled again after a failed step, by the step and why",
+                                       ["stage", "reason"], registry=r)  # fmt: skip
         self.cost = Gauge("kvpool_router_cost_s_per_token", "the cost model in use", ["kind"], registry=r)
         self.decode_latency = Gauge("kvpool_router_decode_latency_s_per_token",
                                     "seconds between a stream's tokens (recent average): latency, not a cost",
