@@ -8,17 +8,18 @@ One test, in order, so the three servers start once:
 2. turn 1's prompt reaches the decode instance over NIXL (vLLM's NIXL transfer counter) and not
    through the pool (the decode instance neither looks it up nor saves it again);
 3. turn 2's prefill loads the blocks the decode instance saved (turn 1's output) from the pool;
-4. with the session's prefill instance stopped, the other prefill instance serves turn 3, its
-   whole history from the pool;
-5. faults: with the master stopped a P/D turn still returns the right tokens (the pool is skipped);
-   with the prefill instance killed (its whole process group) after its answer, the decode
-   instance's NIXL read fails and vLLM recomputes the prompt: the right tokens again.
+4. the session's prefill instance is killed while it prefills turn 3: the router retries on the
+   other prefill instance, which loads the whole history from the pool, and logs the failed step;
+5. faults: with the master stopped a turn still returns the right tokens (the pool is skipped and
+   counted); with the prefill instance killed (its whole process group) after its answer, the
+   decode instance's NIXL read fails and vLLM recomputes the prompt: the right tokens again.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import urllib.request
 
@@ -62,14 +63,6 @@ def wait_for(what: str, check, timeout_s: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.2)
-
-
-def pd_request(prefill_url: str, decode_url: str, body: dict) -> list[int]:
-    """The P/D protocol without the router (vLLM's kv_transfer_params): the fault cases need to act
-    between the two steps."""
-    first = post(prefill_url + "/v1/completions", {**body, "max_tokens": 1, "min_tokens": 0, "stream": False,
-                                                   "kv_transfer_params": {"do_remote_decode": True}})  # fmt: skip
-    return tokens_of(post(decode_url + "/v1/completions", {**body, "kv_transfer_params": first["kv_transfer_params"]}))
 
 
 def test_pd_session_matches_aggregated_and_reuses_the_pool(tmp_path, vllm_cache_root):
@@ -129,11 +122,20 @@ def test_pd_session_matches_aggregated_and_reuses_the_pool(tmp_path, vllm_cache_
              + metric(url["decode"], "vllm:kvpool_save_existing_blocks_total")
              >= decoded_blocks + history2 // BLOCK_SIZE - len(prompt2) // BLOCK_SIZE)  # fmt: skip
 
-    # 4. the session's prefill instance goes away: the other one serves turn 3 from the pool
-    servers[home].stop(grace_s=30)
-    prompt3 = prompt2 + out2 + space.tail("agent-1", 2, 50)
-    out3 = turn(prompt3, 16)
-    assert prefill_of_last_request() == other
+    # 4. the session's prefill instance is killed while it prefills turn 3: the router sends the turn to
+    # the other prefill instance, which loads the whole history from the pool, and says so
+    prompt3 = prompt2 + out2 + space.tail("agent-1", 2, 3000)  # long enough to be caught computing
+    done: dict = {}
+    thread = threading.Thread(target=lambda: done.update(out=turn(prompt3, 16)))
+    thread.start()
+    wait_for("turn 3 on the session's prefill instance",
+             lambda: metric(url[home], "vllm:num_requests_running") >= 1, timeout_s=60)  # fmt: skip
+    servers[home].kill()  # the whole process group, as a crash would
+    thread.join(300)
+    out3 = done["out"]
+    line = log.read_text().splitlines()[-1]
+    assert prefill_of_last_request() == other, line
+    assert f"handoffs=\"prefill connect: {url[home]}" in line or f"handoffs=\"prefill read: {url[home]}" in line, line
     from_pool = metric(url[other], "vllm:external_prefix_cache_hits_total")
     assert from_pool >= (history2 // BLOCK_SIZE) * BLOCK_SIZE, (from_pool, history2)
     assert metric(url[other], "vllm:kvpool_load_failed_blocks_total") == 0
@@ -147,16 +149,21 @@ def test_pd_session_matches_aggregated_and_reuses_the_pool(tmp_path, vllm_cache_
     assert out2 == aggregated(prompt2, 64)
     assert out3 == aggregated(prompt3, 16)
 
-    # 5. faults, with the P/D protocol driven from here
-    body = {**GREEDY, "max_tokens": 16, "min_tokens": 16}
+    # 5. the master stopped: the turn is served without the pool, and the connector counts it
     master.stop(grace_s=10)
     lone = space.tail("agent-2", 0, 300)
-    assert pd_request(url[other], url["decode"], {**body, "prompt": lone}) == aggregated(lone, 16)
+    assert turn(lone, 16) == aggregated(lone, 16)
+    wait_for("the connector to count the lost master", lambda: metric(url[other], "vllm:kvpool_lookup_failures_total")
+             + metric(url[other], "vllm:kvpool_lookups_given_up_total") >= 1)  # fmt: skip
+
+    # 5. NIXL failing: the prefill instance dies before the decode instance read its blocks (the P/D
+    # protocol driven from here, to act between the two steps); vLLM recomputes on the decode instance
+    body = {**GREEDY, "max_tokens": 16, "min_tokens": 16}
     orphan = space.tail("agent-3", 0, 300)
     expected = aggregated(orphan, 16)
     first = post(url[other] + "/v1/completions", {**body, "prompt": orphan, "max_tokens": 1, "min_tokens": 0,
                                                   "kv_transfer_params": {"do_remote_decode": True}})  # fmt: skip
-    servers[other].kill()  # the whole process group: the KV it held is gone
+    servers[other].kill()
     failed_before = metric(url["decode"], "vllm:nixl_num_failed_transfers_total")
     got = tokens_of(post(url["decode"] + "/v1/completions",
                          {**body, "prompt": orphan, "kv_transfer_params": first["kv_transfer_params"]}))  # fmt: skip

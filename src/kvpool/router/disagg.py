@@ -148,8 +148,8 @@ class PrefillDecode:
             routed.status = 502
             routed.error = f"prefill instance {backend.name} answered {status} without kv_transfer_params ({e})"
             message = (f"{routed.error}: it is not set up for prefill/decode disaggregation; start it with "
-                       '--kv-transfer-config \'{"kv_connector": "NixlConnector", "kv_role": "kv_both"}\' '
-                       "(or another connector that hands KV over), or route to it with --backend instead")  # fmt: skip
+                       '--kv-transfer-config "$(kvpool connector-config --pd --master ...)" (NixlConnector beside '
+                       "the pool), or another connector that hands KV over, or route to it with --backend instead")  # fmt: skip
             return error_response(502, message, "bad_gateway")
         r.metrics.prefill_requests.labels(backend.name, "ok").inc()
         r.metrics.prefill_s.observe(prefill_s)
