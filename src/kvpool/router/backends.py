@@ -2,8 +2,10 @@
 
 Rules:
 - One `Backend` object per backend holds all of it; the policy sees a frozen `BackendView` of it.
-- Health is a small state table: healthy -> (a failed check or `fail_threshold` failed requests in
-  a row) -> unhealthy -> (one passing check) -> healthy. A request that reached the backend and got
+- Health is a small state table: healthy -> (a refused or failed check, `fail_threshold` timed-out
+  checks or `fail_threshold` failed requests in a row) -> unhealthy -> (one passing check) ->
+  healthy. A check that only timed out may be a busy machine (a saturated engine, or the router's
+  own loop held up) rather than a dead server, so one alone never takes a backend out. A request that reached the backend and got
   an answer resets the count; a stale keep-alive connection that is simply retried counts once, so
   one idle-closed socket never takes a live backend out of rotation.
 - In-flight load is added when a request is sent and removed as it progresses: its prompt tokens
@@ -56,6 +58,11 @@ class Backend:
         self.healthy, self.last_error = False, error
         self.consecutive_failures = max(self.consecutive_failures, self.fail_threshold)
         return out
+
+    def check_timed_out(self, error: str) -> bool:
+        """A health check got no answer in time: a failure like a failed request's (counted toward
+        `fail_threshold`); True when this took the backend out of rotation."""
+        return self.request_failed(error)
 
     def request_failed(self, error: str) -> bool:
         """A request could not be sent or got no answer; True when this took the backend out."""

@@ -1,8 +1,10 @@
 """Active health checks: GET /health on every backend each `health_interval_s`.
 
 Rules:
-- A check that does not answer 200 within `health_timeout_s` takes the backend out of rotation;
-  the next passing one brings it back (see `backends.Backend` for the table).
+- A check that is refused or answers other than 200 takes the backend out of rotation; one that
+  gets no answer within `health_timeout_s` counts toward `fail_threshold` like a failed request
+  (a busy server, or this loop held up, is not a dead one); the next passing check brings it back
+  (see `backends.Backend` for the table).
 - Checks of different backends run concurrently, so one hanging backend delays no other's.
 """
 
@@ -53,20 +55,22 @@ class HealthChecker:
             await self.check_all(http)
 
     async def _check(self, http: aiohttp.ClientSession, backend: Backend) -> None:
-        error = None
+        error, timed_out = None, False
         try:
             timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
             async with http.get(backend.url + "/health", timeout=timeout) as r:
                 await r.read()
                 if r.status != 200:
                     error = f"/health answered {r.status}"
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        except asyncio.TimeoutError as e:
+            error, timed_out = f"/health: no answer in {self.config.health_timeout_s:g} s ({type(e).__name__})", True
+        except (aiohttp.ClientError, OSError) as e:
             error = f"/health: {type(e).__name__}: {e}"
         if error is None:
             if backend.check_passed():
                 log.warning("backend %s is healthy again", backend.name)
             self.metrics.healthy.labels(backend.name).set(1)
         else:
-            if backend.check_failed(error):
+            if (backend.check_timed_out(error) if timed_out else backend.check_failed(error)):
                 log.warning("backend %s leaves the rotation: %s", backend.name, error)
-            self.metrics.healthy.labels(backend.name).set(0)
+            self.metrics.healthy.labels(backend.name).set(0 if not backend.healthy else 1)
