@@ -71,7 +71,8 @@ def pool(make_pool) -> Pool:
 
 # The longest vLLM tests start first, so that the test workers (make test runs two) finish together
 # instead of one running a long test alone at the end.
-_LONGEST_FIRST = ("tests/e2e/test_connector_hybrid.py", "tests/e2e/test_demo.py", "tests/e2e/test_connector_tp.py")
+_LONGEST_FIRST = ("tests/e2e/test_connector_hybrid.py", "tests/e2e/test_pd.py", "tests/e2e/test_demo.py",
+                  "tests/e2e/test_connector_tp.py")
 
 
 def pytest_collection_modifyitems(items):
