@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from kvpool.bench import procs
-from kvpool.bench.demo import CONNECTOR
+from kvpool.core.transfer_config import pool_transfer_config
 from kvpool.bench.tiny_model import TinyLlamaConfig, write_tiny_llama
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,8 +54,8 @@ def run_mode(mode: str, workdir: Path, model: Path, lengths: list[int], reps: in
     wd = workdir / mode
     wd.mkdir(parents=True, exist_ok=True)
     master = procs.start_master(wd)
-    transfer = None if mode == "none" else CONNECTOR | {"kv_connector_extra_config": {
-        "master_address": master.info["address"], "pool_memory_bytes": 256 << 20}}  # fmt: skip
+    transfer = None if mode == "none" else pool_transfer_config(
+        {"master_address": master.info["address"], "pool_memory_bytes": 256 << 20})
     servers = [procs.start_vllm_server(wd, model, name=n, kv_cache_memory_bytes=48 << 20, kv_transfer_config=transfer,
                                        cpu_bind=cpu, wait=False) for n, cpu in (("a", "0"), ("b", "1"))]  # fmt: skip
     try:

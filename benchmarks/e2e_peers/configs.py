@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpool.bench import procs
-from kvpool.bench.demo import CONNECTOR as KVPOOL_CONNECTOR
+from kvpool.core.transfer_config import POOL_CONNECTOR, RECOMPUTE
 from kvpool.bench.demo import _cpu_for
+
+KVPOOL_CONNECTOR = {**POOL_CONNECTOR, **RECOMPUTE}  # a failed pool load is recomputed
 
 LMCACHE_CONNECTOR = {"kv_connector": "LMCacheMPConnector",
                      "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",

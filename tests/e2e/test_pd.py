@@ -109,8 +109,13 @@ def test_pd_session_matches_aggregated_and_reuses_the_pool(tmp_path, vllm_cache_
                                   {**GREEDY, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
                                    "stream": True}, {"x-session-id": "agent-1"}))  # fmt: skip
 
-        def prefill_of_last_request() -> str:
-            line = log.read_text().splitlines()[-1]
+        def access_line(n: int) -> str:
+            """Request n's access log line (1-based): the router writes it as the response ends, so wait."""
+            lines = lambda: [l for l in log.read_text().splitlines() if '"POST /v1/completions"' in l] if log.exists() else []
+            wait_for(f"access log line {n}", lambda: len(lines()) >= n)
+            return lines()[n - 1]
+
+        def prefill_of(line: str) -> str:
             return next(name for name in ("prefill0", "prefill1") if f"prefill={url[name]}" in line)
 
         # vLLM gives the decode instance's first NIXL handshake with a prefill instance 5 s, which a
@@ -126,8 +131,7 @@ def test_pd_session_matches_aggregated_and_reuses_the_pool(tmp_path, vllm_cache_
         # 1-2. turn 1: the prompt goes to the decode instance over NIXL, not through the pool
         prompt1 = space.tail("agent-1", 0, 400)
         out1 = turn(prompt1, 80)
-        wait_for("the access log", lambda: log.exists() and "prefill=" in log.read_text())
-        home = prefill_of_last_request()
+        home = prefill_of(access_line(1))
         other = "prefill1" if home == "prefill0" else "prefill0"
         assert metric(url["decode"], "vllm:nixl_xfer_time_seconds_count") == nixl_before + 1
         assert metric(url["decode"], "vllm:kvpool_remote_prefills_total") == remote_before + 1
@@ -141,7 +145,7 @@ def test_pd_session_matches_aggregated_and_reuses_the_pool(tmp_path, vllm_cache_
         prompt2 = prompt1 + out1 + space.tail("agent-1", 1, 100)
         hits_before = metric(url[home], "vllm:external_prefix_cache_hits_total")
         out2 = turn(prompt2, 64)
-        assert prefill_of_last_request() == home
+        assert prefill_of(access_line(2)) == home
         pool_hit = metric(url[home], "vllm:external_prefix_cache_hits_total") - hits_before
         assert pool_hit >= decoded_blocks * BLOCK_SIZE, pool_hit
         assert metric(url[home], "vllm:kvpool_loaded_blocks_total") >= decoded_blocks
@@ -162,8 +166,8 @@ def test_pd_session_matches_aggregated_and_reuses_the_pool(tmp_path, vllm_cache_
         servers[home].kill()  # the whole process group, as a crash would
         thread.join(300)
         out3 = done["out"]
-        line = log.read_text().splitlines()[-1]
-        assert prefill_of_last_request() == other, line
+        line = access_line(3)
+        assert prefill_of(line) == other, line
         assert f"handoffs=\"prefill connect: {url[home]}" in line or f"handoffs=\"prefill read: {url[home]}" in line, line
         from_pool = metric(url[other], "vllm:external_prefix_cache_hits_total")
         assert from_pool >= (history2 // BLOCK_SIZE) * BLOCK_SIZE, (from_pool, history2)
