@@ -99,7 +99,7 @@ def test_pd_session_matches_aggregated_and_reuses_the_pool(tmp_path, vllm_cache_
         url = {name: s.info["url"] for name, s in servers.items()}
         log = tmp_path / "access.log"
         router = procs.start_router(tmp_path, [], "--prefill", url["prefill0"], "--prefill", url["prefill1"],
-                                    "--decode", url["decode"], "--policy", "session", "--health-interval-s", "0.2",
+                                    "--decode", url["decode"], "--policy", "session", "--health-timeout-s", "10",
                                     "--access-log", str(log))  # fmt: skip
         started.append(router)
         space = TokenSpace(vocab_size=8000)

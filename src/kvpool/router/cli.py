@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-attempts", type=int, default=3,
                         help="tries per request, on different backends (P/D mode: prefills sent) (default 3)")
     parser.add_argument("--health-interval-s", type=float, default=1.0, help="seconds between health checks (default 1)")
+    parser.add_argument("--health-timeout-s", type=float, default=2.0,
+                        help="a health check unanswered this long counts as failed; two in a row take a backend out "
+                             "(default 2; raise it on machines where busy servers answer slowly)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 = any free port (default 8000)")
     parser.add_argument("--request-timeout-s", type=float, default=3600.0, help="give up on a backend after this")
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         config = RouterConfig(backends=tuple(args.backend), prefill=tuple(args.prefill), decode=tuple(args.decode),
                               policy=args.policy, kv_events=tuple(args.kv_events),
                               pooled=args.pooled, request_timeout_s=args.request_timeout_s,
-                              health_interval_s=args.health_interval_s, max_attempts=args.max_attempts,
+                              health_interval_s=args.health_interval_s, health_timeout_s=args.health_timeout_s, max_attempts=args.max_attempts,
                               prior_costs=prior, observed_wait=not args.no_observed_wait,
                               max_waiting=args.max_waiting)  # fmt: skip
     except ValueError as e:
