@@ -52,10 +52,11 @@ access_log = logging.getLogger("kvpool.router.access")
 class Router:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
-        self.backends = [Backend(url.rstrip("/"), url.rstrip("/"), fail_threshold=config.fail_threshold)
-                         for url in config.policy_backends]  # fmt: skip
-        self.decode = [Backend(url.rstrip("/"), url.rstrip("/"), fail_threshold=config.fail_threshold)
-                       for url in config.decode]  # fmt: skip
+        def backends(urls: tuple[str, ...]) -> list[Backend]:
+            return [Backend(url.rstrip("/"), url.rstrip("/"), fail_threshold=config.fail_threshold) for url in urls]
+
+        self.backends = backends(config.policy_backends)
+        self.decode = backends(config.decode)
         self.pd = PrefillDecode(self) if config.disaggregated else None
         self.policy = make_policy(config.policy, [b.name for b in self.backends], config.prior_costs)
         self.rates = RateEstimator(RateConfig(config.prior_costs))
@@ -104,9 +105,12 @@ class Router:
         healthy = [b.name for b in every if b.healthy]
         if self.pd is None:
             status = "ok" if healthy else "no healthy backend"
+        elif not any(b.healthy for b in self.backends):
+            status = "no healthy prefill instance"
+        elif not any(b.healthy for b in self.decode):
+            status = "no healthy decode instance"
         else:
-            status = ("ok" if any(b.healthy for b in self.decode) else "no healthy decode instance") \
-                if any(b.healthy for b in self.backends) else "no healthy prefill instance"  # fmt: skip
+            status = "ok"
         body = {"status": status, "healthy": healthy,
                 "unhealthy": {b.name: b.last_error for b in every if not b.healthy}}  # fmt: skip
         return web.json_response(body, status=200 if status == "ok" else 503)

@@ -73,4 +73,4 @@ class HealthChecker:
         else:
             if (backend.check_timed_out(error) if timed_out else backend.check_failed(error)):
                 log.warning("backend %s leaves the rotation: %s", backend.name, error)
-            self.metrics.healthy.labels(backend.name).set(0 if not backend.healthy else 1)
+            self.metrics.healthy.labels(backend.name).set(int(backend.healthy))
