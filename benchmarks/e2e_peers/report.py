@@ -10,7 +10,7 @@ from rich.table import Table
 
 from e2e_peers import aggregate, cold_prompts, cpu_time
 from e2e_peers.aggregate import METRICS, RunRecord, Spread
-from e2e_peers.configs import CONFIGS, KVPOOL_CONFIGS, LMCACHE_CONFIGS
+from e2e_peers.configs import CONFIGS, KVPOOL_CONFIGS, LMCACHE_CONFIGS, MOONCAKE_CONFIGS, OFFLOAD_CONFIGS
 from kvpool.bench.demo_cli import _md_table
 
 COLUMNS = ("configuration", "runs ok", "hit rate (potential)", "TTFT P50", "TTFT P90", "TTFT P99", "end-to-end P50",
@@ -58,10 +58,19 @@ def _x(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}x"
 
 
+PEER_CONFIGS = MOONCAKE_CONFIGS + OFFLOAD_CONFIGS + LMCACHE_CONFIGS  # what kvpool is compared with
+# like-for-like pairs against the reference and vLLM's own offloading: (kvpool, peer, what is compared)
+PAIRS = (("kvpool_rr", "mooncake_store", "the same round-robin router: the pool against the pool"),
+         ("kvpool_cache_aware", "mooncake_store_cache_aware", "the same cache_aware router"),
+         ("kvpool_cache_aware", "mooncake_store", "each with its best router: ours against the reference as shipped"),
+         ("kvpool_rr", "vllm_offload", "the same round-robin router"),
+         ("kvpool_cache_aware", "vllm_offload_cache_aware", "the same cache_aware router"))  # fmt: skip
+
+
 def ratio_rows(runs: list[RunRecord]) -> list[tuple[str, ...]]:
-    """Every kvpool configuration against every LMCache configuration that has usable runs."""
+    """Every kvpool configuration against every peer configuration that has usable runs."""
     out = []
-    for lm in LMCACHE_CONFIGS:
+    for lm in PEER_CONFIGS:
         if not aggregate.spreads(runs, lm)["ttft_p50"].count:
             continue
         for kv in KVPOOL_CONFIGS:
@@ -82,6 +91,42 @@ GOALS = (("ttft_p50", 1.3, "P50 TTFT >= 1.3x lower"), ("throughput", 1.3, "throu
          ("ttft_p99", 1.0, "P99 TTFT no worse"))  # fmt: skip
 
 
+def pair_goals(trace: str) -> tuple[tuple[str, float, str], ...]:
+    """The goals against the reference and vLLM's offloading: throughput must lead by 1.3x only on
+    the long trace, where the pool is smaller than the working set and eviction decides."""
+    throughput = 1.3 if trace == "long" else 1.0
+    return (("ttft_p50", 1.3, "P50 TTFT >= 1.3x lower"), ("ttft_p99", 1.0, "P99 TTFT no worse"),
+            ("throughput", throughput, f"throughput {'>= 1.3x higher' if throughput > 1 else 'no worse'}"))  # fmt: skip
+
+
+def _met(r: dict, needed: float) -> bool:
+    pr, of_medians = r["per_round"], r["of_medians"]
+    return of_medians is not None and of_medians >= needed and (not pr.count or pr.median >= needed)
+
+
+def pair_lines(runs: list[RunRecord], trace: str) -> list[str]:
+    """Per like-for-like pair with usable runs on both sides: each goal's ratio and whether it is met."""
+    lines = []
+    for kv, peer, words in PAIRS:
+        if not (aggregate.spreads(runs, kv)["ttft_p50"].count and aggregate.spreads(runs, peer)["ttft_p50"].count):
+            continue
+        r = aggregate.ratios(runs, kv, peer)
+        cells = []
+        for m, needed, goal in pair_goals(trace):
+            pr = r[m]["per_round"]
+            cells.append(f"{goal}: {_x(r[m]['of_medians'])} (per round {_x(pr.median)}, {_x(pr.low)}-{_x(pr.high)}) "
+                         f"{'met' if _met(r[m], needed) else 'NOT met'}")  # fmt: skip
+        lines.append(f"- {CONFIGS[kv].label} vs {CONFIGS[peer].label} ({words}): " + "; ".join(cells))
+    for kv in dict.fromkeys(kv for kv, _, _ in PAIRS):
+        s = aggregate.spreads(runs, kv)
+        hit, potential = s["hit_rate"].median, s["potential_hit_rate"].median
+        if hit is not None and potential:
+            gap = round(100 * (potential - hit), 3)
+            lines.append(f"- {CONFIGS[kv].label}: hit rate {100 * hit:.1f} % of a potential {100 * potential:.1f} % "
+                         f"-> within 1 point {'met' if gap <= 1.0 else 'NOT met'}")  # fmt: skip
+    return lines
+
+
 def goal_lines(runs: list[RunRecord], kvpool: str = "kvpool_cache_aware") -> list[str]:
     """Per goal: the best LMCache configuration on that metric, the ratio of medians and per round."""
     if not aggregate.spreads(runs, kvpool)["ttft_p50"].count:
@@ -100,14 +145,14 @@ def goal_lines(runs: list[RunRecord], kvpool: str = "kvpool_cache_aware") -> lis
     hit = aggregate.spreads(runs, kvpool)["hit_rate"].median
     potential = aggregate.spreads(runs, kvpool)["potential_hit_rate"].median
     if hit is not None and potential:
-        gap = 100 * (potential - hit)
+        gap = round(100 * (potential - hit), 3)
         lines.append(f"- hit rate within 1 point of the potential: {100 * hit:.1f} % of {100 * potential:.1f} % "
                      f"-> {'met' if gap <= 1.0 else 'NOT met'}")  # fmt: skip
     return lines
 
 
-RATIO_COLUMNS = ("pair (> 1: kvpool better)", "P50 TTFT (LMCache / kvpool)", "P90 TTFT", "P99 TTFT",
-                 "throughput (kvpool / LMCache)")  # fmt: skip
+RATIO_COLUMNS = ("pair (> 1: kvpool better)", "P50 TTFT (peer / kvpool)", "P90 TTFT", "P99 TTFT",
+                 "throughput (kvpool / peer)")  # fmt: skip
 
 
 BREAKDOWN_COLUMNS = ("configuration", "client TTFT", "server TTFT", "queue", "prefill (incl. KV load)", "decode",
@@ -152,6 +197,11 @@ def _loads(saved: list[dict]) -> str:
     return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "n/a"
 
 
+def _trace_key(settings: dict | list) -> str:
+    names = {s.get("trace", "demo") for s in (settings if isinstance(settings, list) else [settings])}
+    return names.pop() if len(names) == 1 else "mixed"
+
+
 def _trace_name(settings: dict | list) -> str:
     names = {s.get("trace", "demo") for s in (settings if isinstance(settings, list) else [settings])}
     return " / ".join(sorted(names)) if names != {"demo"} else "demo's agent"
@@ -161,7 +211,8 @@ def markdown(saved: list[dict], runs: list[RunRecord], settings: dict | list, co
     machine = saved[0].get("machine_at_start") or {}
     ratio_body = ratio_rows(runs)
     lines = [
-        f"# kvpool vs LMCache vs plain vLLM, end to end on the {_trace_name(settings)} trace", "",
+        f"# kvpool vs its peers (Mooncake Store, vLLM's offloading, LMCache) and plain vLLM, end to end on the "
+        f"{_trace_name(settings)} trace", "",
         "Made by `benchmarks/e2e_peers/run.py` (its docstring has the method). Every figure is a median over "
         "rounds with the min-max in brackets; rounds interleave the configurations (order rotated each round).",
         "", f"Trace: {saved[0].get('trace', 'n/a')}.", "",
@@ -173,9 +224,13 @@ def markdown(saved: list[dict], runs: list[RunRecord], settings: dict | list, co
     ]  # fmt: skip
     lines += _md_table(COLUMNS, rows(runs)) + [""]
     if ratio_body:
-        lines += ["Ratios of each kvpool configuration to each LMCache configuration: ratio of the medians; per "
+        lines += ["Ratios of each kvpool configuration to each peer configuration: ratio of the medians; per "
                   "round: the same round's pair, median (min-max).", ""]  # fmt: skip
         lines += _md_table(RATIO_COLUMNS, ratio_body) + [""]
+        pairs = pair_lines(runs, _trace_key(settings))
+        if pairs:
+            lines += ["Goals against the reference (vLLM + MooncakeStoreConnector) and vLLM's own offloading, like "
+                      "for like (ratio of medians, per-round median and range; > 1: kvpool better):", "", *pairs, ""]  # fmt: skip
         goals = goal_lines(runs)
         if goals:
             lines += ["Goal: kvpool with the cache_aware router against the LMCache configuration "
@@ -212,7 +267,7 @@ def cold_lines(saved: list[dict], runs: list[RunRecord], kvpool: str = "kvpool_c
              "first turns, new files; every configuration computes them) and warm ones (what a cache can serve), "
              "median over runs (cold_prompts.py):", ""]  # fmt: skip
     lines += _md_table(cold_prompts.COLUMNS, body) + [""]
-    for peer in LMCACHE_CONFIGS:
+    for peer in PEER_CONFIGS:
         ratios = cold_prompts.warm_p99_ratios(saved, usable, kvpool, peer)
         if ratios:
             lines.append(f"- warm prompts' P99 TTFT, {CONFIGS[peer].label} / {CONFIGS[kvpool].label} per round: "
@@ -266,8 +321,8 @@ def write(out_dir: Path, saved: list[dict], runs: list[RunRecord], settings: dic
                                           for m in aggregate.RATIO_METRICS},
                "ratios": {f"{kv}/{lm}": {m: {"of_medians": r["of_medians"], "per_round": vars(r["per_round"])}
                                          for m, r in aggregate.ratios(runs, kv, lm).items()}
-                          for kv in KVPOOL_CONFIGS if kv in present for lm in LMCACHE_CONFIGS if lm in present},
-               "goals": goal_lines(runs)}  # fmt: skip
+                          for kv in KVPOOL_CONFIGS if kv in present for lm in PEER_CONFIGS if lm in present},
+               "goals": goal_lines(runs), "pair_goals": pair_lines(runs, _trace_key(settings))}  # fmt: skip
     js = out_dir / "summary.json"
     js.write_text(json.dumps(summary, indent=1))
     paths = [md, js]

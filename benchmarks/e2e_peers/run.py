@@ -37,7 +37,8 @@ from rich.console import Console  # noqa: E402
 from e2e_peers import breakdown, cpu_time, lmcache_env, profile, report, tails  # noqa: E402
 from e2e_peers.aggregate import RunRecord  # noqa: E402
 import results_io  # noqa: E402
-from e2e_peers.configs import CONFIGS, LMCACHE_CONFIGS, PeerUnavailable, Setup, find_redis_server  # noqa: E402
+from e2e_peers.configs import (CONFIGS, LMCACHE_CONFIGS, MOONCAKE_CONFIGS, PeerUnavailable, Setup,  # noqa: E402
+                               find_mooncake_master, find_redis_server)
 from kvpool.bench import procs, reports  # noqa: E402
 from kvpool.bench.cli import replay_with_progress  # noqa: E402
 from kvpool.bench.demo import Demo, DemoConfig, _read_metrics  # noqa: E402
@@ -194,6 +195,10 @@ def run_one(name: str, round_index: int, setup: Setup, sessions, args, workdir: 
         out["errors"] = sorted({r.error for r in result.records if r.error})[:10]
         if out["summary"]["requests"]["error"]:
             out["log_tails"] = stack.log_tails()
+        broken = harness_problem(name, out["summary"])
+        if broken:
+            out["error"], out["log_tails"] = broken, stack.log_tails()
+            console.print(f"[bold red]{broken}[/]")
     except (RuntimeError, OSError) as e:
         out["error"] = f"replay failed: {e}"
         out["log_tails"] = stack.log_tails()
@@ -202,6 +207,14 @@ def run_one(name: str, round_index: int, setup: Setup, sessions, args, workdir: 
     out["routes"] = tails.parse_router_log(workdir / "router.log", out["started_at"])  # tails.py: the slowest
     out["machine_at_end"] = reports.machine()
     return out
+
+
+def harness_problem(name: str, summary: dict) -> str | None:
+    """Why a finished run of a peer's store measures no store at all, else None."""
+    if name in MOONCAKE_CONFIGS and not summary["hit_rate"].get("external"):
+        return ("broken harness: the Mooncake servers show no external prefix-cache hits "
+                "(vllm:external_prefix_cache_hits stayed 0), so MooncakeStoreConnector never loaded")  # fmt: skip
+    return None
 
 
 def demo_config(args: argparse.Namespace) -> DemoConfig:
@@ -224,10 +237,28 @@ def prepare(args: argparse.Namespace, console: Console) -> tuple[list, Setup]:
             lmcache_python = lmcache_env.ensure(args.lmcache_venv, install=not args.no_install, status=console.print)
         except lmcache_env.LMCacheEnvError as e:
             console.print(f"[red]LMCache configurations will be skipped: {e}[/]")
+    mooncake_master = None
+    if any(n in MOONCAKE_CONFIGS for n in args.configs):
+        try:
+            mooncake_master = ensure_mooncake(args.workdir, install=not args.no_install)
+        except PeerUnavailable as e:
+            console.print(f"[red]Mooncake configurations will be skipped: {e}[/]")
     setup = Setup(model_dir=demo.model_dir, kv_cache_bytes=args.kv_cache_mib, extra_bytes_per_server=args.extra_mib,
                   max_model_len=args.max_model_len, lmcache_python=lmcache_python,
-                  redis_server=find_redis_server())  # fmt: skip
+                  redis_server=find_redis_server(), mooncake_master=mooncake_master)  # fmt: skip
     return sessions, setup
+
+
+def ensure_mooncake(workdir: Path, install: bool) -> Path:
+    """`mooncake_master` next to our interpreter, with Mooncake's Python client importable here (vLLM's
+    connector runs in our vLLM servers), installing the wheel and its Debian libraries if allowed."""
+    from peers.run import ensure_peer
+
+    python = ensure_peer("mooncake", workdir, install)
+    if Path(python) != Path(sys.executable) or find_mooncake_master() is None:
+        raise PeerUnavailable(f"Mooncake's wheel would change packages of this environment ({python}); "
+                              "vLLM's connector needs it beside vLLM")  # fmt: skip
+    return find_mooncake_master()
 
 
 def _print_outcome(console: Console, outcome: dict) -> None:
