@@ -7,7 +7,10 @@ at the end of the replay covers exactly that run's requests.
 - prefill: from the first scheduled step to the first token, which includes loading external KV
   (vllm:request_prefill_time_seconds);
 - server TTFT (vllm:time_to_first_token_seconds); the client's TTFT adds the router and HTTP;
-- kvpool lookup round trip and load / save job (vllm:kvpool_{lookup,load,save}_seconds), per call.
+- kvpool lookup round trip and load / save job (vllm:kvpool_{lookup,load,save}_seconds), per call;
+- counters summed over servers (`counters`): kvpool's lookups and the engine steps in which a
+  request's lookup was still in flight (each such step skips the request once), vLLM's external
+  prefix-cache queries and hits.
 """
 
 from __future__ import annotations
@@ -57,3 +60,31 @@ def merge(texts: list[str | None]) -> dict[str, dict[str, float]] | None:
     if not answered:
         return None
     return {name: {"mean_s": s / c if c else None, "count": c} for name, (s, c) in totals.items()}
+
+
+COUNTERS = {
+    "lookups": "vllm:kvpool_lookups_total",
+    "lookups_deferred": "vllm:kvpool_lookups_deferred_total",
+    "lookups_cached": "vllm:kvpool_lookups_cached_total",
+    "loads": "vllm:kvpool_loads_total",
+    "external_queries": "vllm:external_prefix_cache_queries_total",
+    "external_hits": "vllm:external_prefix_cache_hits_total",
+}
+
+
+def counters(texts: list[str | None]) -> dict[str, float]:
+    """{short name: value summed over label sets and servers} for the COUNTERS present."""
+    by_metric = {metric: name for name, metric in COUNTERS.items()}
+    out: dict[str, float] = {}
+    for text in texts:
+        for line in (text or "").splitlines():
+            if line.startswith("#") or " " not in line:
+                continue
+            key, value = line.rsplit(" ", 1)
+            name = by_metric.get(key.split("{", 1)[0])
+            if name is not None:
+                try:
+                    out[name] = out.get(name, 0.0) + float(value)
+                except ValueError:
+                    pass
+    return out

@@ -190,7 +190,8 @@ def run_one(name: str, round_index: int, setup: Setup, sessions, args, workdir: 
         out["cpu_timeline"] = timeline.samples
         out["summary"] = reports.summarize(result)
         out["requests"] = reports.request_rows(result.records)
-        out["breakdown"] = breakdown.merge([_read_metrics(url) for url in stack.server_urls])
+        texts = [_read_metrics(url) for url in stack.server_urls]
+        out["breakdown"], out["counters"] = breakdown.merge(texts), breakdown.counters(texts)
         out["interrupted"] = result.interrupted
         out["errors"] = sorted({r.error for r in result.records if r.error})[:10]
         if out["summary"]["requests"]["error"]:

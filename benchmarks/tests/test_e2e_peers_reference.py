@@ -61,3 +61,12 @@ def test_pair_lines_compare_like_for_like_and_say_what_is_met():
     assert any("88.0 % of a potential 89.0 %" in ln and "met" in ln and "NOT" not in ln for ln in hits)
     assert any("80.0 %" in ln and "NOT met" in ln for ln in hits)
 
+
+
+def test_counters_are_summed_over_servers_and_label_sets():
+    from e2e_peers import breakdown
+
+    a = ('# HELP vllm:kvpool_lookups_total x\nvllm:kvpool_lookups_total{engine="0"} 10.0\n'
+         'vllm:kvpool_lookups_deferred_total{engine="0"} 4.0\nvllm:external_prefix_cache_hits_total{a="1"} 256.0\n')
+    b = 'vllm:kvpool_lookups_total{engine="0"} 5.0\nvllm:external_prefix_cache_hits_total{a="2"} 128.0\n'
+    assert breakdown.counters([a, None, b]) == {"lookups": 15.0, "lookups_deferred": 4.0, "external_hits": 384.0}
