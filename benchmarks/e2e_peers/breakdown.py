@@ -26,17 +26,29 @@ HISTOGRAMS = {
 }
 
 
+# MooncakeStoreConnector's one histogram, split by its `operation` label: the same columns as kvpool's
+MOONCAKE_OPERATIONS = {"load_get": "pool_load", "save_put": "pool_save"}
+MOONCAKE_HISTOGRAM = "vllm:mooncake_store_operation_time_seconds"
+
+
+def _name_of(metric: str, labels: str, by_metric: dict[str, str]) -> str | None:
+    if metric == MOONCAKE_HISTOGRAM:
+        return next((n for op, n in MOONCAKE_OPERATIONS.items() if f'operation="{op}"' in labels), None)
+    return by_metric.get(metric)
+
+
 def histogram_totals(text: str) -> dict[str, tuple[float, float]]:
-    """{short name: (sum of seconds, count)} summed over label sets, for the HISTOGRAMS present."""
+    """{short name: (sum of seconds, count)} summed over label sets, for the HISTOGRAMS present (and
+    Mooncake's load and save operations, under kvpool's load and save names)."""
     by_metric = {metric: name for name, metric in HISTOGRAMS.items()}
     out: dict[str, list[float]] = {}
     for line in text.splitlines():
         if line.startswith("#") or " " not in line:
             continue
         key, value = line.rsplit(" ", 1)
-        metric = key.split("{", 1)[0]
+        metric, _, labels = key.partition("{")
         for suffix, slot in (("_sum", 0), ("_count", 1)):
-            name = by_metric.get(metric.removesuffix(suffix)) if metric.endswith(suffix) else None
+            name = _name_of(metric.removesuffix(suffix), labels, by_metric) if metric.endswith(suffix) else None
             if name is not None:
                 try:
                     out.setdefault(name, [0.0, 0.0])[slot] += float(value)

@@ -156,8 +156,8 @@ RATIO_COLUMNS = ("pair (> 1: kvpool better)", "P50 TTFT (peer / kvpool)", "P90 T
 
 
 BREAKDOWN_COLUMNS = ("configuration", "client TTFT", "server TTFT", "queue", "prefill (incl. KV load)", "decode",
-                     "pool lookup (per call)", "pool load (per job)")  # fmt: skip
-BREAKDOWN_KEYS = ("server_ttft", "queue", "prefill", "decode", "pool_lookup", "pool_load")
+                     "pool lookup (per call)", "store load (per job)", "store save (per job)")  # fmt: skip
+BREAKDOWN_KEYS = ("server_ttft", "queue", "prefill", "decode", "pool_lookup", "pool_load", "pool_save")
 
 
 def breakdown_rows(saved: list[dict], runs: list[RunRecord]) -> list[tuple[str, ...]]:
@@ -240,7 +240,8 @@ def markdown(saved: list[dict], runs: list[RunRecord], settings: dict | list, co
     breakdown = breakdown_rows(saved, runs)
     if breakdown:
         lines += ["Where the time goes: per-request means from the servers' own histograms (vLLM's queue, prefill, "
-                  "decode and TTFT; KVPoolConnector's lookup and load jobs), median over runs. The client's TTFT "
+                  "decode and TTFT; KVPoolConnector's lookup, load and save jobs; MooncakeStoreConnector's load_get and "
+                  "save_put operations), median over runs. The client's TTFT "
                   "adds the router and HTTP to the server's.", ""]  # fmt: skip
         lines += _md_table(BREAKDOWN_COLUMNS, breakdown) + [""]
     lines += cold_lines(saved, runs)

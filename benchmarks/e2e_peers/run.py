@@ -1,4 +1,5 @@
-"""kvpool end to end against LMCache and plain vLLM on the demo's agent workload.
+"""kvpool end to end against the reference (vLLM + MooncakeStoreConnector), vLLM's own CPU offloading,
+LMCache and plain vLLM on agent workloads.
 
     benchmarks/run.py e2e_peers [--trace demo|long|claude-code] [--rounds 3] [--configs NAME,...] \\
         [--resume] [--out-dir DIR]
@@ -16,8 +17,10 @@ See `--help` for what each configuration is. Method:
   of a shared machine. Medians and min-max over rounds are reported (benchmarks/e2e_peers/aggregate.py).
 - Each finished run is saved at once under OUT/runs/, so `--resume` continues an interrupted or
   time-limited benchmark and `--report-only` rebuilds the report from what was saved.
-- A configuration that cannot start (LMCache's venv cannot be made, redis-server missing, a server
-  dying) is reported with its reason and log tail and skipped; the rest go on.
+- A configuration that cannot start (LMCache's venv cannot be made, redis-server missing, Mooncake
+  not installable here, vLLM's offloading on a CPU build, a server dying) is reported with its
+  reason and log tail and skipped; the rest go on. A Mooncake run whose servers show no external
+  prefix-cache hit measured no store at all: it is reported as a broken harness, never averaged.
 """
 
 from __future__ import annotations
@@ -81,10 +84,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Replay the same agent trace through two vLLM-CPU servers behind `kvpool router` under "
         "each configuration, in interleaved rounds, and report hit rate (vs the potential), TTFT P50/P90/P99, "
-        "end-to-end P50 and throughput as medians with min-max, and kvpool's ratios to the best LMCache "
-        "configuration. Configurations: " + "; ".join(f"{n}: {c.label}" for n, c in CONFIGS.items()) + ". "
+        "end-to-end P50 and throughput as medians with min-max, kvpool's ratios to every peer and the "
+        "like-for-like goals against the reference (vLLM + MooncakeStoreConnector; Mooncake's wheel is installed "
+        "into this venv on first use if it changes nothing here). Configurations: " + "; ".join(f"{n}: {c.label}" for n, c in CONFIGS.items()) + ". "
         "Every configuration gets the same extra memory (--extra-mib per server): more local KV, LMCache's "
-        "DRAM (one server, or one per vLLM plus Redis), or kvpool's pool segments. LMCache runs from its own "
+        "DRAM (one server, or one per vLLM plus Redis), each server's Mooncake global segment, vLLM's CPU "
+        "offloading tier, or kvpool's pool segments. LMCache runs from its own "
         "venv, made on first use (several minutes, needs pip's index). Ctrl-C stops every process; finished "
         "runs are kept (--resume continues).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

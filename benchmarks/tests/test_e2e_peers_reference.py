@@ -70,3 +70,18 @@ def test_counters_are_summed_over_servers_and_label_sets():
          'vllm:kvpool_lookups_deferred_total{engine="0"} 4.0\nvllm:external_prefix_cache_hits_total{a="1"} 256.0\n')
     b = 'vllm:kvpool_lookups_total{engine="0"} 5.0\nvllm:external_prefix_cache_hits_total{a="2"} 128.0\n'
     assert breakdown.counters([a, None, b]) == {"lookups": 15.0, "lookups_deferred": 4.0, "external_hits": 384.0}
+
+
+def test_mooncake_operations_fill_the_load_and_save_columns():
+    from e2e_peers import breakdown
+
+    text = ('vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="load_get",status="ok"} 0.6\n'
+            'vllm:mooncake_store_operation_time_seconds_count{engine="0",operation="load_get",status="ok"} 20.0\n'
+            'vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="save_exists",status="ok"} 9.0\n'
+            'vllm:mooncake_store_operation_time_seconds_count{engine="0",operation="save_exists",status="ok"} 9.0\n'
+            'vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="save_put",status="ok"} 1.0\n'
+            'vllm:mooncake_store_operation_time_seconds_count{engine="0",operation="save_put",status="ok"} 10.0\n'
+            'vllm:request_queue_time_seconds_sum{engine="0"} 2.0\nvllm:request_queue_time_seconds_count{engine="0"} 4.0\n')
+    means = breakdown.merge([text])
+    assert means["pool_load"]["mean_s"] == 0.03 and means["pool_save"]["mean_s"] == 0.1
+    assert means["queue"]["mean_s"] == 0.5 and "pool_lookup" not in means
