@@ -70,7 +70,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     _b("segment_first_access", "peers", "peers/segment_first_access.py", "First access to a large node segment over the same-host path, and its mapping cost"),
     _b("segment_lane_sweep", "peers", "peers/segment_lane_sweep.py", "Segment lane vs NIXL by job size across hosts: what the lane's limit rests on"),
     # e2e
-    _b("e2e_peers", "e2e", "e2e_peers/run.py", "kvpool end to end against LMCache and plain vLLM on an agent trace: TTFT, throughput, hits"),
+    _b("e2e_peers", "e2e", "e2e_peers/run.py", "kvpool end to end against vLLM + MooncakeStoreConnector (the reference), LMCache and plain vLLM on agent traces: TTFT, throughput, hits"),
     _b("e2e_capacity_bound", "e2e", "e2e_peers/capacity_bound.py", "The hit rate a pool of the e2e benchmark's size can reach on its trace, per eviction policy"),
     _b("e2e_routing_sim", "e2e", "e2e_peers/routing_sim.py", "The router's options on the e2e benchmark's trace, in the fleet simulator"),
 )

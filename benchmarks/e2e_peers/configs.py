@@ -344,6 +344,12 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
               backend="shm", policy="cache_aware", engine_share=0.5),
     Kvpool("kvpool_rr", "kvpool, round-robin"),
     Kvpool("kvpool_cache_aware", "kvpool, cache_aware router", policy="cache_aware"),
+    # A/B on the long trace, where the local prefix cache is a server's ~20K tokens: decode KV not
+    # saved (the reference's default), and fewer of vLLM's blocks held for saves in flight
+    Kvpool("kvpool_rr_no_decode_save", "kvpool, round-robin, decode KV not saved",
+           connector_options=(("save_decode", False),)),
+    Kvpool("kvpool_rr_pins10", "kvpool, round-robin, at most 10 % of vLLM's blocks held for saves",
+           connector_options=(("max_pinned_fraction", 0.1),)),
     # the connector's default switch interval is 0.2 ms; this row keeps Python's 5 ms (results/e2e_peers/*-switch-interval/)
     Kvpool("kvpool_cache_aware_switch5ms", "kvpool, cache_aware router, Python's own GIL switch interval (5 ms)",
            policy="cache_aware", connector_options=(("switch_interval_s", 0.0),)),
