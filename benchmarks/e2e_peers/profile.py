@@ -82,6 +82,13 @@ PATTERNS = {
     "  worker: load (start_load_kv)": ("start_load_kv (kvpool",),
     "  worker: save (wait_for_save, save_kv_layer)": ("wait_for_save (kvpool", "save_kv_layer (kvpool"),
     "kvpool client + data plane": ("kvpool/client/", "kvpool/transfer/", "kvpool/rpc/"),
+    "MooncakeStoreConnector, all": ("kv_connector/v1/mooncake/store/",),
+    "  scheduler side (lookups)": ("mooncake/store/scheduler.py",),
+    "  worker: transfer threads (loads and saves)": ("run (vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/worker.py",),
+    "  worker: lookup server": ("process_request (vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/worker.py",),
+    "  worker: step hooks (start_load_kv, wait_for_save, save_kv_layer)": (
+        "start_load_kv (vllm/distributed/kv_transfer/kv_connector/v1/mooncake", "wait_for_save (vllm/distributed/kv_transfer/kv_connector/v1/mooncake",
+        "save_kv_layer (vllm/distributed/kv_transfer/kv_connector/v1/mooncake"),
     "model forward": ("forward (vllm/model_executor/models/",),
     "  attention": ("vllm/v1/attention/", "vllm/attention/"),
     "vLLM scheduler": ("vllm/v1/core/sched/",),
