@@ -340,7 +340,7 @@ def _write_report(args: argparse.Namespace, console: Console) -> int:
                          code=codes[0] if len(codes) == 1 else codes, load_note=args.load_note)  # fmt: skip
     console.print(report.console_table(runs))
     console.print(f"results: {', '.join(str(p) for p in paths)}")
-    if args.out_dir.parent == results_io.results_root() / "e2e_peers":
+    if args.out_dir.resolve().parent == (results_io.results_root() / "e2e_peers").resolve():  # also a relative --out-dir
         results_io.refresh_latest("e2e_peers")
     return 0
 
