@@ -37,23 +37,29 @@ def _name_of(metric: str, labels: str, by_metric: dict[str, str]) -> str | None:
     return by_metric.get(metric)
 
 
-def histogram_totals(text: str) -> dict[str, tuple[float, float]]:
-    """{short name: (sum of seconds, count)} summed over label sets, for the HISTOGRAMS present (and
-    Mooncake's load and save operations, under kvpool's load and save names)."""
-    by_metric = {metric: name for name, metric in HISTOGRAMS.items()}
-    out: dict[str, list[float]] = {}
+def _samples(text: str):
+    """(metric, labels, value) per sample line of a Prometheus text exposition."""
     for line in text.splitlines():
         if line.startswith("#") or " " not in line:
             continue
         key, value = line.rsplit(" ", 1)
         metric, _, labels = key.partition("{")
+        try:
+            yield metric, labels, float(value)
+        except ValueError:
+            pass
+
+
+def histogram_totals(text: str) -> dict[str, tuple[float, float]]:
+    """{short name: (sum of seconds, count)} summed over label sets, for the HISTOGRAMS present (and
+    Mooncake's load and save operations, under kvpool's load and save names)."""
+    by_metric = {metric: name for name, metric in HISTOGRAMS.items()}
+    out: dict[str, list[float]] = {}
+    for metric, labels, value in _samples(text):
         for suffix, slot in (("_sum", 0), ("_count", 1)):
             name = _name_of(metric.removesuffix(suffix), labels, by_metric) if metric.endswith(suffix) else None
             if name is not None:
-                try:
-                    out.setdefault(name, [0.0, 0.0])[slot] += float(value)
-                except ValueError:
-                    pass
+                out.setdefault(name, [0.0, 0.0])[slot] += value
     return {name: (s, c) for name, (s, c) in out.items()}
 
 
@@ -99,14 +105,7 @@ def counters(texts: list[str | None]) -> dict[str, float]:
     by_metric = {metric: name for name, metric in COUNTERS.items()}
     out: dict[str, float] = {}
     for text in texts:
-        for line in (text or "").splitlines():
-            if line.startswith("#") or " " not in line:
-                continue
-            key, value = line.rsplit(" ", 1)
-            name = by_metric.get(key.split("{", 1)[0])
-            if name is not None:
-                try:
-                    out[name] = out.get(name, 0.0) + float(value)
-                except ValueError:
-                    pass
+        for metric, _, value in _samples(text or ""):
+            if (name := by_metric.get(metric)) is not None:
+                out[name] = out.get(name, 0.0) + value
     return out

@@ -36,7 +36,6 @@ LMCACHE_L1_BYTES_WITH_REDIS = 64 * 2**20  # each LMCache server's DRAM tier in f
 # vLLM's in-tree connector for Mooncake Store, loaded through the CPU shim next to this module
 MOONCAKE_CONNECTOR = {"kv_connector": "MooncakeStoreConnector", "kv_connector_module_path": "mooncake_cpu_shim",
                       "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}  # fmt: skip
-MOONCAKE_PACKAGES = ("mooncake-transfer-engine-non-cuda==0.3.13.post1",)
 MOONCAKE_LOCAL_BUFFER_BYTES = 64 * 2**20  # each client's registered transfer buffer (its default, 4 GiB, is a GPU box's)
 OFFLOAD_CONNECTOR = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
                      "kv_load_failure_policy": "recompute"}  # fmt: skip
@@ -270,7 +269,7 @@ class MooncakeStore(Peer):
 
     def problem(self, setup: Setup) -> str | None:
         if setup.mooncake_master is None:
-            return "Mooncake is not installed (pip: " + " ".join(MOONCAKE_PACKAGES) + ")"
+            return "Mooncake is not installed (the benchmark installs it unless --no-install)"
         return None
 
     def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:

@@ -348,8 +348,16 @@ def _write_report(args: argparse.Namespace, console: Console) -> int:
 def _settings(args: argparse.Namespace) -> dict:
     keys = ("trace", "configs", "rounds", "sessions", "max_turns", "scale", "time_scale", "sessions_file", "sessions_scale",
             "seed", "kv_cache_mib", "extra_mib", "max_model_len")  # fmt: skip
-    out = {k: (str(v) if isinstance(v, Path) else v) for k in keys if (v := getattr(args, k)) is not None}
+    out = {k: (_shown(v) if isinstance(v, Path) else v) for k in keys if (v := getattr(args, k)) is not None}
     return out | {"kv_cache_mib": args.kv_cache_mib >> 20, "extra_mib": args.extra_mib >> 20}
+
+
+def _shown(path: Path) -> str:
+    """A path as results record it: relative to the repository when inside it (no machine's paths)."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def _trace_info(sessions) -> str:
