@@ -21,6 +21,8 @@ Rules:
   and an LRU order (by commit age) from it.
 - Disk tiers (tiers.py): DRAM eviction of an object with a disk copy keeps it as disk-only (no
   replicas), and nothing is dropped from the pool before its suffixes (chains.py).
+- What subscribers see (pool_events.py): a key is reported stored where a record completes or is
+  rebuilt from an announcement, removed where a complete record is dropped; nowhere else.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from kvpool.master.access import namespace_owner
 from kvpool.master.config import MasterConfig
 from kvpool.master.eviction import Evictor
 from kvpool.master.leases import LeaseTable
+from kvpool.master.pool_events import PoolEvents
 from kvpool.master.quotas import TenantAccount, TenantSpace
 from kvpool.master.records import (COMPLETE, GONE, IN_DISK_HEAP, IN_HEAP, LANDING, PENDING, PINNED, ObjectRecord,
                                    move)
@@ -50,6 +53,7 @@ class ObjectIndex:
         self.leases = leases
         self.tiers = Tiers(config, space, evictor)
         self.recovery = Recovery(space, evictor)
+        self.events = PoolEvents()
         self.tenants: dict[str, TenantSpace] = {}  # stored namespace -> its records
         self.accounts: dict[str, TenantAccount] = {}  # owning tenant -> usage and quota
         space.segments.dedicated_tenants.update(config.quotas.dedicated)  # dedicated before their segments mount
@@ -146,6 +150,8 @@ class ObjectIndex:
             self.evictor.push(rec)
         parent_key = rec.parent.key if rec.parent is not None else None
         self.space.log_commit(rec.replicas, rec.space.name, rec.key, parent_key, int.from_bytes(rec.checksum, "little"))
+        if self.events.recording:
+            self.events.stored(rec.space.name, rec.key)
 
     def count_completed(self, num: int) -> None:
         """Counted once per batch of completions (a chain's put ends many at once)."""
@@ -171,6 +177,8 @@ class ObjectIndex:
         if was == COMPLETE:
             self.num_complete -= 1
             self.space.log_removal(rec.replicas)
+            if self.events.recording:
+                self.events.removed(space.name, rec.key)
         else:
             self.num_pending -= 1
         if rec.disk_segment is not None:
@@ -293,6 +301,8 @@ class ObjectIndex:
         if charged:
             space.account.charge(rec, 1)
         self.num_complete += 1
+        if self.events.recording:
+            self.events.stored(space.name, rec.key)
 
     def finish_recovery(self, segment: Segment) -> int:
         """Build the segment's allocator from the announced ranges and let it take new objects;

@@ -20,6 +20,11 @@ Rules:
   the calls read with them: a writer sends PutLanded before its put returns, so a reader whose
   lookup was read in the same wake-up sees the object (only frames that name what an earlier
   reply gave their sender are sent one way, so none depends on a call read beside it).
+- Pool events (protocol/events.py): an XPUB socket bound beside the ROUTER socket publishes the
+  index's changes (pool_events.py), one batch after each wake-up that made any. The index records
+  only from the first PoolEventsQuery until no subscription has been seen for a while (XPUB tells,
+  read at each tick): a pool nobody follows does no work for it. A query cuts the pending batch
+  before its snapshot. Not with authentication: the stream would show every tenant's keys.
 - `MasterService` runs in-process too: `start()` serves from a background thread, `stop()` ends it.
 """
 
@@ -49,6 +54,7 @@ log = logging.getLogger("kvpool.master")
 _BATCH = 256  # messages handled per poll wake-up before timed work gets a look
 _POLLIN = int(zmq.POLLIN)  # plain ints: each test of a zmq.PollEvent flag runs Python (~1 us)
 _LOGGED = (p.MountSegment, p.UnmountSegment, p.AnnounceObjects)
+_EVENTS_GRACE_S = 10.0  # recording stays on this long after a query while no subscription is seen
 
 
 def _log_event(request, reply) -> None:
@@ -96,6 +102,11 @@ class MasterService:
         self._auth = None  # MasterAuth when config.auth_dir is set
         self._lane: LaneServer | None = None  # the plain TCP lane (rpc/tcp_server.py): only without auth
         self._poller: zmq.Poller | None = None  # with a lane: polls the ROUTER socket and the lane's fds
+        self._events_socket: zmq.Socket | None = None  # XPUB: the pool events (not with authentication)
+        self.events_address = ""
+        self._events = self.core.index.events
+        self._subscribed_topics: set[bytes] = set()
+        self._last_events_query_s = 0.0
         self.limiter = RateLimiter(config.rate_limit_keys_per_s, config.rate_limit_burst_keys)
 
     def _secure(self, sock: zmq.Socket) -> None:
@@ -128,6 +139,8 @@ class MasterService:
             host = "0.0.0.0" if self.config.host == "*" else self.config.host
             self._lane = LaneServer(host, self._poller, 2 * self.config.max_message_bytes)
             log.info("plain TCP lane (unauthenticated, like this master) on port %d", self._lane.port)
+        if self._auth is None:
+            self._bind_events()
         self._snapshot = self._stats(self.clock())
         if self.config.metrics_port is not None:
             self._metrics_server, self.metrics_port = serve_metrics(
@@ -135,6 +148,47 @@ class MasterService:
                 lambda: pauses.families() if (pauses := self._gc_pauses) is not None else ()
             )
         return self.address
+
+    def _bind_events(self) -> None:
+        pub = self._context.socket(zmq.XPUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.SNDHWM, 10_000)  # batches; a subscriber further behind loses some and resyncs
+        pub.bind(f"tcp://{self.config.host}:*")
+        self._events_socket = pub
+        self.events_address = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        log.info("pool events published on %s", self.events_address)
+
+    def _publish_events(self) -> None:
+        batch = self._events.take(self.core.epoch)
+        if batch is None or self._events_socket is None:
+            return
+        try:
+            self._events_socket.send_multipart([p.POOL_EVENTS_TOPIC, self._encode(batch)], zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the subscribers' queues are full: they see the gap and resync
+
+    def _events_query(self, request: p.PoolEventsQuery, now_s: float) -> p.PoolEventsOffer:
+        if self._events_socket is None:
+            return p.PoolEventsOffer("", self.core.epoch, 0)
+        self._publish_events()
+        self._events.start()
+        self._last_events_query_s = now_s
+        return self._events.snapshot(self.events_address, self.core.epoch, self.core.index.tenants, request.tenant,
+                                     request.with_keys)  # fmt: skip
+
+    def _read_subscriptions(self, now_s: float) -> None:
+        """XPUB passes a topic's first subscription and its last unsubscription (a subscriber that
+        disconnects unsubscribes): recording ends once nobody has subscribed for a grace period."""
+        pub = self._events_socket
+        while pub.getsockopt(zmq.EVENTS) & _POLLIN:
+            message = pub.recv(zmq.NOBLOCK)
+            if message[:1] == b"\x01":
+                self._subscribed_topics.add(message[1:])
+            elif message[:1] == b"\x00":
+                self._subscribed_topics.discard(message[1:])
+        if (self._events.recording and not self._subscribed_topics
+                and now_s - self._last_events_query_s > _EVENTS_GRACE_S):  # fmt: skip
+            self._events.stop()
 
     def _stats(self, now_s: float) -> p.StatsReply:
         return self._with_service_counts(self.core.stats(now_s))
@@ -165,6 +219,7 @@ class MasterService:
         idle_from_s = 0.0  # idle work waits until then after it failed
         if owns_process:
             self._gc_pauses = CollectorPauses()
+        events = self._events
         try:
             while not self._stop.is_set():
                 idle = core.has_idle_work and clock() >= idle_from_s  # then only look for requests, not wait
@@ -175,6 +230,8 @@ class MasterService:
                     served = self._receive(sock, min(timeout_ms, 200))
                     if served:
                         self._drain(sock)
+                if events.changes:  # what this wake-up changed, in one batch
+                    self._publish_events()
                 now_s = clock()
                 if idle and not served:
                     try:
@@ -192,6 +249,9 @@ class MasterService:
                     if self._auth is not None:
                         self._auth.identities.maybe_reload()
                     self.limiter.prune(now_s)
+                    if self._events_socket is not None:
+                        self._publish_events()  # what the timed work changed
+                        self._read_subscriptions(now_s)
                     if owns_process:
                         gc.freeze()
                     next_tick_s = now_s + tick_s
@@ -302,6 +362,8 @@ class MasterService:
         try:
             if type(request) is p.LaneQuery:  # the shell's own business: the core knows no sockets
                 reply = p.LaneOffer(self._lane.port, self._lane.unix_name) if self._lane is not None else p.LaneOffer(0)
+            elif type(request) is p.PoolEventsQuery:  # the shell's too: it owns the PUB socket
+                reply = self._events_query(request, now_s)
             else:
                 reply = self.core.handle(request, now_s, principal)
             if type(reply) is p.StatsReply:
@@ -332,6 +394,9 @@ class MasterService:
         if self._lane is not None:
             self._lane.close()
             self._lane = None
+        if self._events_socket is not None:
+            self._events_socket.close(linger=0)
+            self._events_socket = None
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None

@@ -15,6 +15,8 @@ Rules:
   `disagg.py`; the policy, the gate and the KV events concern the prefill instances (`backends`),
   everything else goes to a healthy decode instance; `/health` is 200 while both sets have one.
 - One access log line per request (logger `kvpool.router.access`).
+- What the pool holds (`--pooled`): with `--master`, exactly (pool_state.py, fed by pool_feed.py
+  and the backends' KV events); without, the ledger's estimate of what the backends stored.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from kvpool.router.policy import (
     estimate_ttft,
     make_policy,
 )
+from kvpool.router.pool_feed import PoolFeed
+from kvpool.router.pool_state import PoolIndex
 from kvpool.router.prefix_index import PoolLedger, prompt_chain
 from kvpool.router.rates import RateConfig, RateEstimator
 from kvpool.router.replies import HOP_HEADERS, RETRY_STATUSES, SEND_ERRORS, error_response, write_stream_error
@@ -61,9 +65,13 @@ class Router:
         self.policy = make_policy(config.policy, [b.name for b in self.backends], config.prior_costs)
         self.rates = RateEstimator(RateConfig(config.prior_costs))
         self.ledger = PoolLedger(config.pool_ledger_blocks)
+        self.pool = PoolIndex(config.pool_object_blocks, [config.pool_namespace] if config.pool_namespace else [])
+        self.pool_feed = PoolFeed(config.master, self.pool, config.pool_namespace) if config.master else None
         self.metrics = RouterMetrics()
         streams = [EventStream(ep, b.cache) for ep, b in zip(config.kv_events, self.backends)]
-        self.events = EventSubscriber(streams, self.ledger.add if config.pooled else lambda _h: None)
+        on_stored = (self.pool.learn if config.master else lambda _e, ours: self.ledger.add(ours)) if config.pooled \
+            else lambda _e, _ours: None  # fmt: skip
+        self.events = EventSubscriber(streams, on_stored)
         self.health = HealthChecker(self.backends + self.decode, config, self.metrics)
         self.gate = DispatchGate(self.backends, config.max_waiting)
         self._http: aiohttp.ClientSession | None = None
@@ -91,10 +99,14 @@ class Router:
         )
         self.health.start()
         self.events.start()
+        if self.pool_feed is not None:
+            self.pool_feed.start()
 
     async def _close(self, _app: web.Application) -> None:
         await self.health.stop()
         await self.events.stop()
+        if self.pool_feed is not None:
+            await self.pool_feed.stop()
         if self._http is not None:
             await self._http.close()
 
@@ -122,7 +134,19 @@ class Router:
             self.metrics.inflight_tokens.labels(b.name, "decode").set(b.inflight_decode_tokens)
             self.metrics.oldest_wait.labels(b.name).set(b.oldest_wait_s(time.perf_counter()))
             self.metrics.cached_blocks.labels(b.name).set(len(b.cache.present))
+        if self.pool_feed is not None:
+            self._pool_metrics(self.pool_feed)
         return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
+
+    def _pool_metrics(self, feed: PoolFeed) -> None:
+        pending = self.pool.num_pending
+        self.metrics.pool_index_keys.labels("placed").set(self.pool.num_held - pending)
+        self.metrics.pool_index_keys.labels("pending").set(pending)
+        for reason, n in feed.stats.resyncs.items():
+            self.metrics.pool_index_resyncs.labels(reason).set(n)
+        self.metrics.pool_index_batches.set(feed.stats.batches)
+        if feed.stats.last_batch_s is not None:
+            self.metrics.pool_index_age_s.set(time.monotonic() - feed.stats.last_batch_s)
 
     # ---- routing ------------------------------------------------------------------------------
 
@@ -136,13 +160,20 @@ class Router:
         chain = prompt_chain(info.prompt_token_ids, block_size) if info.prompt_token_ids and block_size else []
         # vLLM never takes a prompt's last token from the cache
         usable = max(0, (info.prompt_tokens - 1) // block_size) if block_size else 0
-        pool_blocks = min(self.ledger.prefix_blocks(chain), usable) if self.config.pooled else 0
+        pool_blocks = min(self._pool_prefix_blocks(chain), usable) if self.config.pooled else 0
         path = request.path
         if self.pd is not None:
             to_any = not self.pd.handles(request.method, path, parsed)
         else:
             to_any = not path.startswith("/v1/") or path == "/v1/models"
         return RoutedRequest(info, chain, block_size, pool_blocks * block_size, to_any=to_any, body_json=parsed)
+
+    def _pool_prefix_blocks(self, chain: list) -> int:
+        """Leading blocks of the prompt the pool holds: exact with --master, else the ledger's estimate."""
+        started = time.perf_counter()
+        blocks = self.pool.prefix_blocks(chain) if self.pool_feed is not None else self.ledger.prefix_blocks(chain)
+        self.metrics.pool_answer_s.observe(time.perf_counter() - started)
+        return blocks
 
     def _choose(self, routed: RoutedRequest, rooms: list[bool] | None = None) -> Attempt:
         """The next attempt's backend (among those with `rooms`, when given); raises NoHealthyBackend."""

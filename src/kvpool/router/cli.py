@@ -59,7 +59,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "repeat once per --backend (P/D mode: per --prefill), same order, "
                              "e.g. tcp://127.0.0.1:PORT")  # fmt: skip
     parser.add_argument("--pooled", action="store_true",
-                        help="the backends share a kvpool pool (KVPoolConnector): a prefix one computed, any can load")
+                        help="the backends share a kvpool pool (KVPoolConnector): a prefix one computed, any can load. "
+                             "Without --master the router estimates what the pool holds from what the backends "
+                             "stored (it cannot see the pool's evictions)")
+    parser.add_argument("--master", default="", metavar="tcp://HOST:PORT",
+                        help="with --pooled: the pool's master; the router follows its stored/removed events and "
+                             "knows exactly which prompt prefixes the pool holds (needs --kv-events)")
+    parser.add_argument("--pool-object-blocks", type=int, default=1, metavar="N",
+                        help="vLLM blocks per pool object, as the connector stores them (default 1)")
+    parser.add_argument("--pool-namespace", default="", metavar="NAMESPACE",
+                        help="follow only this pool namespace (the connector's; default: every namespace)")
     parser.add_argument("--prefill-s-per-token", type=float, default=None,
                         help="prior for the recompute cost until measured (default 1e-3)")
     parser.add_argument("--pool-load-s-per-token", type=float, default=None,
@@ -152,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
         )
         config = RouterConfig(backends=tuple(args.backend), prefill=tuple(args.prefill), decode=tuple(args.decode),
                               policy=args.policy, kv_events=tuple(args.kv_events),
-                              pooled=args.pooled, request_timeout_s=args.request_timeout_s,
+                              pooled=args.pooled, master=args.master, pool_object_blocks=args.pool_object_blocks,
+                              pool_namespace=args.pool_namespace, request_timeout_s=args.request_timeout_s,
                               health_interval_s=args.health_interval_s, health_timeout_s=args.health_timeout_s, max_attempts=args.max_attempts,
                               prior_costs=prior, observed_wait=not args.no_observed_wait,
                               max_waiting=args.max_waiting)  # fmt: skip

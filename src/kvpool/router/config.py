@@ -20,6 +20,11 @@ class RouterConfig:
     policy: str = "round_robin"
     kv_events: tuple[str, ...] = ()  # one zmq endpoint per policy backend, same order; () = none
     pooled: bool = False  # the backends share a kvpool pool: blocks one computed, all can load
+    # with `pooled`: the pool's master (tcp://HOST:PORT); the router follows what it holds exactly
+    # (pool_feed.py) instead of estimating it from what the backends stored (the ledger); "": estimate
+    master: str = ""
+    pool_object_blocks: int = 1  # vLLM blocks per pool object (the connector's blocks_per_object)
+    pool_namespace: str = ""  # the one pool namespace to follow; "": every namespace
     request_timeout_s: float = 3600.0
     connect_timeout_s: float = 5.0
     health_interval_s: float = 1.0
@@ -76,5 +81,11 @@ class RouterConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.max_waiting < 0:
             raise ValueError(f"--max-waiting must be >= 0 (0: off), got {self.max_waiting}")
+        if self.master and not self.pooled:
+            raise ValueError("--master names the pool the backends share: give --pooled with it")
+        if self.master and not all(a.strip().startswith(("tcp://", "ipc://")) for a in self.master.split(",")):
+            raise ValueError(f"--master {self.master!r} must be the master's zmq endpoint (tcp://HOST:PORT)")
+        if self.pool_object_blocks < 1:
+            raise ValueError(f"--pool-object-blocks must be >= 1, got {self.pool_object_blocks}")
         if self.fail_threshold < 1 or self.max_attempts < 1 or self.pool_ledger_blocks < 1:
             raise ValueError("fail_threshold, max_attempts and pool_ledger_blocks must be >= 1")

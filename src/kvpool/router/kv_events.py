@@ -1,5 +1,6 @@
 """Subscribe to vLLM's KV events (`--kv-events-config` with the zmq publisher) and feed them to
-each backend's `BackendCache` and the pool ledger.
+each backend's `BackendCache`, and what was stored to the pool's views (the ledger, or the pool
+index learning which engine hash is which router hash).
 
 Rules:
 - vLLM publishes multipart messages (topic, 8-byte big-endian sequence number, msgpack of a
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import msgspec
@@ -35,7 +36,10 @@ class EventStream:
     bad_messages: int = 0
 
 
-def apply_message(stream: EventStream, frames: list[bytes], on_stored: Callable[[list[RouterHash]], None]) -> int:
+OnStored = Callable[[list[Hashable], list[RouterHash]], None]  # (engine hashes, the router hashes they are)
+
+
+def apply_message(stream: EventStream, frames: list[bytes], on_stored: OnStored) -> int:
     """Apply one published message; returns the number of events applied."""
     if len(frames) != 3:
         stream.bad_messages += 1
@@ -61,13 +65,13 @@ def apply_message(stream: EventStream, frames: list[bytes], on_stored: Callable[
             continue
         stored = stream.cache.apply(event)
         if stored and isinstance(event, StoredBlocks):
-            on_stored(stored)
+            on_stored(event.block_hashes, stored)
         applied += 1
     return applied
 
 
 class EventSubscriber:
-    def __init__(self, streams: list[EventStream], on_stored: Callable[[list[RouterHash]], None]) -> None:
+    def __init__(self, streams: list[EventStream], on_stored: OnStored) -> None:
         self.streams = streams
         self.on_stored = on_stored
         self._ctx = zmq.asyncio.Context.instance()

@@ -54,6 +54,21 @@ class RouterMetrics:
         self.handoff_retries = Counter("kvpool_router_handoff_retries",
                                        "requests prefilled again after a failed step, by the step and why",
                                        ["stage", "reason"], registry=r)  # fmt: skip
+        # the pool's contents (--pooled): exact with --master (pool_state.py), else the ledger's estimate
+        self.pool_answer_s = Histogram("kvpool_router_pool_answer_seconds",
+                                       "time to answer how many leading blocks of a prompt the pool holds",
+                                       buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2), registry=r)  # fmt: skip
+        self.pool_index_keys = Gauge("kvpool_router_pool_index_keys",
+                                     "pool keys the router knows held (--master): placed in its chains, or pending "
+                                     "(no backend's event named their block yet)", ["state"], registry=r)  # fmt: skip
+        self.pool_index_resyncs = Gauge("kvpool_router_pool_index_resyncs",
+                                        "snapshots taken again since start, by why (gap, epoch, restart, unavailable)",
+                                        ["reason"], registry=r)  # fmt: skip
+        self.pool_index_batches = Gauge("kvpool_router_pool_index_batches", "event batches applied since start",
+                                        registry=r)  # fmt: skip
+        self.pool_index_age_s = Gauge("kvpool_router_pool_index_age_seconds",
+                                      "seconds since the last event batch or snapshot: how stale the view may be",
+                                      registry=r)  # fmt: skip
         self.cost = Gauge("kvpool_router_cost_s_per_token", "the cost model in use", ["kind"], registry=r)
         self.decode_latency = Gauge("kvpool_router_decode_latency_s_per_token",
                                     "seconds between a stream's tokens (recent average): latency, not a cost",

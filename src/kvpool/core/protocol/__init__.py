@@ -1,8 +1,9 @@
 """Control-plane messages between clients, nodes and the master (msgspec, msgpack on the wire).
 
 The messages live by service (nodes.py: a node and the master; objects.py: a client's puts,
-lookups and values; stats.py: the master's statistics; records.py: the values they carry); this
-module joins them into the two unions the wire carries and is what the rest of kvpool imports.
+lookups and values; stats.py: the master's statistics; events.py: what the pool holds, published;
+records.py: the values they carry); this module joins them into the two unions the wire carries
+and is what the rest of kvpool imports.
 
 Rules:
 - Requests are a tagged union (`type` field); the master decodes `Request` and answers one `Reply`.
@@ -20,6 +21,9 @@ from __future__ import annotations
 import msgspec
 from msgspec import Struct
 
+from kvpool.core.protocol.events import (
+    POOL_EVENTS_TOPIC, NamespaceChanges, NamespaceKeys, PoolEventBatch, PoolEventsOffer, PoolEventsQuery,
+)
 from kvpool.core.protocol.nodes import (
     AnnounceObjects, AnnounceReply, Heartbeat, HeartbeatReply, MountReply, MountSegment, UnmountSegment,
 )
@@ -74,6 +78,7 @@ Request = (
     | GetValue
     | Stats
     | LaneQuery
+    | PoolEventsQuery
 )
 
 Reply = (
@@ -91,6 +96,7 @@ Reply = (
     | ExistsReply
     | StatsReply
     | LaneOffer
+    | PoolEventsOffer
 )
 
 request_encoder = msgspec.msgpack.Encoder()
@@ -112,6 +118,8 @@ __all__ = [
     "Replica", "pack_replicas", "unpack_replicas", "DirEntry", "DiskEntry", "TierReport", "DirectoryDelta",
     "SegmentInfo", "MAX_REPLICAS", "REPLICA_BYTES", "DIR_COMMIT", "DIR_PROMOTE", "DIR_DISK_DROP", "CHECKSUM_BYTES",
     "unpack_checksums",
+    # events
+    "PoolEventsQuery", "PoolEventsOffer", "PoolEventBatch", "NamespaceChanges", "NamespaceKeys", "POOL_EVENTS_TOPIC",
     # stats
     "Stats", "StatsReply", "TierStats", "NodeStats", "KeyGroupStats", "TenantStats",
 ]
