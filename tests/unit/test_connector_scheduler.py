@@ -32,7 +32,7 @@ class Lookups:
         if self.down:
             raise UnavailableError("master did not answer")
 
-    def lookup_prefix(self, keys: list[str], promotion_wait_s: float = 0.0) -> int:
+    def lookup_prefix(self, keys: list[str], promotion_wait_s: float = 0.0, ttl_s: float = 0.0) -> int:
         self.calls += 1
         if self.down:
             raise UnavailableError("master did not answer")
@@ -114,7 +114,7 @@ class StalledLookups(Lookups):
         super().__init__(stored)
         self.release = threading.Event()
 
-    def lookup_prefix(self, keys: list[str], promotion_wait_s: float = 0.0) -> int:
+    def lookup_prefix(self, keys: list[str], promotion_wait_s: float = 0.0, ttl_s: float = 0.0) -> int:
         self.release.wait(10)
         return super().lookup_prefix(keys)
 
@@ -322,7 +322,8 @@ class RankLookups:
     def __init__(self, stored: dict[str, set[str]]) -> None:
         self.stored, self.asked = stored, []
 
-    def lookup_prefix(self, keys: list[str], namespace: str | None = None, promotion_wait_s: float = 0.0) -> int:
+    def lookup_prefix(self, keys: list[str], namespace: str | None = None, promotion_wait_s: float = 0.0,
+                      ttl_s: float = 0.0) -> int:
         self.asked.append((namespace, len(keys)))
         n = 0
         while n < len(keys) and keys[n] in self.stored[namespace]:
@@ -379,3 +380,46 @@ def test_a_request_waiting_past_touch_waiting_s_has_its_prefix_looked_up_again_u
     step_at(10.0)
     side.close()
     assert lookups.calls == 2 and touched[-1] == 0  # admitted: no more touches
+
+
+class HintedLookups(Lookups):
+    """Records what the lookup thread sends: session events and each lookup's TTL, in order."""
+
+    def __init__(self, stored: set[str]) -> None:
+        super().__init__(stored)
+        self.sent: list = []
+
+    def lookup_prefix(self, keys: list[str], promotion_wait_s: float = 0.0, ttl_s: float = 0.0) -> int:
+        self.sent.append(("lookup", ttl_s))
+        return super().lookup_prefix(keys, promotion_wait_s)
+
+    def send_session_events(self, events, namespace=None) -> None:
+        self.sent += [(("arrived", "done", "end")[e.kind], e.session, e.request) for e in events]
+
+
+def test_a_requests_session_hint_goes_to_the_pool_with_its_lookup_saves_and_end():
+    lookups = HintedLookups(set(object_keys(HASHES, 1, 0, 2)))
+    side, _ = make(lookups)
+    req = request("r", num_tokens=16)
+    req.kv_transfer_params = {"kvpool": {"session": "agent-7", "ttl_s": 60.0, "end": True}}
+    assert side.get_num_new_matched_tokens(req, 0) == (8, True)
+    side.get_num_new_matched_tokens(req, 0)  # asked again while it waits: no second arrival
+    side.update_state_after_alloc(req, blocks([1, 2, 3, 4]), 8)
+    meta = side.build_connector_meta(step("r", 0, 16, [1, 2, 3, 4]))
+    assert [(s.session, s.ttl_s) for s in meta.saves] == [("agent-7", 60.0)]
+    side.request_finished(req, [1, 2, 3, 4])
+    side.close()  # the lookup thread sends what is queued first
+    assert lookups.sent == [("arrived", "agent-7", "r"), ("lookup", 60.0), ("done", "agent-7", "r"),
+                            ("end", "agent-7", "r")]
+    assert side.stats.take().data["hinted_requests"] == 1
+
+
+def test_a_bad_hint_is_counted_and_the_request_served_without_it():
+    lookups = HintedLookups(set(object_keys(HASHES, 1, 0, 2)))
+    side, _ = make(lookups)
+    req = request("r", num_tokens=16)
+    req.kv_transfer_params = {"kvpool": {"session": 42}}
+    assert side.get_num_new_matched_tokens(req, 0) == (8, True)
+    side.close()
+    assert lookups.sent == [("lookup", 0.0)]
+    assert side.stats.take().data["bad_hints"] == 1

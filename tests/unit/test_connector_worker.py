@@ -14,7 +14,7 @@ class ScriptedClient:
     def __init__(self, script: list) -> None:
         self.script, self.written = list(script), 0
 
-    def put_from(self, keys, addrs, sizes, parents, on_written=None):
+    def put_from(self, keys, addrs, sizes, parents, on_written=None, session="", ttl_s=0.0):
         step = self.script.pop(0)
         if on_written is not None and step == "ok":
             on_written()

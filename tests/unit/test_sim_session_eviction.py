@@ -5,32 +5,36 @@ from __future__ import annotations
 
 from kvpool.core import protocol as p
 from kvpool.master import MasterConfig, MasterCore
-from kvpool.master.eviction import SessionAwareOrder
 from kvpool.sim.eviction_study import LOOKUP, WRITE, Access, replay
 
 SLOT = 64
 
 
-def make_core(session_aware: bool, slots: int = 20) -> tuple[MasterCore, SessionAwareOrder | None]:
-    core = MasterCore(MasterConfig(alignment_bytes=SLOT, node_ttl_s=1e9, high_watermark=0.9, low_watermark=0.5))
+def make_core(session_aware: bool, slots: int = 20) -> MasterCore:
+    order = "session" if session_aware else "lru"
+    core = MasterCore(MasterConfig(alignment_bytes=SLOT, node_ttl_s=1e9, high_watermark=0.9, low_watermark=0.5,
+                                   eviction_order=order))
     core.handle(p.MountSegment("n1", "host", slots * SLOT, 0, "agent", b""), 0.0)
-    order = None
-    if session_aware:
-        order = SessionAwareOrder()
-        core.index.evictor.set_order(order)
-    return core, order
+    return core
 
 
-def put(core, keys, now_s, parent=None):
+def put(core, keys, now_s, parent=None, session=""):
     parents = [parent] + keys[:-1]
-    reply = core.handle(p.PutStart("t", keys, [SLOT] * len(keys), parents, 1, False), now_s)
+    reply = core.handle(p.PutStart("t", keys, [SLOT] * len(keys), parents, 1, False, session), now_s)
     assert reply.statuses == [p.PUT_ALLOCATED] * len(keys)
     core.handle(p.PutEnd("t", keys, reply.tokens, [0] * len(keys)), now_s)
 
 
-def wrote(order, session, keys, now_s):
-    order.session_wrote(session, keys, now_s)
-    order.end_write()  # the put is placed: eviction below is not on its behalf
+def event(core, session, kind, now_s, request="r"):
+    reply = core.handle(p.SessionEvents("t", [p.SessionEvent(session, f"{session}-{request}", kind)]), now_s)
+    assert isinstance(reply, p.OkReply), reply
+
+
+def turn(core, session, keys, parent, arrive_s, write_s):
+    """One turn as the connector reports it: arrival (before its lookup), its put, its end."""
+    event(core, session, p.TURN_ARRIVED, arrive_s, request=str(arrive_s))
+    put(core, keys, write_s, parent, session)
+    event(core, session, p.TURN_DONE, write_s, request=str(arrive_s))
 
 
 def present(core, keys):
@@ -49,35 +53,27 @@ def eviction_order(core, now_s, keys):
     return order
 
 
-def two_sessions(core, order):
-    """A thinks ~100 s between turns, B ~59 s. B's last write (t=61) is older than A's (t=102).
-    Hints come before each put, as the serving side would send them with its PutStart."""
-    def turn(session, keys, parent, arrive_s, think_s, write_s):
-        if order is not None:
-            order.session_arrived(session, think_s, arrive_s)
-            order.session_wrote(session, keys, write_s)
-        put(core, keys, write_s, parent)
-        if order is not None:
-            order.end_write()
-
-    turn("A", ["a1", "a2"], None, 0.0, 0.0, 1.0)
-    turn("B", ["b1", "b2"], None, 0.0, 0.0, 1.0)
-    turn("B", ["b3"], "b2", 60.0, 59.0, 61.0)
-    turn("A", ["a3"], "a2", 101.0, 100.0, 102.0)
+def two_sessions(core):
+    """A thinks ~100 s between turns, B ~59 s (the master measures it: arrival - last turn's end).
+    B's last write (t=61) is older than A's (t=102)."""
+    turn(core, "A", ["a1", "a2"], None, 0.0, 1.0)
+    turn(core, "B", ["b1", "b2"], None, 0.0, 1.0)
+    turn(core, "B", ["b3"], "b2", 60.0, 61.0)
+    turn(core, "A", ["a3"], "a2", 101.0, 102.0)
 
 
 KEYS = ["a1", "a2", "a3", "b1", "b2", "b3"]
 
 
 def test_lru_evicts_the_session_used_longest_ago_tail_first():
-    core, _ = make_core(session_aware=False)
-    two_sessions(core, None)
+    core = make_core(session_aware=False)
+    two_sessions(core)
     assert eviction_order(core, 103.0, KEYS) == ["b3", "b2", "b1", "a3", "a2", "a1"]
 
 
 def test_session_aware_evicts_the_session_predicted_back_last_tail_first():
-    core, order = make_core(session_aware=True)
-    two_sessions(core, order)
+    core = make_core(session_aware=True)
+    two_sessions(core)
     # think times seen: 59, 100 (the fleet's: neither session has 4 of its own). At 103:
     # A idle 1 s -> mean(59 - 1, 100 - 1) = 78.5 s more -> back at 181.5
     # B idle 42 s -> mean(59 - 42, 100 - 42) = 37.5 s more -> back at 140.5: A goes first
@@ -85,22 +81,37 @@ def test_session_aware_evicts_the_session_predicted_back_last_tail_first():
 
 
 def test_a_session_gone_longer_than_any_think_time_is_expected_away_as_long_again():
-    core, order = make_core(session_aware=True)
-    two_sessions(core, order)
+    core = make_core(session_aware=True)
+    two_sessions(core)
     # at 170: A idle 68 s -> 100 - 68 = 32 s more -> 202; B idle 109 s, past every think time seen
     # -> 109 s more -> 279: B goes first now
     assert eviction_order(core, 170.0, KEYS) == ["b3", "b2", "b1", "a3", "a2", "a1"]
 
 
+def test_a_session_that_ended_goes_first():
+    core = make_core(session_aware=True)
+    two_sessions(core)
+    event(core, "A", p.SESSION_END, 102.5, request="101.0")
+    # without the end A would stay (test above: B first at 170)
+    assert eviction_order(core, 170.0, KEYS) == ["a3", "a2", "a1", "b3", "b2", "b1"]
+
+
+def test_a_retried_lookup_of_one_turn_is_one_arrival():
+    core = make_core(session_aware=True)
+    two_sessions(core)
+    order = core.hints.order
+    thinks = list(order.thinks)
+    for now in (150.0, 151.0, 152.0):  # vLLM asks again while the request waits: one request id
+        event(core, "A", p.TURN_ARRIVED, now, request="150")
+    assert len(order.thinks) == len(thinks) + 1
+
+
 def test_a_turn_in_flight_returns_after_its_service_and_a_think_time():
     def setup():
-        core, order = make_core(session_aware=True)
-        for session, key, done_s in (("A", "a1", 1.0), ("B", "b1", 2.5)):
-            order.session_arrived(session, 0.0, 0.0)
-            order.session_wrote(session, [key], done_s)
-            put(core, [key], done_s)
-            order.end_write()
-        order.session_arrived("A", 2.0, 3.0)  # A's next turn in flight: 3 + 1 (service) + 2 (think) = 6
+        core = make_core(session_aware=True)
+        turn(core, "A", ["a1"], None, 0.0, 1.0)
+        turn(core, "B", ["b1"], None, 0.0, 2.5)
+        event(core, "A", p.TURN_ARRIVED, 3.0, request="3")  # A's next turn in flight: 3 + 1 (service) + 2 (think) = 6
         return core
     # at 3.5, B idle 1 s -> 2 - 1 = 1 s more -> 4.5: A (6) goes first
     assert eviction_order(setup(), 3.5, ["a1", "b1"]) == ["a1", "b1"]
@@ -109,14 +120,22 @@ def test_a_turn_in_flight_returns_after_its_service_and_a_think_time():
 
 
 def test_shared_prefix_is_never_evicted_before_the_chains_on_it():
-    core, order = make_core(session_aware=True)
-    wrote(order, "A", ["sys"], 0.0)
-    put(core, ["sys"], 0.0)
+    core = make_core(session_aware=True)
+    put(core, ["sys"], 0.0, session="A")
     for s in ("A", "B"):
-        order.session_arrived(s, 0.0, 1.0)
-        wrote(order, s, [f"{s}1"], 2.0)
-        put(core, [f"{s}1"], 2.0, parent="sys")
+        event(core, s, p.TURN_ARRIVED, 1.0)
+        put(core, [f"{s}1"], 2.0, parent="sys", session=s)
+        event(core, s, p.TURN_DONE, 2.0)
     assert eviction_order(core, 3.0, ["sys", "A1", "B1"])[-1] == "sys"
+
+
+def test_one_tenants_session_names_do_not_rank_another_tenants_blocks():
+    core = make_core(session_aware=True)
+    two_sessions(core)  # tenant "t"
+    order = core.hints.order
+    core.handle(p.SessionEvents("u", [p.SessionEvent("A", "x", p.SESSION_END)]), 103.0)
+    assert not order.sessions[order.owner_key("t", "A")].ended
+    assert eviction_order(core, 103.0, KEYS) == ["a3", "a2", "a1", "b3", "b2", "b1"]
 
 
 def _cyclic_log(num_sessions: int, turns: int, blocks_per_turn: int) -> list[Access]:

@@ -188,13 +188,17 @@ class Client:
         *,
         pinned: bool = False,
         on_written=None,
+        session: str = "",
+        ttl_s: float = 0.0,
     ) -> list[int]:
         """Store objects given as scatter-gather regions. Returns PUT_ALLOCATED (stored now),
         PUT_EXISTS, PUT_NO_SPACE or PUT_FAILED (write failed, revoked) per key. `pinned` objects
         are never evicted (remove them explicitly). `on_written()` is called once the source
         memory is no longer needed (after the copy, before the master is told; also when the call
-        fails early), so a caller can reuse it without waiting for the last round trip."""
-        return self._puts.put_from(keys, addrs, sizes, parents, pinned=pinned, on_written=on_written)
+        fails early), so a caller can reuse it without waiting for the last round trip. `session`
+        and `ttl_s` are hints for the pool's eviction (core/protocol/sessions.py)."""
+        return self._puts.put_from(keys, addrs, sizes, parents, pinned=pinned, on_written=on_written,
+                                   session=session, ttl_s=ttl_s)
 
     def get_into(self, keys: list[str], addrs: list, sizes: list, *, lookup_timeout_s: float | None = None) -> int:
         """Read the leading hits of `keys` into the given regions (object i = its regions
@@ -224,18 +228,20 @@ class Client:
 
     # ---- control-plane only -----------------------------------------------------------------
 
-    def lookup_prefix(self, keys: list[str], *, namespace: str | None = None, promotion_wait_s: float = 0.0) -> int:
+    def lookup_prefix(self, keys: list[str], *, namespace: str | None = None, promotion_wait_s: float = 0.0,
+                      ttl_s: float = 0.0) -> int:
         """How many leading keys are complete in the pool (one round trip, nothing leased), in this
         client's namespace or in `namespace` (a connector's scheduler asks for each TP rank's).
         A lookup that reaches keys on a node's disk starts their promotion to DRAM and counts them
         as misses; with `promotion_wait_s` > 0 it asks again (every 20 ms) while the master says
-        keys are being promoted, for at most that long, so a disk hit can count as a hit now."""
+        keys are being promoted, for at most that long, so a disk hit can count as a hit now.
+        `ttl_s` > 0: keep the hits at least that long (a hint, within the tenant's share)."""
         check_keys(keys, unique=False)
         if not keys:
             return 0
         started = time.perf_counter()
         tenant = self.config.tenant if namespace is None else namespace
-        request = protocol.LookupPrefix(tenant, list(keys), lease=False)
+        request = protocol.LookupPrefix(tenant, list(keys), lease=False, ttl_s=ttl_s)
         reply = self._link.call(request, protocol.LookupReply)
         give_up = started + promotion_wait_s
         while reply.num_promoting and reply.num_hit < len(keys) and time.perf_counter() + _PROMOTION_POLL_S < give_up:
@@ -264,6 +270,13 @@ class Client:
         """One round trip to the master that changes nothing there (connects the lane where the
         master offers one). Raises UnavailableError when the master does not answer in time."""
         self._link.call(protocol.LaneQuery(), protocol.LaneOffer)
+
+    def send_session_events(self, events: list[protocol.SessionEvent], *, namespace: str | None = None) -> None:
+        """Tell the master about agent sessions (turns arrived, done, sessions ended), one way:
+        hints for its eviction (core/protocol/sessions.py); a lost message only loses the hint."""
+        if events:
+            tenant = self.config.tenant if namespace is None else namespace
+            self._link.send_quietly(protocol.SessionEvents(tenant, list(events)))
 
     def stats(self) -> protocol.StatsReply:
         return self._link.call(protocol.Stats(), protocol.StatsReply)

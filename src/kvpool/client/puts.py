@@ -116,13 +116,16 @@ class Puts:
         *,
         pinned: bool = False,
         on_written=None,
+        session: str = "",
+        ttl_s: float = 0.0,
     ) -> list[int]:
         """Client.put_from: the statuses of put_batch."""
-        statuses, _ = self.put_batch(keys, addrs, sizes, parents, pinned, on_written)
+        statuses, _ = self.put_batch(keys, addrs, sizes, parents, pinned, on_written, session=session, ttl_s=ttl_s)
         return statuses
 
     def put_batch(self, keys, addrs, sizes, parents, pinned: bool = False, on_written=None,
-                  unregistered: bool = False, ahead: bool = False) -> tuple[list[int], str]:
+                  unregistered: bool = False, ahead: bool = False, session: str = "",
+                  ttl_s: float = 0.0) -> tuple[list[int], str]:
         """`unregistered`: one object whose host memory is not registered (a plain value's
         bytes): written straight from it where its replicas' routes carry such memory, else from
         a copy in the staging buffer. `ahead`: its PutEnd also asks for an allocation of the
@@ -132,12 +135,12 @@ class Puts:
             once()
             raise UsageError("this client is read-only (read_only=True): it cannot put")
         try:
-            return self._put(keys, addrs, sizes, parents, pinned, once, unregistered, ahead)
+            return self._put(keys, addrs, sizes, parents, pinned, once, unregistered, ahead, session, ttl_s)
         finally:
             once()
 
-    def _put(self, keys, addrs, sizes, parents, pinned, written: "_Once",
-                        unregistered: bool = False, ahead: bool = False) -> tuple[list[int], str]:
+    def _put(self, keys, addrs, sizes, parents, pinned, written: "_Once", unregistered: bool = False,
+             ahead: bool = False, session: str = "", ttl_s: float = 0.0) -> tuple[list[int], str]:
         started = time.perf_counter()
         check_keys(keys, unique=True)
         addrs, sizes = regions(len(keys), addrs, sizes)
@@ -160,7 +163,8 @@ class Puts:
             if len(keys) == 1 or sum(totals) <= EARLY_CHECKSUM_BYTES else None
         t0 = time.monotonic()  # before sending: our deadline is never later than the master's reclaim
         reply = self._link.call(
-            protocol.PutStart(tenant, list(keys), totals, list(parents), self._config.num_replicas, bool(pinned)),
+            protocol.PutStart(tenant, list(keys), totals, list(parents), self._config.num_replicas, bool(pinned),
+                              session, ttl_s),
             protocol.PutStartReply, meanwhile=early,
         )
         statuses = list(reply.statuses)

@@ -74,7 +74,7 @@ class AsyncLookups:
         self._reuse_s = reuse_s
         self._clock = clock
         self._states: dict[str, LookupState] = {}
-        self._queue: queue.SimpleQueue[LookupState | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[LookupState | Callable[[], None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="kvpool-lookups", daemon=True)
         self._thread.start()
 
@@ -116,6 +116,11 @@ class AsyncLookups:
         self._queue.put(state)
         return state
 
+    def run_soon(self, work: Callable[[], None]) -> None:
+        """Run `work` on the lookup thread, in turn with the lookups (session hints: sent one way, in
+        order with the lookups they precede). Its failure is logged."""
+        self._queue.put(work)
+
     def forget(self, req_id: str) -> None:
         self._states.pop(req_id, None)
 
@@ -129,6 +134,12 @@ class AsyncLookups:
             state = self._queue.get()
             if state is None:
                 return
+            if not isinstance(state, LookupState):
+                try:
+                    state()
+                except Exception as exc:  # a hint lost is only a hint lost
+                    log.info("kvpool: could not send session hints to the pool master (%s)", exc)
+                continue
             if self._clock() - state.asked_s > self._give_up_s:
                 state.done.set()  # nobody waits for it any more (the miss was answered): skip the trip
                 continue

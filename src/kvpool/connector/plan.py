@@ -101,6 +101,8 @@ class SaveSpec:
     parents: list[str | None]
     block_ids: list[list[int]]
     groups: list[int] | None = None  # hybrid models: object i is one block of KV-cache group groups[i]
+    session: str = ""  # the agent session the request belongs to ("": none), a hint for the pool's eviction
+    ttl_s: float = 0.0  # keep the objects at least this long (0: no TTL)
 
 
 def savable_objects(

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvpool.connector.session_hints import SessionHint
+
 
 @dataclass
 class RequestState:
@@ -34,6 +36,8 @@ class RequestState:
     next_save: int = 0
     saved_until: dict[int, int] = field(default_factory=dict)  # hybrid models: per KV-cache group
     save_jobs: set[int] = field(default_factory=set)  # save jobs planned for it (pins.py)
+    hint: SessionHint | None = None  # its agent session and TTL (session_hints.py), read when first asked
+    hint_read: bool = False
 
     @property
     def admitted(self) -> bool:

@@ -77,8 +77,10 @@ from kvpool.connector.plan import (
     savable_objects,
 )
 from kvpool.connector.request_state import RequestState
+from kvpool.connector.session_hints import BadHint, TTLKeys, hint_of
 from kvpool.connector.stats import StatsRecorder
 from kvpool.connector.waiting import WaitingRequests
+from kvpool.core import protocol
 from kvpool.core.errors import KVPoolError, UnavailableError
 
 log = logging.getLogger(__name__)
@@ -171,17 +173,60 @@ class SchedulerSide:
         else:
             self.stats.add(prefix_touch_failures=1)
 
-    def _keys_of(self, request, window: int):
+    def _keys_of(self, request, window: int, ttl_s: float = 0.0):
         """The keys of the request's first `window` objects, made only if a lookup is sent."""
         if self._hybrid is not None:
             return lambda: self._hybrid.query(request.block_hashes, window)
+        if ttl_s:
+            return lambda: TTLKeys(object_keys(request.block_hashes, self.geom.blocks_per_object, 0, window), ttl_s)
         return lambda: object_keys(request.block_hashes, self.geom.blocks_per_object, 0, window)
+
+    # ---- session hints -------------------------------------------------------------------------
+
+    def _read_hint(self, request, state: RequestState) -> None:
+        """Once per request: its session hint (kv_transfer_params); a turn with a session arrives."""
+        if state.hint_read:
+            return
+        state.hint_read = True
+        try:
+            state.hint = hint_of(getattr(request, "kv_transfer_params", None))
+        except BadHint as e:
+            self.stats.add(bad_hints=1)
+            log.warning("kvpool: request %s: ignoring its session hint (%s)", request.request_id, e)
+            return
+        if state.hint is None:
+            return
+        self.stats.add(hinted_requests=1)
+        if state.hint.session:
+            self._send_events([protocol.SessionEvent(state.hint.session, request.request_id, protocol.TURN_ARRIVED,
+                                                     state.hint.ttl_s)])  # fmt: skip
+
+    def _send_events(self, events: list) -> None:
+        """One way, from the lookup thread, in order with the lookups (one message per rank namespace)."""
+        namespaces = self._rank_namespaces if len(self._rank_namespaces) > 1 else [None]
+
+        def send() -> None:
+            client = self._lookup_client()
+            for namespace in namespaces:
+                client.send_session_events(events, namespace=namespace)
+
+        self._lookups_async.run_soon(send)
+
+    def _turn_done(self, request, state: RequestState | None) -> None:
+        hint = state.hint if state is not None else None
+        if hint is None or not hint.session:
+            return
+        events = [protocol.SessionEvent(hint.session, request.request_id, protocol.TURN_DONE)]
+        if hint.end:
+            events.append(protocol.SessionEvent(hint.session, request.request_id, protocol.SESSION_END))
+        self._send_events(events)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         rid = request.request_id
         state = self._state_of(rid)
         state.lookup = None
         state.local_hit_tokens = num_computed_tokens
+        self._read_hint(request, state)
         if state.load_failed:
             return 0, False
         if is_remote_prefill(request):
@@ -190,7 +235,8 @@ class SchedulerSide:
         window = lookup_window(self.geom, request.num_tokens, len(request.block_hashes))
         if window * self.geom.tokens_per_object <= num_computed_tokens or not self._health.should_try():
             return 0, False
-        num_hit, how = self._lookups_async.ask(rid, window, self._keys_of(request, window))
+        ttl_s = state.hint.ttl_s if state.hint is not None else 0.0
+        num_hit, how = self._lookups_async.ask(rid, window, self._keys_of(request, window, ttl_s))
         if how in _COUNTED:
             self.stats.add(**{_COUNTED[how]: 1})
         if num_hit is ASK_AGAIN:
@@ -217,11 +263,13 @@ class SchedulerSide:
         # keys on a node's disk are promoted to DRAM meanwhile: wait for them within the budget the
         # request may wait for its answer anyway (vLLM asks again every step until then)
         wait = self._promotion_wait_s
+        ttl_s = getattr(keys, "ttl_s", 0.0)  # TTLKeys: the request's hits are kept that long
         if len(self._rank_namespaces) <= 1:
-            return client.lookup_prefix(keys, promotion_wait_s=wait)
+            return client.lookup_prefix(keys, promotion_wait_s=wait, ttl_s=ttl_s)
         num_hit = len(keys)
         for namespace in self._rank_namespaces:  # each asks only about what every earlier rank has
-            num_hit = client.lookup_prefix(keys[:num_hit], namespace=namespace, promotion_wait_s=wait) if num_hit else 0
+            num_hit = client.lookup_prefix(keys[:num_hit], namespace=namespace, promotion_wait_s=wait,
+                                           ttl_s=ttl_s) if num_hit else 0
         return num_hit
 
     def _lookup_done(self, ok: bool, error: BaseException | None, latency_s: float) -> None:
@@ -380,7 +428,10 @@ class SchedulerSide:
     def _pin_save(self, request, state: RequestState, keys, parents, per_object, flat, groups=None) -> SaveSpec:
         job_id = self._pins.pin(flat)
         state.save_jobs.add(job_id)
-        return SaveSpec(job_id, request.request_id, list(keys), parents, per_object, groups)
+        hint = state.hint
+        if hint is None:
+            return SaveSpec(job_id, request.request_id, list(keys), parents, per_object, groups)
+        return SaveSpec(job_id, request.request_id, list(keys), parents, per_object, groups, hint.session, hint.ttl_s)
 
     def update_connector_output(self, connector_output) -> None:
         meta = connector_output.kv_connector_worker_meta
@@ -400,6 +451,7 @@ class SchedulerSide:
         self._lookups_async.forget(rid)
         if self._waiting is not None:
             self._waiting.finished(rid)
+        self._turn_done(request, state)
         if state is not None and state.admitted and self._pins.bound and self._health.available:
             # Objects computed in the last steps whose hashes came late (async scheduling): plan
             # them now, while the blocks are still the request's; the references keep them alive.

@@ -43,6 +43,8 @@ COUNTERS = {
     "saves_dropped": "Saves of finished requests dropped: too many blocks pinned for saves",
     "save_failed_blocks": "vLLM blocks a save could not store (no space, transfer error, no pool)",
     "pool_unavailable": "Times the connector lost the pool and fell back to no pool",
+    "hinted_requests": "Requests that named an agent session or a cache TTL (kv_transfer_params['kvpool'])",
+    "bad_hints": "Requests whose kv_transfer_params['kvpool'] did not parse (served without hints)",
 }
 LATENCIES = {
     "lookup_latency_s": "Lookup round trip",

@@ -235,7 +235,8 @@ class WorkerSide:
                 raise _NoPool
             addrs, sizes = self._regions(spec.block_ids, spec.groups)
             fence.wait()  # this step's KV writes are in memory (a CUDA event on GPUs)
-            statuses = self._client.put_from(spec.keys, addrs, sizes, spec.parents, on_written=release_blocks)
+            statuses = self._client.put_from(spec.keys, addrs, sizes, spec.parents, on_written=release_blocks,
+                                             session=spec.session, ttl_s=spec.ttl_s)
             self._health.record_success()
             stored = sum(1 for s in statuses if s == PUT_ALLOCATED)
             existing = sum(1 for s in statuses if s == PUT_EXISTS)

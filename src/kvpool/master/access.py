@@ -23,7 +23,8 @@ from kvpool.core import protocol as p
 
 NODE_CALLS = frozenset({p.MountSegment, p.AnnounceObjects, p.UnmountSegment, p.Heartbeat})
 TENANT_CALLS = frozenset({p.GetSegments, p.PutStart, p.PutEnd, p.PutRevoke, p.PutLanded, p.EndQuarantine,
-                          p.LookupPrefix, p.ReleaseLeases, p.Exists, p.Remove, p.PutValue, p.GetValue})
+                          p.LookupPrefix, p.ReleaseLeases, p.Exists, p.Remove, p.PutValue, p.GetValue,
+                          p.SessionEvents})
 ADMIN_CALLS = TENANT_CALLS | {p.Stats}
 NAMESPACE_SEPARATOR = "/"
 

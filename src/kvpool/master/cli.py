@@ -42,6 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--low-watermark", type=float, default=_D.low_watermark,
                         help="eviction then frees space down to this fraction of capacity, in 1 MiB slices while "
                              "the master has no request waiting (default %(default)s)")
+    parser.add_argument("--eviction-order", choices=("lru", "session"), default=_D.eviction_order,
+                        help="which eviction candidates go first: lru (chain tails used longest ago) or session "
+                             "(tails of the agent session predicted to come back last, from the session hints "
+                             "the connector sends; blocks of no session stay LRU). Default %(default)s")
+    parser.add_argument("--max-retained-fraction", type=float, default=_D.max_retained_fraction,
+                        help="TTL hints (a request's cache TTL) keep objects from eviction up to this share of the "
+                             "pool's DRAM per tenant; a tenant with a quota keeps up to its quota (default "
+                             "%(default)s; 0: ignore TTLs)")
     parser.add_argument("--lease-ttl-s", type=float, default=_D.lease_ttl_s,
                         help="seconds a read lease from a lookup lasts; a read finishing later is discarded by the client")
     parser.add_argument("--max-lease-hold-s", type=float, default=_D.max_lease_hold_s,
@@ -171,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             high_watermark=args.high_watermark,
             low_watermark=args.low_watermark,
+            eviction_order=args.eviction_order,
+            max_retained_fraction=args.max_retained_fraction,
             lease_ttl_s=args.lease_ttl_s,
             max_lease_hold_s=args.max_lease_hold_s,
             node_ttl_s=args.node_ttl_s,

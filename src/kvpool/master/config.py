@@ -23,6 +23,10 @@ class MasterConfig:
     # evicts on demand either way (evict_for).
     high_watermark: float = 0.99
     low_watermark: float = 0.98
+    # among eviction candidates: "lru" (chain tails by last use) or "session" (by predicted return of
+    # their agent session, from the hints serving sends; master/session_order.py)
+    eviction_order: str = "lru"
+    max_retained_fraction: float = 0.5  # TTL hints keep at most this share of DRAM per tenant without a quota
     lease_ttl_s: float = 5.0  # a read lease granted by lookup_prefix(lease=True)
     max_lease_hold_s: float = 15.0  # past this much continuous leasing, eviction may drain an object
     node_ttl_s: float = 10.0  # a segment not heartbeated for this long is unmounted (tolerates seconds of stall)
@@ -57,6 +61,10 @@ class MasterConfig:
                 "watermarks must satisfy 0 < low_watermark < high_watermark <= 1, got "
                 f"low={self.low_watermark} high={self.high_watermark}"
             )
+        if self.eviction_order not in ("lru", "session"):
+            raise ValueError(f"eviction_order must be lru or session, got {self.eviction_order!r}")
+        if not 0 <= self.max_retained_fraction < 1:
+            raise ValueError(f"max_retained_fraction must be in [0, 1), got {self.max_retained_fraction}")
         for name in ("lease_ttl_s", "node_ttl_s", "heartbeat_interval_s", "put_timeout_s", "ahead_timeout_s",
                      "tick_interval_s",
                      "quarantine_max_s", "recovery_timeout_s", "directory_max_ops", "directory_ops_per_reply",

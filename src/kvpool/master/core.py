@@ -33,6 +33,7 @@ from kvpool.core.types import MAX_KEY_LENGTH, MAX_TENANT_LENGTH, NodeId
 from kvpool.master.access import OPEN, TENANT_CALLS, Principal, namespace_owner, refusal, scoped_tenant
 from kvpool.master.config import MasterConfig
 from kvpool.master.eviction import EVICTION_SLICE_BYTES, Evictor
+from kvpool.master.hints import SessionHints, check_ttl
 from kvpool.master.ids import IdSource, new_epoch
 from kvpool.master.index import ObjectIndex
 from kvpool.master.inline import InlineValues
@@ -82,6 +83,8 @@ class MasterCore:
         self.leases = LeaseTable(self.space)
         self.index = ObjectIndex(config, self.space, Evictor(), self.leases)
         self.pressure = Pressure(config, self.space, self.index.evictor, self.leases, self.index)
+        self.hints = SessionHints(config.eviction_order, config.max_retained_fraction, self.index.evictor,
+                                  lambda: self.space.capacity_bytes)
         self.reads = Reads(config, self.index, self.leases, self.pressure, self.ids)
         self.writes = Writes(config, self.index, self.pressure, self.ids)
         self._max_inline_reply = config.max_message_bytes // 4  # inline bytes in one lookup reply
@@ -108,6 +111,7 @@ class MasterCore:
             p.PutValue: self._put_value,
             p.GetValue: self._get_value,
             p.Stats: lambda req, now_s: self.stats(now_s),
+            p.SessionEvents: self.hints.session_events,
         }
 
     def handle(self, request: p.Request, now_s: float, principal: Principal = OPEN) -> p.Reply:
@@ -250,9 +254,14 @@ class MasterCore:
             raise UsageError(f"num_replicas must be in 1..{p.MAX_REPLICAS}, got {req.num_replicas}")
         if self.inline.holds_any(req.tenant):
             return self._put_start_beside_inline(req, now_s, ahead)
-        statuses, replicas, message, tokens = self.writes.put_start(
-            req.tenant, req.keys, req.sizes, req.parents, req.num_replicas, req.pinned, now_s, ahead
-        )
+        hints = self.hints
+        hints.before_put(req, now_s)
+        try:
+            statuses, replicas, message, tokens = self.writes.put_start(
+                req.tenant, req.keys, req.sizes, req.parents, req.num_replicas, req.pinned, now_s, ahead
+            )
+        finally:
+            hints.after_put(self.index.tenants.get(req.tenant), req, now_s)
         return p.PutStartReply(statuses=statuses, replicas=replicas, message=message,  # type: ignore[arg-type]
                                tokens=tokens, put_timeout_s=self._put_timeout_s(ahead), lands=True)
 
@@ -341,8 +350,12 @@ class MasterCore:
         return p.OkReply(count=self.writes.end_quarantine(req.tenant, req.tokens))
 
     def _lookup_prefix(self, req: p.LookupPrefix, now_s: float) -> p.LookupReply:
+        if req.ttl_s:
+            check_ttl(req.ttl_s)
         reads = self.reads
         num_hit, lease_id, locations, counts, checksums = reads.lookup_prefix(req.tenant, req.keys, req.lease, now_s)
+        if num_hit and (req.ttl_s or self.hints.retention.until):
+            self.hints.after_lookup(self.index.tenants.get(req.tenant), req.keys, num_hit, req.ttl_s, now_s)
         promoting = reads.last_num_promoting
         inline_values: list[bytes] = []
         if num_hit < len(req.keys) and not promoting and self.inline.holds_any(req.tenant):

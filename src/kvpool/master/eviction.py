@@ -17,6 +17,8 @@ Rules:
 - Each record is in the heap at most once (IN_HEAP), so the heap costs one pointer per object.
 - Opt-in `SessionAwareOrder` (session_order.py) replaces LRU among the tails by predicted session
   return, from session hints; the default stays LRU.
+- A candidate under a TTL (`retention`, retention.py) is passed over like a leased one; due
+  retentions are released when a selection starts.
 - Tenants (quotas.py): a tenant with a quota or dedicated segments keeps its candidates in its
   own heap (`TenantAccount.heap`, over all its namespaces); the others share `heap`. Each record is
   in one heap, and the global order pops the oldest top among all heaps (O(heaps) per pop, heaps =
@@ -35,6 +37,7 @@ from kvpool.master.records import COMPLETE, GONE, IN_HEAP, PINNED, ObjectRecord
 from kvpool.master.session_order import SessionAwareOrder
 
 if TYPE_CHECKING:
+    from kvpool.master.retention import Retention
     from kvpool.master.quotas import TenantAccount
 
 __all__ = ["EVICTION_SLICE_BYTES", "EVICTION_SLICE_OBJECTS", "PUT_EVICTION_FACTOR", "Evictor", "Selection",
@@ -52,6 +55,14 @@ class Evictor:
         self.evicted_bytes = 0
         self.order: SessionAwareOrder | None = None  # None: LRU over tails (the default)
         self.own: list[TenantAccount] = []  # tenants with their own heap (a quota, or dedicated segments)
+        self.retention: Retention | None = None  # TTL hints (master/hints.py); None: none kept
+
+    def forget(self, rec: ObjectRecord) -> None:
+        """`rec` left the pool (the index dropped it): its retention and session ownership go."""
+        if self.retention is not None and self.retention.until:
+            self.retention.release(rec)
+        if self.order is not None:
+            self.order.forget(rec.space.name, rec.key)
 
     def set_order(self, order: SessionAwareOrder | None) -> None:
         """Choose among tails by another order (the records now in the heap move over)."""
@@ -97,6 +108,8 @@ class Evictor:
                on_segments: set[int] | None = None) -> Selection:
         """Candidates in eviction order. `account`: only that tenant's objects; `shared_only`: none
         of tenants with dedicated segments; `on_segments`: only objects with a replica there."""
+        if self.retention is not None and self.retention.until:
+            self.retention.expire(now_s)
         return Selection(self, now_s, account, shared_only, on_segments)
 
     def _pop(self, now_s: float, account: TenantAccount | None, shared_only: bool) -> ObjectRecord | None:
@@ -160,6 +173,10 @@ class Selection:
             rec.heaps &= ~IN_HEAP
             if rec.state != COMPLETE or rec.flags & PINNED or rec.num_children:
                 continue  # a parent comes back when its last child goes
+            retention = evictor.retention
+            if retention is not None and retention.until and retention.holds(rec, now_s):
+                self._kept.append(rec)  # a TTL keeps it: back in the heap when the selection closes
+                continue
             if evictor._moved(rec, now_s):
                 evictor.push(rec)  # used since it was pushed: take its place by the new time
                 continue

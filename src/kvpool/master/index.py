@@ -188,6 +188,7 @@ class ObjectIndex:
             self.became_tail(tail)
         if free_space:
             self.space.free(rec.replicas)
+        self.evictor.forget(rec)
 
     def evict(self, rec: ObjectRecord) -> None:
         """DRAM eviction chose `rec` (pressure.py): to its disk tier if it has a copy there, else gone."""

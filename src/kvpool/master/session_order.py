@@ -23,9 +23,12 @@ class SessionAwareOrder:
     exactly the session that returns next (every lookup misses); ordering by predicted return
     keeps a stable subset of sessions whole instead, as the offline optimum does.
 
+    Sessions are named within a tenant (`owner_key`): one tenant's hints never rank another's blocks.
+
     Prediction, from hints the serving side sends (`session_arrived` when a turn's lookup comes,
-    with the think time that preceded it; `session_wrote` before it writes blocks, saying whether
-    the turn is done):
+    with the think time that preceded it, or measured here from its last write; `session_wrote`
+    before it writes blocks, saying whether the turn is done; `session_ended` when it will not
+    come back, after which its blocks go first):
     - a turn in flight returns after about its last service time plus a fresh think time;
     - a session idle for `a` seconds since its last write returns after the mean residual think
       time given `a`: the mean of (T - a) over think times T > a seen (its own once it has 4, else
@@ -51,7 +54,7 @@ class SessionAwareOrder:
         self.admission = admission
         self.writer_return_s: float | None = None  # set from session_wrote until end_write
         self.refusals = 0
-        self.owner: dict[str, str] = {}  # key -> session that wrote it
+        self.owner: dict[str, str] = {}  # owner_key(tenant, key) -> session that wrote it
         self.sessions: dict[str, _SessionHint] = {}
         self.thinks: list[float] = []  # the fleet's recent think times, sorted
         self.anonymous: list[ObjectRecord] = []  # LRU heap of candidates of no known session
@@ -67,8 +70,21 @@ class SessionAwareOrder:
             hint = self.sessions[session] = _SessionHint()
         return hint
 
-    def session_arrived(self, session: str, think_s: float, now_s: float) -> None:
+    @staticmethod
+    def owner_key(tenant: str, key: str) -> str:
+        return tenant + "/" + key
+
+    def session_arrived(self, session: str, think_s: float | None, now_s: float, request: str | None = None) -> None:
+        """A turn of `session` arrived; `think_s` None: the time since its last write. The same
+        `request` arriving again (a retried lookup) is one arrival."""
         hint = self._hint(session)
+        if request is not None:
+            if hint.request == request:
+                return
+            hint.request = request
+        hint.ended = False
+        if think_s is None:
+            think_s = now_s - hint.last_write_s if hint.last_write_s is not None else 0.0
         if hint.last_write_s is not None:
             insort(hint.thinks, think_s)
             if len(hint.thinks) > 64:
@@ -86,7 +102,7 @@ class SessionAwareOrder:
         hint = self._hint(session)
         owner = self.owner
         for key in keys:
-            owner.setdefault(key, session)
+            owner.setdefault(key, session)  # keys given as owner_key(tenant, key)
         if turn_done:
             if hint.arrived_s is not None:
                 hint.service_s = now_s - hint.arrived_s
@@ -95,6 +111,18 @@ class SessionAwareOrder:
         self._dirty = True
         if self.admission:
             self.writer_return_s = self.predicted_return(hint, now_s)
+
+    def session_ended(self, session: str) -> None:
+        """The session will not come back: its blocks are the first to go."""
+        hint = self.sessions.get(session)
+        if hint is not None:
+            hint.ended = True
+            hint.in_flight = False
+            self._dirty = True
+
+    def forget(self, tenant: str, key: str) -> None:
+        """The object is gone from the pool."""
+        self.owner.pop(self.owner_key(tenant, key), None)
 
     def end_write(self) -> None:
         """The put that `session_wrote` announced is done: eviction is no longer on its behalf."""
@@ -107,6 +135,8 @@ class SessionAwareOrder:
         return (sum(samples[i:]) / (len(samples) - i)) - idle_s
 
     def predicted_return(self, hint: "_SessionHint", now_s: float) -> float:
+        if hint.ended:
+            return float("inf")
         samples = hint.thinks if len(hint.thinks) >= self.MIN_OWN_SAMPLES else self.thinks
         if hint.in_flight:
             return (hint.arrived_s if hint.arrived_s is not None else now_s) + hint.service_s + self._residual(samples, 0.0)
@@ -116,7 +146,7 @@ class SessionAwareOrder:
     # ---- candidates ----------------------------------------------------------------------------
 
     def push(self, rec: ObjectRecord) -> None:
-        session = self.owner.get(rec.key)
+        session = self.owner.get(self.owner_key(rec.space.name, rec.key))
         if session is None:
             rec.heap_access_s = rec.last_access_s
             heappush(self.anonymous, rec)
@@ -175,7 +205,7 @@ class SessionAwareOrder:
         return False
 
     def moved(self, rec: ObjectRecord, now_s: float) -> bool:
-        if rec.key in self.owner:
+        if self.owner_key(rec.space.name, rec.key) in self.owner:
             return False  # ranked at this moment already
         return rec.last_access_s != rec.heap_access_s
 
@@ -188,7 +218,7 @@ class SessionAwareOrder:
 
 
 class _SessionHint:
-    __slots__ = ("arrived_s", "last_write_s", "service_s", "thinks", "in_flight", "tails")
+    __slots__ = ("arrived_s", "last_write_s", "service_s", "thinks", "in_flight", "tails", "request", "ended")
 
     def __init__(self) -> None:
         self.arrived_s: float | None = None
@@ -197,3 +227,5 @@ class _SessionHint:
         self.thinks: list[float] = []  # its think times, sorted
         self.in_flight = False
         self.tails: list[ObjectRecord] = []  # its candidates, the last pushed goes first
+        self.request: str | None = None  # the engine request of its latest arrival
+        self.ended = False  # said it will not come back

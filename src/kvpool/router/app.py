@@ -32,6 +32,7 @@ from kvpool.router.config import RouterConfig
 from kvpool.router.disagg import PrefillDecode
 from kvpool.router.dispatch import ClientLeft, DispatchGate
 from kvpool.router.health import HealthChecker
+from kvpool.router.hints import request_hint, with_hint
 from kvpool.router.kv_events import EventStream, EventSubscriber
 from kvpool.router.metrics import RouterMetrics
 from kvpool.router.policy import (
@@ -223,6 +224,9 @@ class Router:
             raise web.HTTPServiceUnavailable(text="router is starting")
         body = await request.read()
         routed = self._plan(request, body)
+        if self.config.session_hints and routed.body_json is not None and not routed.to_any:
+            hint = request_hint(routed.info.session_id, request.headers, routed.body_json, self.config.session_ttl_s)
+            body = with_hint(body, routed.body_json, hint)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         try:
             if self.pd is not None and not routed.to_any:

@@ -58,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:PORT"}); '
                              "repeat once per --backend (P/D mode: per --prefill), same order, "
                              "e.g. tcp://127.0.0.1:PORT")  # fmt: skip
+    parser.add_argument("--no-session-hints", action="store_true",
+                        help="with --pooled the router tells the pool, in each request's kv_transfer_params, the "
+                             "request's session, its cache TTL (x-kvpool-ttl header or cache_control) and whether "
+                             "its session ends (x-session-end header), for the pool's eviction; this turns that off")
+    parser.add_argument("--session-ttl-s", type=float, default=0.0, metavar="S",
+                        help="with session hints: the cache TTL of requests that name none (default 0: none); "
+                             "the pool keeps what a TTL covers within each tenant's share")
     parser.add_argument("--pooled", action="store_true",
                         help="the backends share a kvpool pool (KVPoolConnector): a prefix one computed, any can load. "
                              "Without --master the router estimates what the pool holds from what the backends "
@@ -165,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
                               pool_namespace=args.pool_namespace, request_timeout_s=args.request_timeout_s,
                               health_interval_s=args.health_interval_s, health_timeout_s=args.health_timeout_s, max_attempts=args.max_attempts,
                               prior_costs=prior, observed_wait=not args.no_observed_wait,
-                              max_waiting=args.max_waiting)  # fmt: skip
+                              max_waiting=args.max_waiting, session_hints=args.pooled and not args.no_session_hints,
+                              session_ttl_s=args.session_ttl_s)  # fmt: skip
     except ValueError as e:
         print(f"kvpool router: {e}", file=sys.stderr)
         return 2

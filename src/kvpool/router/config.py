@@ -36,6 +36,9 @@ class RouterConfig:
     keepalive_timeout_s: float = 3.0
     prior_costs: CostModel = DEFAULT_COSTS
     pool_ledger_blocks: int = 1_000_000
+    # pass each request's session, cache TTL and end to the pool's eviction (router/hints.py)
+    session_hints: bool = False
+    session_ttl_s: float = 0.0  # TTL for requests that name none (0: none)
     # a backend's queue is also how long its oldest request has waited for a first byte
     # (policy.estimate_ttft); False: from the tokens in flight only
     observed_wait: bool = True
@@ -79,6 +82,8 @@ class RouterConfig:
                      "keepalive_timeout_s"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
+        if not 0 <= self.session_ttl_s <= 24 * 3600:
+            raise ValueError(f"--session-ttl-s must be in [0, 86400], got {self.session_ttl_s}")
         if self.max_waiting < 0:
             raise ValueError(f"--max-waiting must be >= 0 (0: off), got {self.max_waiting}")
         if self.master and not self.pooled:

@@ -14,6 +14,8 @@ Rules:
 
 from __future__ import annotations
 
+from kvpool.router.hints import keep_hint
+
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -26,7 +28,7 @@ class NoTransferParams(ValueError):
 
 def prefill_body(body: dict) -> dict:
     prefill = {k: v for k, v in body.items() if k not in ("stream_options", "min_tokens")}
-    prefill["kv_transfer_params"] = dict(REMOTE_DECODE)
+    prefill["kv_transfer_params"] = keep_hint(body, dict(REMOTE_DECODE))
     prefill["max_tokens"] = 1
     if "max_completion_tokens" in body:
         prefill["max_completion_tokens"] = 1
@@ -45,4 +47,4 @@ def transfer_params(response: object) -> dict:
 
 
 def decode_body(body: dict, params: dict) -> dict:
-    return {**body, "kv_transfer_params": params}
+    return {**body, "kv_transfer_params": keep_hint(body, params)}

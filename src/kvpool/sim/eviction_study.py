@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from kvpool.master.config import MasterConfig
-from kvpool.master.eviction import SessionAwareOrder
+from kvpool.core import protocol as p
 from kvpool.sim.config import PoolConfig
 from kvpool.sim.fleet import RequestRecord
 from kvpool.sim.pool import PoolModel
@@ -44,7 +44,7 @@ class Access:
     keys: tuple[int, ...]
     parent: int | None  # key before keys[0] (writes)
     prompt_tokens: int = 0
-    think_s: float = 0.0  # lookups: the think time that preceded this turn
+    think_s: float = 0.0  # lookups: the think time that preceded this turn (the master measures its own)
     turn_done: bool = True  # writes: the turn's last write (its output)
 
 
@@ -161,30 +161,31 @@ class BeladyCache:
 
 
 class MasterCache:
-    """The master's own index and eviction (tail-LRU, or its session-aware option)."""
+    """The master's own index and eviction (tail-LRU, or its session-aware option), fed the same
+    messages a connector sends: a turn's arrival before its lookup, its session on its puts, its
+    end after its output's write."""
 
     def __init__(self, capacity: int, order: str, watermarks: tuple[float, float] = ON_DEMAND) -> None:
         master = MasterConfig(node_ttl_s=1e12, heartbeat_interval_s=1e11, put_timeout_s=1e12,
-                              high_watermark=watermarks[0], low_watermark=watermarks[1], alignment_bytes=64)
+                              high_watermark=watermarks[0], low_watermark=watermarks[1], alignment_bytes=64,
+                              eviction_order="session" if order == "session" else "lru")
         self.pool = PoolModel(PoolConfig(capacity_bytes=capacity * 64, num_nodes=1), 64, master)
-        self.session_order: SessionAwareOrder | None = None
-        if order == "session":
-            index = self.pool.core.index
-            self.session_order = SessionAwareOrder()
-            index.evictor.set_order(self.session_order)
+        self.hinted = order == "session"
+        self._turn: dict[int, str] = {}  # session -> id of its turn in flight
+
+    def _event(self, a: Access, kind: int) -> None:
+        self.pool.session_event(str(a.session), self._turn.get(a.session, ""), kind, a.at_s)
 
     def lookup(self, a: Access) -> int:
-        if self.session_order is not None:
-            self.session_order.session_arrived(str(a.session), a.think_s, a.at_s)
+        if self.hinted:
+            self._turn[a.session] = f"{a.session}@{a.at_s}"
+            self._event(a, p.TURN_ARRIVED)
         return self.pool.lookup(a.keys, a.at_s, lease=False)[0]
 
     def write(self, a: Access) -> None:
-        order = self.session_order
-        if order is not None:
-            order.session_wrote(str(a.session), [str(k) for k in a.keys], a.at_s, a.turn_done)
-        self.pool.put(a.keys, a.parent, a.at_s)
-        if order is not None:
-            order.end_write()
+        self.pool.put(a.keys, a.parent, a.at_s, session=str(a.session) if self.hinted else "")
+        if self.hinted and a.turn_done:
+            self._event(a, p.TURN_DONE)
 
 
 def make_cache(policy: str, capacity: int, log: Sequence[Access], watermarks: tuple[float, float] = ON_DEMAND):

@@ -67,14 +67,20 @@ class PoolModel:
         if lease_id:
             self.core.handle(p.ReleaseLeases(TENANT, [lease_id]), now_s)
 
-    def put(self, keys: Sequence[int], parent: int | None, now_s: float) -> int:
+    def session_event(self, session: str, request: str, kind: int, now_s: float) -> None:
+        """A session hint, as a connector sends it (core/protocol/sessions.py)."""
+        self._tick(now_s)
+        self.core.handle(p.SessionEvents(TENANT, [p.SessionEvent(session, request, kind)]), now_s)
+
+    def put(self, keys: Sequence[int], parent: int | None, now_s: float, session: str = "") -> int:
         """Write a chain's blocks (`parent`: the key before keys[0]); returns how many were new."""
         if not keys:
             return 0
         self._tick(now_s)
         names = [str(k) for k in keys]
         parents = [str(parent) if parent is not None else None] + names[:-1]
-        reply = self.core.handle(p.PutStart(TENANT, names, [self.object_bytes] * len(names), parents, 1, False), now_s)
+        reply = self.core.handle(p.PutStart(TENANT, names, [self.object_bytes] * len(names), parents, 1, False,
+                                            session), now_s)
         if not isinstance(reply, p.PutStartReply):
             raise RuntimeError(f"pool put refused: {reply}")
         ended = [(n, t) for n, s, t in zip(names, reply.statuses, reply.tokens) if s == p.PUT_ALLOCATED]

@@ -36,6 +36,9 @@ from kvpool.core.protocol.records import (
     CHECKSUM_BYTES, DIR_COMMIT, DIR_DISK_DROP, DIR_PROMOTE, MAX_REPLICAS, REPLICA_BYTES, DirectoryDelta, DirEntry,
     DiskEntry, Replica, SegmentInfo, TierReport, pack_replicas, unpack_checksums, unpack_replicas,
 )
+from kvpool.core.protocol.sessions import (
+    EVENT_NAMES, MAX_SESSION_LENGTH, SESSION_END, TURN_ARRIVED, TURN_DONE, SessionEvent, SessionEvents,
+)
 from kvpool.core.protocol.stats import KeyGroupStats, NodeStats, Stats, StatsReply, TenantStats, TierStats
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger control frames are rejected before decoding
@@ -78,6 +81,7 @@ Request = (
     | GetValue
     | Stats
     | LaneQuery
+    | SessionEvents
     | PoolEventsQuery
 )
 
@@ -109,6 +113,8 @@ __all__ = [
     "LaneQuery", "LaneOffer", "ErrorReply", "OkReply",
     # nodes
     "MountSegment", "AnnounceObjects", "UnmountSegment", "Heartbeat", "MountReply", "HeartbeatReply", "AnnounceReply",
+    # sessions
+    "SessionEvent", "SessionEvents", "TURN_ARRIVED", "TURN_DONE", "SESSION_END", "EVENT_NAMES", "MAX_SESSION_LENGTH",
     # objects
     "GetSegments", "PutStart", "PutEnd", "PutLanded", "PutRevoke", "EndQuarantine", "LookupPrefix", "ReleaseLeases",
     "Exists", "Remove", "PutValue", "GetValue", "SegmentsReply", "PutStartReply", "PutEndReply", "LookupReply",

@@ -38,6 +38,8 @@ class PutStart(Struct, tag="put_start", frozen=True):
     parents: list[str | None]
     num_replicas: int = 1
     pinned: bool = False
+    session: str = ""  # the agent session these objects belong to ("": none; protocol/sessions.py)
+    ttl_s: float = 0.0  # keep them at least this long after their last use, within the tenant's share
 
 
 class PutEnd(Struct, tag="put_end", frozen=True):
@@ -103,6 +105,7 @@ class LookupPrefix(Struct, tag="lookup_prefix", frozen=True):
     tenant: str
     keys: list[str]
     lease: bool = True
+    ttl_s: float = 0.0  # hits are kept at least this long from now, within the tenant's share (0: no TTL)
 
 
 class ReleaseLeases(Struct, tag="release_leases", frozen=True):
