@@ -168,7 +168,8 @@ class Kvpool(Peer):
         extra.update(self.connector_options)
         transfer = KVPOOL_CONNECTOR | {"kv_connector_extra_config": extra}
         router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes + to_engine,
-                                                [transfer] * setup.num_servers, router_args=("--pooled",))  # fmt: skip
+                                                [transfer] * setup.num_servers,
+                                                router_args=("--pooled", "--master", master.info["address"]))  # fmt: skip
         note = f"a {_mib(pool_bytes)} pool segment embedded in each server"
         return Stack(started, router, urls, note + (f", {_mib(to_engine)} more local KV each" if to_engine else ""))
 
@@ -224,7 +225,8 @@ class LMCacheMP(Peer):
                                                                           "lmcache.mp.port": port}}
                      for port in (int(a.rsplit(":", 1)[1]) for a in addresses)]  # fmt: skip
         # with the cache_aware router: both servers read one LMCache store, as kvpool's read one pool
-        pooled = ("--pooled",) if self.policy == "cache_aware" else ()
+        # their connectors have no use for kvpool's session hints: the router sends none
+        pooled = ("--pooled", "--no-session-hints") if self.policy == "cache_aware" else ()
         router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes + to_engine, transfers,
                                                 python=setup.lmcache_python, router_args=pooled)  # fmt: skip
         return Stack(started, router, urls, note + "; vLLM <-> LMCache through shared memory (--shm-name)", leftovers)
@@ -287,7 +289,8 @@ class MooncakeStore(Peer):
             "local_buffer_size": MOONCAKE_LOCAL_BUFFER_BYTES}))  # fmt: skip
         env = {"MOONCAKE_CONFIG_PATH": str(config),
                "PYTHONPATH": os.pathsep.join(p for p in (str(SERVER_PATH), os.environ.get("PYTHONPATH")) if p)}
-        pooled = ("--pooled",) if self.policy == "cache_aware" else ()
+        # their connectors have no use for kvpool's session hints: the router sends none
+        pooled = ("--pooled", "--no-session-hints") if self.policy == "cache_aware" else ()
         router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes,
                                                 [MOONCAKE_CONNECTOR] * setup.num_servers, router_args=pooled,
                                                 env=env)  # fmt: skip
@@ -343,6 +346,14 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
               backend="shm", policy="cache_aware", engine_share=0.5),
     Kvpool("kvpool_rr", "kvpool, round-robin"),
     Kvpool("kvpool_cache_aware", "kvpool, cache_aware router", policy="cache_aware"),
+    # retention: the master's eviction order by predicted session return, and a TTL on every request
+    # (what agents that mark their prompts with cache_control send); the router's hints carry both
+    Kvpool("kvpool_cache_aware_session", "kvpool, cache_aware router, session-aware eviction",
+           policy="cache_aware", master_args=("--eviction-order", "session")),
+    Kvpool("kvpool_cache_aware_session_ttl30", "kvpool, cache_aware router, session-aware eviction, 30 s TTL hints",
+           policy="cache_aware", master_args=("--eviction-order", "session"), router_args=("--session-ttl-s", "30")),
+    Kvpool("kvpool_cache_aware_ttl30", "kvpool, cache_aware router, LRU eviction, 30 s TTL hints",
+           policy="cache_aware", router_args=("--session-ttl-s", "30")),
     # A/B on the long trace, where the local prefix cache is a server's ~20K tokens: decode KV not
     # saved (the reference's default), and fewer of vLLM's blocks held for saves in flight
     Kvpool("kvpool_rr_no_decode_save", "kvpool, round-robin, decode KV not saved",

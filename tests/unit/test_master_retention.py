@@ -123,3 +123,26 @@ def test_removed_objects_leave_no_retention_behind():
     core.handle(p.Remove("t", ["a"]), 2.0)
     assert core.hints.retention.num_retained == 1
     assert core.hints.retention.retained_bytes == SLOT
+
+
+def test_status_and_metrics_show_what_hints_did():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from rich.console import Console
+
+    from kvpool.client.status_cli import render
+    from kvpool.master.metrics import MasterCollector
+
+    core = make_core(eviction_order="session")
+    put(core, ["a"], 1.0, ttl_s=60.0, session="s")
+    core.handle(p.SessionEvents("t", [p.SessionEvent("s", "r", p.TURN_DONE)]), 1.0)
+    core.handle(p.LookupPrefix("t", ["a"], lease=False), 2.0)
+    stats = core.stats(2.0)
+    assert stats.hints.retained_objects == 1 and stats.hints.ttl_hits == 1 and stats.hints.turns_done == 1
+    registry = CollectorRegistry()
+    registry.register(MasterCollector(lambda: stats))
+    text = generate_latest(registry).decode()
+    assert 'kvpool_master_retained_bytes{tenant="t"} 64.0' in text
+    assert 'kvpool_master_hint_hit_keys_total{reason="ttl"} 1.0' in text
+    console = Console(record=True, width=160)
+    console.print(render(stats, "tcp://m"))
+    assert "retained by TTL hints" in console.export_text()

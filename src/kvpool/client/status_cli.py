@@ -82,6 +82,15 @@ def render(stats: protocol.StatsReply, master: str):
         ("refused: forbidden / rate limited / handshakes",
          f"{stats.forbidden} / {stats.rate_limited} / {stats.refused_handshakes}"),
     ]
+    h = stats.hints
+    if h is not None:
+        rows += [
+            ("eviction order", h.eviction_order),
+            ("retained by TTL hints", f"{_human_bytes(h.retained_bytes)} in {h.retained_objects} objects "
+                                      f"({h.retention_refused} refused past a tenant's share)"),
+            ("hits kept by a TTL / by the order", f"{h.ttl_hits} / {max(0, stats.hit_keys - h.ttl_hits)}"),
+            ("session turns arrived / done / ended", f"{h.turns_arrived} / {h.turns_done} / {h.sessions_ended}"),
+        ]
     for what, value in rows:
         pool.add_row(what, value)
 

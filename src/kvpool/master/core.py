@@ -490,4 +490,5 @@ class MasterCore:
             inline_bytes=self.inline.used_bytes,
             inline_capacity_bytes=self.inline.capacity_bytes,
             inline_evictions=self.inline.evictions,
+            hints=self.hints.stats(),
         )

@@ -55,6 +55,17 @@ class SessionHints:
         self.ttl_hits = 0  # lookup hits on objects a TTL kept
         self.session_puts = 0  # objects put with a session named
 
+    def stats(self) -> p.HintStats:
+        retention, order = self.retention, self.order
+        return p.HintStats(
+            eviction_order="session" if order is not None else "lru",
+            retained_bytes=retention.retained_bytes, retained_objects=retention.num_retained,
+            retention_refused=retention.refused, retention_kept=retention.kept, ttl_hits=self.ttl_hits,
+            turns_arrived=self.events["arrived"], turns_done=self.events["done"], sessions_ended=self.events["end"],
+            session_objects=self.session_puts, admission_refusals=order.refusals if order is not None else 0,
+            retained_by_tenant=dict(retention.bytes_by_tenant),
+        )
+
     # ---- messages ------------------------------------------------------------------------------
 
     def session_events(self, req: p.SessionEvents, now_s: float) -> p.OkReply:

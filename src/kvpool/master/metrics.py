@@ -111,6 +111,36 @@ class MasterCollector(Collector):
         yield from gauges.values()
         yield from counters.values()
         yield from _tenant_metrics(s)
+        if s.hints is not None:
+            yield from _hint_metrics(s.hints, s.hit_keys)
+
+
+def _hint_metrics(h, hit_keys: int) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Session hints and TTL retention (master/hints.py)."""
+    retained = GaugeMetricFamily("kvpool_master_retained_bytes", "Object bytes a TTL hint keeps from eviction now",
+                                 labels=["tenant"])
+    for tenant, value in sorted(h.retained_by_tenant.items()):
+        retained.add_metric([tenant], value)
+    yield retained
+    yield GaugeMetricFamily("kvpool_master_retained_objects", "Objects a TTL hint keeps from eviction now",
+                            value=h.retained_objects)
+    hits = CounterMetricFamily("kvpool_master_hint_hit_keys", "Lookup hits by why the object was still there: "
+                               "a TTL hint kept it (ttl) or the eviction order did (order)", labels=["reason"])
+    hits.add_metric(["ttl"], h.ttl_hits)
+    hits.add_metric(["order"], max(0, hit_keys - h.ttl_hits))
+    yield hits
+    events = CounterMetricFamily("kvpool_master_session_events", "Session hints received, by kind", labels=["kind"])
+    for kind, value in (("arrived", h.turns_arrived), ("done", h.turns_done), ("end", h.sessions_ended)):
+        events.add_metric([kind], value)
+    yield events
+    for name, doc, value in (
+        ("retention_refused", "TTL grants refused: past the tenant's share", h.retention_refused),
+        ("retention_kept", "Eviction candidates passed over because a TTL kept them", h.retention_kept),
+        ("session_objects", "Objects put naming their agent session", h.session_objects),
+        ("admission_refusals", "Puts refused by the session order: they would evict blocks needed sooner",
+         h.admission_refusals),
+    ):
+        yield CounterMetricFamily(f"kvpool_master_{name}", doc, value=value)
 
 
 def _tenant_metrics(s: StatsReply) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:

@@ -39,7 +39,7 @@ from kvpool.core.protocol.records import (
 from kvpool.core.protocol.sessions import (
     EVENT_NAMES, MAX_SESSION_LENGTH, SESSION_END, TURN_ARRIVED, TURN_DONE, SessionEvent, SessionEvents,
 )
-from kvpool.core.protocol.stats import KeyGroupStats, NodeStats, Stats, StatsReply, TenantStats, TierStats
+from kvpool.core.protocol.stats import HintStats, KeyGroupStats, NodeStats, Stats, StatsReply, TenantStats, TierStats
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger control frames are rejected before decoding
 
@@ -127,5 +127,5 @@ __all__ = [
     # events
     "PoolEventsQuery", "PoolEventsOffer", "PoolEventBatch", "NamespaceChanges", "NamespaceKeys", "POOL_EVENTS_TOPIC",
     # stats
-    "Stats", "StatsReply", "TierStats", "NodeStats", "KeyGroupStats", "TenantStats",
+    "Stats", "StatsReply", "TierStats", "NodeStats", "KeyGroupStats", "HintStats", "TenantStats",
 ]

@@ -60,6 +60,23 @@ class TenantStats(Struct, frozen=True):
     key_groups: list[KeyGroupStats] = []  # a hybrid model's KV-cache groups, by key prefix
 
 
+class HintStats(Struct, frozen=True):
+    """What agents' session hints did to eviction (master/hints.py)."""
+
+    eviction_order: str  # "lru" or "session"
+    retained_bytes: int  # object bytes a TTL keeps now
+    retained_objects: int
+    retention_refused: int  # TTL grants past the tenant's share
+    retention_kept: int  # eviction candidates passed over because a TTL kept them
+    ttl_hits: int  # lookup hits on objects a TTL kept
+    turns_arrived: int
+    turns_done: int
+    sessions_ended: int
+    session_objects: int  # objects put naming their session
+    admission_refusals: int  # puts refused: they would evict blocks needed before theirs (session order)
+    retained_by_tenant: dict[str, int] = {}
+
+
 class StatsReply(Struct, tag="stats_ok", frozen=True):
     capacity_bytes: int
     used_bytes: int
@@ -95,3 +112,4 @@ class StatsReply(Struct, tag="stats_ok", frozen=True):
     inline_bytes: int = 0
     inline_capacity_bytes: int = 0
     inline_evictions: int = 0
+    hints: HintStats | None = None  # session hints and retention (None: a master without them)
