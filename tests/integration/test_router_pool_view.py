@@ -1,12 +1,15 @@
 """The router's exact view of the pool (--pooled --master): a real master and node evict from a tiny
 pool while a publisher speaking vLLM's KV-event format tells the router which block is which; for
 every prompt the router's answer equals a counting LookupPrefix on the master. And a master that
-restarts (in process, same port) is followed into its new incarnation."""
+restarts (in process, same port) is followed into its new incarnation; a master records changes
+only while someone follows."""
 
 import asyncio
 import hashlib
+import time
 
 import aiohttp
+import zmq
 from router_fakes import FakeBackend, RunningRouter, wait_for
 from test_router_kv_events import Publisher
 
@@ -14,6 +17,7 @@ from kvpool.bench import procs
 from kvpool.client import Client
 from kvpool.core import protocol as p
 from kvpool.master import MasterConfig
+from kvpool.master import service as service_module
 from kvpool.master.service import MasterService
 from kvpool.router.config import RouterConfig
 from kvpool.router.pool_feed import PoolFeed
@@ -140,3 +144,28 @@ def test_a_restarted_master_is_followed_into_its_new_incarnation(tmp_path):
             first.stop()
 
     asyncio.run(main())
+
+
+def test_the_master_records_only_while_someone_follows(monkeypatch):
+    monkeypatch.setattr(service_module, "_EVENTS_GRACE_S", 0.2)
+    master = MasterService(MasterConfig(host="127.0.0.1", port=0, tick_interval_s=0.05)).start()
+    channel = MasterChannel(master.address)
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    try:
+        events = master.core.index.events
+        assert not events.recording  # nobody asked: puts record nothing
+        offer = channel.call(p.PoolEventsQuery(with_keys=False))
+        assert events.recording and offer.address == master.events_address
+        sub.setsockopt(zmq.SUBSCRIBE, p.POOL_EVENTS_TOPIC)
+        sub.connect(offer.address)
+        time.sleep(0.5)  # past the grace period: the subscription keeps it on
+        assert events.recording
+        sub.close(linger=0)
+        deadline = time.monotonic() + 5
+        while events.recording and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not events.recording  # the last subscriber left
+    finally:
+        sub.close(linger=0)
+        channel.close()
+        master.stop()

@@ -146,8 +146,8 @@ class Router:
         for reason, n in feed.stats.resyncs.items():
             self.metrics.pool_index_resyncs.labels(reason).set(n)
         self.metrics.pool_index_batches.set(feed.stats.batches)
-        if feed.stats.last_batch_s is not None:
-            self.metrics.pool_index_age_s.set(time.monotonic() - feed.stats.last_batch_s)
+        if feed.stats.confirmed_s is not None:
+            self.metrics.pool_index_age_s.set(time.monotonic() - feed.stats.confirmed_s)
 
     # ---- routing ------------------------------------------------------------------------------
 

@@ -67,7 +67,8 @@ class RouterMetrics:
         self.pool_index_batches = Gauge("kvpool_router_pool_index_batches", "event batches applied since start",
                                         registry=r)  # fmt: skip
         self.pool_index_age_s = Gauge("kvpool_router_pool_index_age_seconds",
-                                      "seconds since the last event batch or snapshot: how stale the view may be",
+                                      "seconds since the pool view was last known current (a batch, a snapshot, or "
+                                      "a check of the master's sequence every 2 s): how stale it may be",
                                       registry=r)  # fmt: skip
         self.cost = Gauge("kvpool_router_cost_s_per_token", "the cost model in use", ["kind"], registry=r)
         self.decode_latency = Gauge("kvpool_router_decode_latency_s_per_token",

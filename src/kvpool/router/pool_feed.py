@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import zmq
@@ -36,15 +36,11 @@ _ANY_HOST = ("0.0.0.0", "*", "::", "")
 @dataclass
 class FeedStats:
     snapshots: int = 0  # taken: the first, and one per resync
-    resyncs: dict[str, int] | None = None  # by why: gap, epoch, restart, unavailable
+    resyncs: dict[str, int] = field(default_factory=dict)  # by why: gap, epoch, restart, unavailable
     batches: int = 0
     bad_messages: int = 0
-    last_batch_s: float | None = None  # monotonic, when the last batch was applied
+    confirmed_s: float | None = None  # monotonic: when the view was last known current (batch, snapshot, probe)
     connected: bool = False
-
-    def __post_init__(self) -> None:
-        if self.resyncs is None:
-            self.resyncs = {}
 
     def resynced(self, why: str) -> None:
         self.resyncs[why] = self.resyncs.get(why, 0) + 1
@@ -139,6 +135,8 @@ class PoolFeed:
                     if now.seq > self.index.seq:  # the last batches were lost
                         self.stats.resynced("gap")
                         await self._snapshot()
+                    else:
+                        self.stats.confirmed_s = time.monotonic()
                     continue
                 refused = self._apply(frames)
                 if refused is not None:
@@ -163,12 +161,12 @@ class PoolFeed:
         if not self.index.apply(batch):
             return "epoch" if batch.epoch != self.index.epoch else "gap"
         self.stats.batches += 1
-        self.stats.last_batch_s = time.monotonic()
+        self.stats.confirmed_s = time.monotonic()
         return None
 
     async def _snapshot(self) -> None:
         offer = await self._query(with_keys=True)
         self.index.reset(offer)
         self.stats.snapshots += 1
-        self.stats.last_batch_s = time.monotonic()
+        self.stats.confirmed_s = time.monotonic()
         self.ready.set()
