@@ -50,6 +50,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     _b("lease_lookup", "micro", "lease_lookup_bench.py", "Leased batch lookups of two builds side by side: keys/s and bytes per object"),
     _b("idle_cpu", "micro", "idle_cpu_bench.py", "What an idle pool costs: CPU of a `kvpool master` and a `kvpool node` doing nothing"),
     _b("disk_tier", "micro", "disk_tier_bench.py", "The node's disk store against fio, and the hit rate a disk tier adds on a trace"),
+    _b("pool_answer", "micro", "pool_answer_bench.py", "How many leading blocks of a prompt the pool holds, per request: ask the master vs follow its events"),
     _b("client_ab", "micro", "client_ab_bench.py", "The client's pool-hit path of two source trees, interleaved: get_into and lookup_prefix"),
     # system
     _b("connector_ttft", "system", "connector_ttft_bench.py", "vLLM TTFT with KVPoolConnector: recompute vs local prefix-cache hit vs pool hit"),
