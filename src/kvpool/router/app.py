@@ -15,12 +15,16 @@ Rules:
   `disagg.py`; the policy, the gate and the KV events concern the prefill instances (`backends`),
   everything else goes to a healthy decode instance; `/health` is 200 while both sets have one.
 - One access log line per request (logger `kvpool.router.access`).
+- Text and chat prompts (`--tokenizer`): a middleware tokenizes them on a worker thread before the
+  request is planned (prompt_tokens.py), so they are sized and matched like token-id prompts.
 - What the pool holds (`--pooled`): with `--master`, exactly (pool_state.py, fed by pool_feed.py
   and the backends' KV events); without, the ledger's estimate of what the backends stored.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import time
 import aiohttp
@@ -46,12 +50,15 @@ from kvpool.router.policy import (
 from kvpool.router.pool_feed import PoolFeed
 from kvpool.router.pool_state import PoolIndex
 from kvpool.router.prefix_index import PoolLedger, prompt_chain
+from kvpool.router.prompt_tokens import TOKENIZED_PATHS, PromptTokenizer
 from kvpool.router.rates import RateConfig, RateEstimator
 from kvpool.router.replies import HOP_HEADERS, RETRY_STATUSES, SEND_ERRORS, error_response, write_stream_error
 from kvpool.router.routed import Attempt, RoutedRequest
 from kvpool.router.sessions import parse_body, request_info
 
 access_log = logging.getLogger("kvpool.router.access")
+_PARSED = "kvpool_parsed_body"  # request keys the tokenizing middleware sets for _plan
+_PROMPT_IDS = "kvpool_prompt_ids"
 
 
 class Router:
@@ -68,6 +75,7 @@ class Router:
         self.ledger = PoolLedger(config.pool_ledger_blocks)
         self.pool = PoolIndex(config.pool_object_blocks, [config.pool_namespace] if config.pool_namespace else [])
         self.pool_feed = PoolFeed(config.master, self.pool, config.pool_namespace) if config.master else None
+        self.tokenizer = PromptTokenizer(config.tokenizer) if config.tokenizer else None
         self.metrics = RouterMetrics()
         streams = [EventStream(ep, b.cache) for ep, b in zip(config.kv_events, self.backends)]
         on_stored = (self.pool.learn if config.master else lambda _e, ours: self.ledger.add(ours)) if config.pooled \
@@ -84,7 +92,7 @@ class Router:
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 30)
+        app = web.Application(client_max_size=1 << 30, middlewares=[self._tokenize] if self.tokenizer else [])
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_route("*", "/{tail:.*}", self._forward)
@@ -110,6 +118,18 @@ class Router:
             await self.pool_feed.stop()
         if self._http is not None:
             await self._http.close()
+
+    @web.middleware
+    async def _tokenize(self, request: web.Request, handler):
+        """Token ids of a text or chat prompt, computed on a worker thread before `_plan` runs."""
+        if request.method == "POST" and request.path in TOKENIZED_PATHS and self.tokenizer is not None:
+            parsed = parse_body(await request.read())  # aiohttp keeps the body: the handler reads it again
+            request[_PARSED] = parsed
+            if parsed is not None and request_info(request.headers, parsed).prompt_token_ids is None:
+                started = time.perf_counter()
+                request[_PROMPT_IDS] = await asyncio.to_thread(self.tokenizer.token_ids, request.path, parsed)
+                self.metrics.tokenize_s.observe(time.perf_counter() - started)
+        return await handler(request)
 
     # ---- the router's own endpoints -----------------------------------------------------------
 
@@ -155,8 +175,11 @@ class Router:
         return next((b.cache.block_size for b in self.backends if b.cache.block_size), 0)
 
     def _plan(self, request: web.Request, body: bytes) -> RoutedRequest:
-        parsed = parse_body(body) if request.method == "POST" else None
+        parsed = (request[_PARSED] if _PARSED in request else parse_body(body)) if request.method == "POST" else None
         info = request_info(request.headers, parsed)
+        ids = request.get(_PROMPT_IDS)
+        if ids is not None and info.prompt_token_ids is None:
+            info = dataclasses.replace(info, prompt_token_ids=ids, prompt_tokens=len(ids))
         block_size = self._block_size()
         chain = prompt_chain(info.prompt_token_ids, block_size) if info.prompt_token_ids and block_size else []
         # vLLM never takes a prompt's last token from the cache

@@ -76,6 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vLLM blocks per pool object, as the connector stores them (default 1)")
     parser.add_argument("--pool-namespace", default="", metavar="NAMESPACE",
                         help="follow only this pool namespace (the connector's; default: every namespace)")
+    parser.add_argument("--tokenizer", default="", metavar="MODEL",
+                        help="the served model's tokenizer (a local directory or a cached hub id): text and chat "
+                             "prompts are tokenized as vLLM does (chat template included), so they are sized exactly "
+                             "and matched against the caches; without it they are sized at 4 characters a token "
+                             "and routed with no prefix match")
     parser.add_argument("--prefill-s-per-token", type=float, default=None,
                         help="prior for the recompute cost until measured (default 1e-3)")
     parser.add_argument("--pool-load-s-per-token", type=float, default=None,
@@ -169,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
         config = RouterConfig(backends=tuple(args.backend), prefill=tuple(args.prefill), decode=tuple(args.decode),
                               policy=args.policy, kv_events=tuple(args.kv_events),
                               pooled=args.pooled, master=args.master, pool_object_blocks=args.pool_object_blocks,
-                              pool_namespace=args.pool_namespace, request_timeout_s=args.request_timeout_s,
+                              pool_namespace=args.pool_namespace, tokenizer=args.tokenizer,
+                              request_timeout_s=args.request_timeout_s,
                               health_interval_s=args.health_interval_s, health_timeout_s=args.health_timeout_s, max_attempts=args.max_attempts,
                               prior_costs=prior, observed_wait=not args.no_observed_wait,
                               max_waiting=args.max_waiting, session_hints=args.pooled and not args.no_session_hints,
@@ -179,7 +185,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     _setup_logging(args)
     try:
-        asyncio.run(_serve(Router(config), args.host, args.port, args.ready_file))
+        router = Router(config)
+    except ValueError as e:  # a tokenizer that does not load
+        print(f"kvpool router: {e}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(router, args.host, args.port, args.ready_file))
     except OSError as e:
         print(f"kvpool router: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1

@@ -25,6 +25,7 @@ class RouterConfig:
     master: str = ""
     pool_object_blocks: int = 1  # vLLM blocks per pool object (the connector's blocks_per_object)
     pool_namespace: str = ""  # the one pool namespace to follow; "": every namespace
+    tokenizer: str = ""  # the served model's tokenizer (path or cached hub id): text and chat prompts get chains
     request_timeout_s: float = 3600.0
     connect_timeout_s: float = 5.0
     health_interval_s: float = 1.0

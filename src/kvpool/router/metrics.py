@@ -54,6 +54,9 @@ class RouterMetrics:
         self.handoff_retries = Counter("kvpool_router_handoff_retries",
                                        "requests prefilled again after a failed step, by the step and why",
                                        ["stage", "reason"], registry=r)  # fmt: skip
+        self.tokenize_s = Histogram("kvpool_router_tokenize_seconds",
+                                    "time to tokenize a text or chat prompt (--tokenizer), on a worker thread",
+                                    buckets=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3), registry=r)  # fmt: skip
         # the pool's contents (--pooled): exact with --master (pool_state.py), else the ledger's estimate
         self.pool_answer_s = Histogram("kvpool_router_pool_answer_seconds",
                                        "time to answer how many leading blocks of a prompt the pool holds",
