@@ -46,6 +46,7 @@ ROWS = (
     ("master tail-LRU, watermarks 0.99 / 0.98 (the default now)", "tail-lru", (0.99, 0.98)),
     ("master tail-LRU, evicting only when full", "tail-lru", ON_DEMAND),
     ("master session-aware order, watermarks 0.99 / 0.98", "session", (0.99, 0.98)),
+    ("master session-aware order with end-of-session hints, watermarks 0.99 / 0.98", "session-end", (0.99, 0.98)),
     ("Belady (offline optimum, one block size)", "belady", ON_DEMAND),
 )
 

@@ -180,3 +180,25 @@ def test_a_pool_the_master_cannot_mount_is_refused_not_simulated_empty():
         PoolModel(PoolConfig(capacity_bytes=float(1 << 63), num_nodes=2), 4096)
     unbounded = PoolModel(PoolConfig(capacity_bytes=float("inf"), num_nodes=60), 4096)
     assert len(unbounded.core.segments.by_id) == 60
+
+
+def test_sessions_that_say_they_ended_leave_room_for_the_others():
+    """Half the sessions stop after 3 turns; told so, the session order drops them at once."""
+    log = []
+    t, next_key = 0.0, 1
+    chains: dict[int, list[int]] = {s: [] for s in range(6)}
+    for turn in range(8):
+        for s in range(6):
+            if s < 3 and turn >= 3:
+                continue
+            keys = chains[s]
+            log.append(Access(t, LOOKUP, s, tuple(keys), None, prompt_tokens=max(1, len(keys)) * 16))
+            new = [next_key, next_key + 1]
+            next_key += 2
+            last = turn == (2 if s < 3 else 7)
+            log.append(Access(t + 0.5, WRITE, s, tuple(keys + new), None, session_end=last))
+            chains[s] = keys + new
+            t += 1.0
+    capacity = 30  # the three that stay need 3 x 16 blocks by their end
+    assert replay("session-end", capacity, log, 16) > replay("session", capacity, log, 16) + 0.1
+    assert replay("belady", capacity, log, 16) >= replay("session-end", capacity, log, 16)

@@ -5,6 +5,8 @@ Rules:
   of `ramp_up_s`); its turns go in order, each after the previous answer plus the turn's think
   time x `time_scale`. Prompts are token ids (see `prompts.py`); each turn carries
   the previous prompt and the output the server actually returned (`return_token_ids`).
+- Every request names its session (`x-session-id`); a session's last turn also says the session
+  ends (`x-session-end: true`), as an agent that knows its task is done would.
 - Several endpoints are used round-robin per request: the baseline "load balancer".
 - Every request streams (`stream` + usage), so TTFT and inter-token gaps are measured at the
   client; `ignore_eos` + `min_tokens` make the output length follow the trace.
@@ -265,8 +267,11 @@ class Replayer:
             "ignore_eos": True, "temperature": 0.0, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True,
         }  # fmt: skip
+        headers = {"x-session-id": session.session_id}
+        if k + 1 == len(session.turns):
+            headers["x-session-end"] = "true"  # as an agent that knows its task is done would say
         new_output = await stream_completion(http, record.endpoint, payload, record, cfg.request_timeout_s,
-                                             {"x-session-id": session.session_id})  # fmt: skip
+                                             headers)  # fmt: skip
         self._ledger.add(prompt + new_output[:-1])
         if cfg.keep_token_ids:
             record.prompt_token_ids, record.output_token_ids = prompt, new_output

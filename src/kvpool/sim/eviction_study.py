@@ -12,6 +12,7 @@ Rules:
   tail-lru     the master's own code (MasterCore via sim.pool.PoolModel, watermarks at 1.0/0.999
                so it evicts on demand like the others, or as given): LRU among chain tails only.
   session      the master's session-aware option (master/session_order.py, `SessionAwareOrder`).
+  session-end  the same, told when each session's last turn is done (an agent's end-of-session hint).
   belady       the offline optimum for equal sizes: evict the block whose next use is farthest
                (never used again first). Uses the future; an upper bound, not a policy.
 - Pure: sessions and records in, hit counts out.
@@ -46,6 +47,7 @@ class Access:
     prompt_tokens: int = 0
     think_s: float = 0.0  # lookups: the think time that preceded this turn (the master measures its own)
     turn_done: bool = True  # writes: the turn's last write (its output)
+    session_end: bool = False  # writes: the session's last turn is done (an agent that says so)
 
 
 def access_log(sessions: Sequence[Session], records: Sequence[RequestRecord], block_tokens: int) -> list[Access]:
@@ -72,7 +74,8 @@ def access_log(sessions: Sequence[Session], records: Sequence[RequestRecord], bl
                 nxt = keys_by_turn[ti + 1]
                 upto = min(len(nxt), (rec.prompt_tokens + rec.output_tokens) // block_tokens)
                 output = tuple(nxt[len(keys):upto])
-            log.append(Access(rec.finish_s, WRITE, si, output, keys[-1] if keys else None))
+            log.append(Access(rec.finish_s, WRITE, si, output, keys[-1] if keys else None,
+                              session_end=ti + 1 == len(s.turns)))
     log.sort(key=lambda a: (a.at_s, a.kind, a.session))
     return log
 
@@ -168,9 +171,10 @@ class MasterCache:
     def __init__(self, capacity: int, order: str, watermarks: tuple[float, float] = ON_DEMAND) -> None:
         master = MasterConfig(node_ttl_s=1e12, heartbeat_interval_s=1e11, put_timeout_s=1e12,
                               high_watermark=watermarks[0], low_watermark=watermarks[1], alignment_bytes=64,
-                              eviction_order="session" if order == "session" else "lru")
+                              eviction_order="lru" if order == "tail-lru" else "session")
         self.pool = PoolModel(PoolConfig(capacity_bytes=capacity * 64, num_nodes=1), 64, master)
-        self.hinted = order == "session"
+        self.hinted = order in ("session", "session-end")
+        self.ends = order == "session-end"  # the agents also say when a session ends
         self._turn: dict[int, str] = {}  # session -> id of its turn in flight
 
     def _event(self, a: Access, kind: int) -> None:
@@ -186,6 +190,8 @@ class MasterCache:
         self.pool.put(a.keys, a.parent, a.at_s, session=str(a.session) if self.hinted else "")
         if self.hinted and a.turn_done:
             self._event(a, p.TURN_DONE)
+            if self.ends and a.session_end:
+                self._event(a, p.SESSION_END)
 
 
 def make_cache(policy: str, capacity: int, log: Sequence[Access], watermarks: tuple[float, float] = ON_DEMAND):
@@ -193,9 +199,9 @@ def make_cache(policy: str, capacity: int, log: Sequence[Access], watermarks: tu
         return LRUCache(capacity)
     if policy == "belady":
         return BeladyCache(capacity, log)
-    if policy in ("tail-lru", "session"):
+    if policy in ("tail-lru", "session", "session-end"):
         return MasterCache(capacity, policy, watermarks)
-    raise ValueError(f"unknown policy {policy!r}: lru, tail-lru, session, belady")
+    raise ValueError(f"unknown policy {policy!r}: lru, tail-lru, session, session-end, belady")
 
 
 def replay(policy: str, capacity: int, log: Sequence[Access], block_tokens: int,
