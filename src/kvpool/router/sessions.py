@@ -5,8 +5,9 @@ Rules:
   headers coding agents send), the body's `user` (or `metadata.user_id`), else a hash of the first
   prompt block, so the turns of one conversation (which all start with the same system prompt and
   first message) agree without any cooperation from the client.
-- Prompt size: token-id prompts are counted exactly; text is estimated at 4 characters a token
-  (the router has no tokenizer), chat messages by their text.
+- Prompt size: token-id prompts are counted exactly, and so are text and chat prompts when the
+  router tokenizes them (`--tokenizer`, prompt_tokens.py; app.py puts their ids in RequestInfo);
+  without a tokenizer text is estimated at 4 characters a token, chat messages by their text.
 - A body that is not JSON, or not an object, is routed as an anonymous request of 0 tokens and
   forwarded unchanged: the backend gives the client its own error.
 """
