@@ -208,10 +208,17 @@ requests = st.one_of(
     st.builds(p.GetValue, tenant=read_tenant, key=key),
     st.just(p.Stats()),
     st.just(p.LaneQuery()),
+    st.builds(p.SessionEvents, tenant=read_tenant, events=st.lists(st.builds(
+        p.SessionEvent, session=st.one_of(st.text(max_size=8), st.just("s" * 300)), request=st.text(max_size=8),
+        kind=st.one_of(st.integers(0, 3), hostile_int), ttl_s=hostile_float), max_size=4)),
+    st.builds(p.PutStart, tenant=write_tenant, keys=st.lists(key, max_size=8), sizes=st.lists(put_sizes, max_size=8),
+              parents=st.just([]), session=st.text(max_size=8), ttl_s=hostile_float),
+    st.builds(p.LookupPrefix, tenant=read_tenant, keys=keys, lease=st.booleans(), ttl_s=hostile_float),
+    st.builds(p.PoolEventsQuery, tenant=read_tenant, with_keys=st.booleans()),
 )
 FUZZED_TYPES = {p.MountSegment, p.AnnounceObjects, p.UnmountSegment, p.Heartbeat, p.GetSegments, p.PutStart, p.PutEnd,
                 p.PutRevoke, p.PutLanded, p.EndQuarantine, p.LookupPrefix, p.ReleaseLeases, p.Exists, p.Remove,
-                p.PutValue, p.GetValue, p.Stats, p.LaneQuery}
+                p.PutValue, p.GetValue, p.Stats, p.LaneQuery, p.SessionEvents, p.PoolEventsQuery}
 
 # what only the authenticated master is given (see the module comment); node calls are forbidden
 real_segment = st.integers(0, 9).map(lambda i: Learned("real_segment", i))
