@@ -5,7 +5,7 @@ import pytest
 
 from kvpool.connector.keys import hash_hex
 from kvpool.core import protocol as p
-from kvpool.router.pool_state import PoolIndex, pool_key
+from kvpool.router.pool_state import PoolIndex, pool_key, stored_key
 from kvpool.router.prefix_index import prompt_chain
 
 BS = 4
@@ -24,10 +24,15 @@ def batch(seq, stored=(), removed=(), tenant="t", epoch=EPOCH) -> p.PoolEventBat
     return p.PoolEventBatch(epoch, seq, [p.NamespaceChanges(tenant, list(stored), list(removed))])
 
 
-def test_pool_keys_are_the_connectors():
-    for h in (b"\x00\x01" * 16, 12345, (1 << 300) + 7):
-        assert pool_key(h) == hash_hex(h)
+def test_engine_hashes_meet_the_connectors_keys_as_vllms_events_send_them():
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    for h in (bytes(range(32)), b"\xff" * 32, b"\x00\x01" * 16):
+        key = stored_key(hash_hex(h))
+        assert pool_key(h) == key  # events with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: bytes
+        assert pool_key(maybe_convert_block_hash(h)) == key  # vLLM's default: the hash as a 64-bit int
     assert pool_key(("a", 1)) is None
+    assert stored_key("g1-abc") is None and stored_key("") is None
 
 
 def test_a_prefix_is_held_as_far_as_keys_are_held_and_placed():

@@ -8,6 +8,10 @@ Rules:
 - `prefix_blocks(chain)` is how many leading blocks of a prompt the pool holds, counted in whole
   objects of `object_blocks` blocks: object i is held when the key of its last block,
   chain[(i + 1) * object_blocks - 1], is held in a followed namespace.
+- Keys meet as the low 64 bits of vLLM's block hash: vLLM's KV events carry exactly that by
+  default (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES: the hash as a big-endian int, masked to 64 bits),
+  the pool's keys the whole hash in hex; bytes hashes (events sent with the setting off) are cut the
+  same way. A key that is not hex (a hybrid model's per-group key) is not followed.
 - Races: a key held before any backend's event named it stays pending (held, not placed) and is
   placed when its mapping arrives; a mapping learned before the pool holds its key waits among the
   `recent` ones. A snapshot (`reset`) replaces what is held, keeping the mappings.
@@ -27,17 +31,26 @@ from collections.abc import Hashable, Iterable, Sequence
 from kvpool.core.protocol import PoolEventBatch, PoolEventsOffer
 from kvpool.router.prefix_index import RouterHash
 
-PoolKey = str
+PoolKey = int  # the low 64 bits of vLLM's block hash
+_MASK = (1 << 64) - 1
 
 
 def pool_key(engine_hash: Hashable) -> PoolKey | None:
-    """The pool key the connector gives an object ending at this block (connector/keys.hash_hex),
-    or None for a hash it could not have used."""
+    """The key an engine's KV event names a block by, as the router matches it with the pool's keys;
+    None for a hash no connector could have used."""
     if isinstance(engine_hash, (bytes, bytearray, memoryview)):
-        return bytes(engine_hash).hex()
+        return int.from_bytes(bytes(engine_hash)[-8:], "big")
     if isinstance(engine_hash, int) and not isinstance(engine_hash, bool):
-        return format(engine_hash & ((1 << 256) - 1), "x")
+        return engine_hash & _MASK
     return None
+
+
+def stored_key(key: str) -> PoolKey | None:
+    """A pool key as the master names it (connector/keys.hash_hex), matched as `pool_key` does."""
+    try:
+        return int(key[-16:], 16) if key else None
+    except ValueError:
+        return None  # not a hash's hex: a key the router cannot place
 
 
 class PoolIndex:
@@ -113,12 +126,13 @@ class PoolIndex:
                 self._stored(change.tenant, change.stored)
         return True
 
-    def _stored(self, tenant: str, keys: Iterable[PoolKey]) -> None:
+    def _stored(self, tenant: str, names: Iterable[str]) -> None:
         held = self._held.get(tenant)
         if held is None:
             held = self._held[tenant] = set()
-        for key in keys:
-            if key in held:
+        for name in names:
+            key = stored_key(name)
+            if key is None or key in held:
                 continue
             held.add(key)
             if key in self._placed:
@@ -127,12 +141,13 @@ class PoolIndex:
             if ours is not None:
                 self._place(key, ours)
 
-    def _removed(self, tenant: str, keys: Iterable[PoolKey]) -> None:
+    def _removed(self, tenant: str, names: Iterable[str]) -> None:
         held = self._held.get(tenant)
         if held is None:
             return
-        for key in keys:
-            if key not in held:
+        for name in names:
+            key = stored_key(name)
+            if key is None or key not in held:
                 continue
             held.discard(key)
             if self._is_held(key):
