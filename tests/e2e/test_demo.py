@@ -68,6 +68,9 @@ def test_quick_demo_runs_both_halves_and_cleans_up(tmp_path, vllm_cache_root):
 
     for run in (base, pool):
         assert run["summary"]["router"]["decisions"] == {"next": 4.0}  # the router's own count, round-robin
+    # the router follows the master: the pool's keys meet the blocks of vLLM's own KV events
+    assert pool["summary"]["router"]["pool_keys_placed"] > 0
+    assert base["summary"]["router"]["pool_keys_placed"] == 0
     table = (tmp_path / "out" / "demo_table.md").read_text()
     assert "| run | TTFT P50 | TTFT P99 |" in table and "| 3. round-robin + pool |" in table
     assert (tmp_path / "out" / "demo_ttft.png").stat().st_size > 1000

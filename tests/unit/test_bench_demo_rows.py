@@ -9,6 +9,8 @@ kvpool_router_retries_total{reason="status"} 1.0
 kvpool_router_decisions_total{policy="cache_aware",reason="local"} 7.0
 kvpool_router_decisions_total{policy="cache_aware",reason="cold"} 3.0
 kvpool_router_backend_failures_total{backend="http://a"} 2.0
+kvpool_router_pool_index_keys{state="placed"} 12.0
+kvpool_router_pool_index_keys{state="pending"} 1.0
 """
 
 
@@ -33,4 +35,5 @@ def test_rows_per_run_with_the_ratio_to_row_one():
 def test_router_counters_sum_labels():
     c = router_counters(METRICS)
     assert (c["retries"], c["backend_failures"], c["decisions"]) == (3.0, 2.0, {"local": 7.0, "cold": 3.0})
+    assert c["pool_keys_placed"] == 12.0
     assert router_counters(None) is None

@@ -206,10 +206,12 @@ class Demo:
         c, spec = self.config, RUN_SPECS[name]
         started: list[procs.ManagedProcess] = []
         pool = None
+        follow: list[str] = []  # the router follows the pool's master: it knows what the pool holds
         if spec.pooled:
             master = procs.start_master(self.workdir / name, name="master")
             started.append(master)
             pool = {"master_address": master.info["address"], "pool_memory_bytes": c.pool_bytes_per_server}
+            follow = ["--master", master.info["address"]]
         if spec.pd:
             transfer = pd_transfer_config(pool)
         else:
@@ -230,10 +232,11 @@ class Demo:
         urls = [s.info["url"] for s in servers]
         if spec.pd:  # the router's view of the prefill side: its KV events
             router_args = ["--prefill", urls[0], "--decode", urls[1], "--policy", spec.policy,
-                           *(["--pooled"] if spec.pooled else []), "--kv-events", servers[0].info["kv_events"]]  # fmt: skip
+                           *(["--pooled", *follow] if spec.pooled else []),
+                           "--kv-events", servers[0].info["kv_events"]]  # fmt: skip
             router = procs.start_router(self.workdir / name, [], *router_args, name="router")
         else:
-            router_args = ["--policy", spec.policy, *(["--pooled"] if spec.pooled else []),
+            router_args = ["--policy", spec.policy, *(["--pooled", *follow] if spec.pooled else []),
                            *[a for s in servers for a in ("--kv-events", s.info["kv_events"])]]  # fmt: skip
             router = procs.start_router(self.workdir / name, urls, *router_args, name="router")
         started.append(router)
@@ -317,10 +320,12 @@ def _read_metrics(url: str) -> str | None:
 
 
 def router_counters(text: str | None) -> dict | None:
-    """Retries, failures, stream cuts and decisions by reason from the router's /metrics."""
+    """Retries, failures, stream cuts, decisions by reason and the pool keys it placed in its chains
+    (following the master) from the router's /metrics."""
     if text is None:
         return None
-    out: dict = {"retries": 0.0, "backend_failures": 0.0, "stream_errors": 0.0, "no_backend": 0.0, "decisions": {}}
+    out: dict = {"retries": 0.0, "backend_failures": 0.0, "stream_errors": 0.0, "no_backend": 0.0, "decisions": {},
+                 "pool_keys_placed": 0.0}
     names = {"kvpool_router_retries_total": "retries", "kvpool_router_backend_failures_total": "backend_failures",
              "kvpool_router_stream_errors_total": "stream_errors", "kvpool_router_no_backend_total": "no_backend"}  # fmt: skip
     for line in text.splitlines():
@@ -330,6 +335,8 @@ def router_counters(text: str | None) -> dict | None:
         metric = key.split("{", 1)[0]
         if metric in names:
             out[names[metric]] += float(value)
+        elif metric == "kvpool_router_pool_index_keys" and 'state="placed"' in key:
+            out["pool_keys_placed"] = float(value)
         elif metric == "kvpool_router_decisions_total" and 'reason="' in key:
             reason = key.split('reason="', 1)[1].split('"', 1)[0]
             out["decisions"][reason] = out["decisions"].get(reason, 0.0) + float(value)
