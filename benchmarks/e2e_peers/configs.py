@@ -155,6 +155,7 @@ class Kvpool(Peer):
     touch_waiting_s: float | None = None  # None: the connector's default (connector/waiting.py)
     engine_share: float = 0.0  # this share of the extra memory goes to the server's own KV, the rest to the pool
     connector_options: tuple[tuple[str, object], ...] = ()  # more kv_connector_extra_config keys
+    follow_master: bool = True  # the router follows the master (exact pool view); False: its estimate
 
     def _start(self, setup: Setup, workdir: Path, started: list[procs.ManagedProcess]) -> Stack:
         master = procs.start_master(workdir, *self.master_args, name="master")
@@ -169,7 +170,8 @@ class Kvpool(Peer):
         transfer = KVPOOL_CONNECTOR | {"kv_connector_extra_config": extra}
         router, urls = self._servers_and_router(setup, workdir, started, setup.kv_cache_bytes + to_engine,
                                                 [transfer] * setup.num_servers,
-                                                router_args=("--pooled", "--master", master.info["address"]))  # fmt: skip
+                                                router_args=("--pooled", *(("--master", master.info["address"])
+                                                                           if self.follow_master else ())))  # fmt: skip
         note = f"a {_mib(pool_bytes)} pool segment embedded in each server"
         return Stack(started, router, urls, note + (f", {_mib(to_engine)} more local KV each" if to_engine else ""))
 
@@ -352,6 +354,10 @@ CONFIGS: dict[str, Peer] = {p.name: p for p in (
            policy="cache_aware", master_args=("--eviction-order", "session")),
     Kvpool("kvpool_cache_aware_session_ttl30", "kvpool, cache_aware router, session-aware eviction, 30 s TTL hints",
            policy="cache_aware", master_args=("--eviction-order", "session"), router_args=("--session-ttl-s", "30")),
+    Kvpool("kvpool_cache_aware_estimate", "kvpool, cache_aware router, pool estimated from the backends' stores",
+           policy="cache_aware", follow_master=False),
+    Kvpool("kvpool_cache_aware_no_hints", "kvpool, cache_aware router, no session hints",
+           policy="cache_aware", router_args=("--no-session-hints",)),
     Kvpool("kvpool_cache_aware_ttl30", "kvpool, cache_aware router, LRU eviction, 30 s TTL hints",
            policy="cache_aware", router_args=("--session-ttl-s", "30")),
     # A/B on the long trace, where the local prefix cache is a server's ~20K tokens: decode KV not
