@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpool.core.protocol import MAX_SESSION_LENGTH
+from kvpool.core.protocol import MAX_SESSION_LENGTH, MAX_TTL_S
 
 PARAMS_KEY = "kvpool"
-MAX_TTL_S = 24 * 3600.0
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,11 @@ from kvpool.master.retention import Retention
 from kvpool.master.session_order import SessionAwareOrder
 
 EVICTION_ORDERS = ("lru", "session")
-MAX_TTL_S = 24 * 3600.0
 
 
 def check_ttl(ttl_s: float) -> None:
-    if not 0 <= ttl_s <= MAX_TTL_S or ttl_s != ttl_s:
-        raise UsageError(f"ttl_s must be in [0, {MAX_TTL_S:.0f}] seconds, got {ttl_s}")
+    if not 0 <= ttl_s <= p.MAX_TTL_S or ttl_s != ttl_s:
+        raise UsageError(f"ttl_s must be in [0, {p.MAX_TTL_S:.0f}] seconds, got {ttl_s}")
 
 
 def check_session(session: str) -> None:

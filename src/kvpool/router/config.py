@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvpool.core.protocol import MAX_TTL_S
 from kvpool.router.policy import DEFAULT_COSTS, POLICY_NAMES, CostModel
 
 
@@ -83,8 +84,8 @@ class RouterConfig:
                      "keepalive_timeout_s"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
-        if not 0 <= self.session_ttl_s <= 24 * 3600:
-            raise ValueError(f"--session-ttl-s must be in [0, 86400], got {self.session_ttl_s}")
+        if not 0 <= self.session_ttl_s <= MAX_TTL_S:
+            raise ValueError(f"--session-ttl-s must be in [0, {MAX_TTL_S:.0f}], got {self.session_ttl_s}")
         if self.max_waiting < 0:
             raise ValueError(f"--max-waiting must be >= 0 (0: off), got {self.max_waiting}")
         if self.master and not self.pooled:

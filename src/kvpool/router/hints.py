@@ -21,11 +21,12 @@ import json
 import re
 from collections.abc import Mapping
 
+from kvpool.core.protocol import MAX_TTL_S
+
 PARAMS_KEY = "kvpool"
 TTL_HEADER = "x-kvpool-ttl"
 END_HEADER = "x-session-end"
 DEFAULT_CACHE_CONTROL_TTL_S = 300.0
-MAX_TTL_S = 24 * 3600.0
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 

@@ -37,7 +37,7 @@ from kvpool.core.protocol.records import (
     DiskEntry, Replica, SegmentInfo, TierReport, pack_replicas, unpack_checksums, unpack_replicas,
 )
 from kvpool.core.protocol.sessions import (
-    EVENT_NAMES, MAX_SESSION_LENGTH, SESSION_END, TURN_ARRIVED, TURN_DONE, SessionEvent, SessionEvents,
+    EVENT_NAMES, MAX_SESSION_LENGTH, MAX_TTL_S, SESSION_END, TURN_ARRIVED, TURN_DONE, SessionEvent, SessionEvents,
 )
 from kvpool.core.protocol.stats import HintStats, KeyGroupStats, NodeStats, Stats, StatsReply, TenantStats, TierStats
 
@@ -115,6 +115,7 @@ __all__ = [
     "MountSegment", "AnnounceObjects", "UnmountSegment", "Heartbeat", "MountReply", "HeartbeatReply", "AnnounceReply",
     # sessions
     "SessionEvent", "SessionEvents", "TURN_ARRIVED", "TURN_DONE", "SESSION_END", "EVENT_NAMES", "MAX_SESSION_LENGTH",
+    "MAX_TTL_S",
     # objects
     "GetSegments", "PutStart", "PutEnd", "PutLanded", "PutRevoke", "EndQuarantine", "LookupPrefix", "ReleaseLeases",
     "Exists", "Remove", "PutValue", "GetValue", "SegmentsReply", "PutStartReply", "PutEndReply", "LookupReply",

@@ -18,13 +18,14 @@ TURN_DONE = 1
 SESSION_END = 2
 EVENT_NAMES = {TURN_ARRIVED: "arrived", TURN_DONE: "done", SESSION_END: "end"}
 MAX_SESSION_LENGTH = 256  # longer session ids are refused (UsageError)
+MAX_TTL_S = 24 * 3600.0  # longer TTLs are refused
 
 
 class SessionEvent(Struct, array_like=True, frozen=True):
     session: str
     request: str  # the serving engine's request id: a retried lookup of one turn is one arrival
     kind: int  # TURN_ARRIVED | TURN_DONE | SESSION_END
-    ttl_s: float = 0.0  # TURN_ARRIVED: keep what this session's turns use for this long (0: no TTL)
+    ttl_s: float = 0.0  # TURN_ARRIVED: keep what the session's turns use for this long (0: no TTL)
 
 
 class SessionEvents(Struct, tag="session_events", frozen=True):
