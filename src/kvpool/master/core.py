@@ -37,7 +37,9 @@ from kvpool.master.hints import SessionHints, check_ttl
 from kvpool.master.ids import IdSource, new_epoch
 from kvpool.master.index import ObjectIndex
 from kvpool.master.inline import InlineValues
+from kvpool.master.inline_copies import InlineCopies
 from kvpool.master.leases import LeaseTable
+from kvpool.master.membership import MAX_POOL_BYTES, MAX_SEGMENT_BYTES, Membership  # noqa: F401 - the limits, re-exported
 from kvpool.master.pressure import Pressure
 from kvpool.master.reads import Reads
 from kvpool.master.segments import SegmentTable
@@ -45,9 +47,7 @@ from kvpool.master.space import SegmentSpace
 from kvpool.master.writes import Writes
 
 
-MAX_SEGMENT_BYTES = 1 << 60  # per segment
 _UNBOUNDED = 1 << 62  # a byte limit that never binds (a counting lookup sends no values)
-MAX_POOL_BYTES = 1 << 62  # all mounted DRAM together: every sum the master reports stays a 64-bit integer
 
 
 def _check_tenant(tenant: str) -> None:
@@ -90,15 +90,17 @@ class MasterCore:
         self._max_inline_reply = config.max_message_bytes // 4  # inline bytes in one lookup reply
         self.inline = InlineValues(config.inline_capacity_bytes,
                                    min(config.max_inline_bytes, config.inline_capacity_bytes, self._max_inline_reply))
+        self.copies = InlineCopies(self.space, self.inline, namespace_owner)
+        self.membership = Membership(config, self.segments, self.index, self.inline, self.copies)
         self.segments_expired = 0
         self.forbidden = 0  # requests refused by the access policy
         self._node_owners: dict[NodeId, str] = {}  # node id -> public key of the identity that mounted it
         self._handlers = {
-            p.MountSegment: self._mount,
-            p.AnnounceObjects: self._announce,
+            p.MountSegment: self.membership.mount,
+            p.AnnounceObjects: self.membership.announce,
             p.EndQuarantine: self._end_quarantine,
-            p.UnmountSegment: self._unmount,
-            p.Heartbeat: self._heartbeat,
+            p.UnmountSegment: self.membership.unmount,
+            p.Heartbeat: self.membership.heartbeat,
             p.GetSegments: self._get_segments,
             p.PutStart: self._put_start,
             p.PutEnd: self._put_end,
@@ -131,7 +133,10 @@ class MasterCore:
                 self._check_node_owner(request, principal)
             elif principal.role == "tenant" and type(request) is p.GetSegments:
                 return self._get_segments_of(request, principal)
-            return handler(request, now_s)
+            reply = handler(request, now_s)
+            if self.inline.changes:
+                self.copies.apply()
+            return reply
         except ForbiddenError as e:
             self.forbidden += 1
             return p.ErrorReply(kind=e.kind, message=str(e))
@@ -159,80 +164,6 @@ class MasterCore:
         by_id = self.segments.by_id
         readable = self.index.tenant_segments(principal.name)
         return p.SegmentsReply(segments=[by_id[i].info for i in req.segment_ids if i in by_id and i in readable])
-
-    # ---- segments ------------------------------------------------------------------------------
-
-    def _mount(self, req: p.MountSegment, now_s: float) -> p.MountReply:
-        if not req.node_id:
-            raise UsageError("node_id must be a non-empty string")
-        # sums over segments (capacity, usage) must stay inside the wire's 64-bit integers
-        if not 0 < req.size_bytes <= MAX_SEGMENT_BYTES or not 0 <= req.disk_bytes <= MAX_SEGMENT_BYTES:
-            raise UsageError(f"segment and disk sizes must be within 1..{MAX_SEGMENT_BYTES} bytes (disk: 0..), got "
-                             f"{req.size_bytes} and {req.disk_bytes}")
-        if not 0 <= req.base_addr <= (1 << 64) - 1 - req.size_bytes:
-            raise UsageError(f"base_addr {req.base_addr} + size must be a 64-bit address")
-        if self.segments.capacity_bytes + req.size_bytes > MAX_POOL_BYTES:
-            raise UsageError(f"mounting {req.size_bytes} bytes would take the pool past {MAX_POOL_BYTES} bytes "
-                             f"({self.segments.capacity_bytes} mounted)")
-        try:
-            segment, replaced = self.segments.mount(req, now_s)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        for old in replaced:
-            self.index.drop_segment(old.segment_id)
-        if req.disk_bytes:
-            self.index.tiers.mount(segment, req.disk_bytes)
-        return p.MountReply(
-            segment_id=segment.segment_id,
-            heartbeat_interval_s=self.config.heartbeat_interval_s,
-            node_ttl_s=self.config.node_ttl_s,
-        )
-
-    def _unmount(self, req: p.UnmountSegment, now_s: float) -> p.OkReply:
-        if self.segments.unmount(req.segment_id) is None:
-            return p.OkReply(count=0)
-        self.index.drop_segment(req.segment_id)
-        return p.OkReply(count=1)
-
-    def _heartbeat(self, req: p.Heartbeat, now_s: float) -> p.HeartbeatReply:
-        unknown = self.segments.heartbeat(req.node_id, req.segment_ids, now_s)
-        deltas = []
-        by_id = self.segments.by_id
-        for report in req.tier_reports:
-            segment = by_id.get(report.segment_id)
-            if segment is not None and segment.node_id == req.node_id:
-                self.index.apply_tier_report(segment, report, now_s)
-        for i, segment_id in enumerate(req.segment_ids):
-            segment = by_id.get(segment_id)
-            if segment is None or segment.node_id != req.node_id:
-                continue
-            if i < len(req.directory_seqs):
-                segment.log.ack(req.directory_seqs[i])
-            delta = segment.log.delta(segment_id, self.config.directory_ops_per_reply)
-            if delta is not None:
-                deltas.append(delta)
-        return p.HeartbeatReply(unknown_segment_ids=unknown, deltas=deltas)
-
-    def _announce(self, req: p.AnnounceObjects, now_s: float) -> p.AnnounceReply:
-        segment = self.segments.by_id.get(req.segment_id)
-        if segment is None:
-            raise UsageError(f"segment {req.segment_id} is not mounted on this master: mount again")
-        if not segment.recovering:
-            # its recovery was ended (timeout): what was not announced by then is not taken, and the
-            # node, told so, forgets it rather than mounting again (which would drop what was taken)
-            return p.AnnounceReply(accepted=0, rejected_offsets=[e.offset for e in req.entries])
-        segment.last_heartbeat_s = now_s  # a long announcement must not look like a dead node
-        segment.mounted_s = now_s  # the recovery timeout counts silence, not the announcement's length
-        accepted, rejected = self.index.announce(segment, req.entries, req.ages_s, now_s)
-        if len(self.inline):  # one namespace: a key a node brings back replaces one put inline meanwhile
-            for entry in req.entries:
-                if entry.size and self.inline.holds_any(entry.tenant) and self.index.holds(entry.tenant, entry.key):
-                    self.inline.remove(entry.tenant, [entry.key])
-        if req.disk_entries:
-            accepted += len(req.disk_entries) - self.index.announce_disk(segment, req.disk_entries, now_s)
-        if req.last:
-            self.index.finish_recovery(segment)
-        return p.AnnounceReply(accepted=accepted, rejected_offsets=rejected)
 
     def _get_segments(self, req: p.GetSegments, now_s: float) -> p.SegmentsReply:
         by_id = self.segments.by_id
@@ -490,5 +421,7 @@ class MasterCore:
             inline_bytes=self.inline.used_bytes,
             inline_capacity_bytes=self.inline.capacity_bytes,
             inline_evictions=self.inline.evictions,
+            inline_copied=self.copies.copied, inline_uncopied=self.copies.uncopied,
+            inline_taken_back=self.copies.taken_back,
             hints=self.hints.stats(),
         )

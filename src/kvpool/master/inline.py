@@ -23,8 +23,9 @@ Rules:
   LRU orders, so eviction never walks past them.
 - A read's reply carries at most `max_reply_bytes` of values (a lookup naming one key a million
   times must not make the master build a 64 GiB reply): the run of inline hits ends there.
-- Gone on a master restart: a restarted master holds no inline values, so a reader misses (and
-  recomputes) rather than reading anything else. Nothing is written to nodes.
+- Kept across a master restart by copies on nodes (inline_copies.py): with `changes` on (a list),
+  every value stored is appended as (key, value) and every value dropped as (key, None), for the
+  core to send on; a new master takes the nodes' copies back through `put`.
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ class InlineValues:
         self.used_bytes = 0  # charged (entry_cost), pinned included
         self.evictions = 0
         self.evicted_bytes = 0
+        self.changes: list[tuple[_Key, _Value | None]] | None = None  # None: not recorded
+
+    def take_changes(self) -> list[tuple[_Key, "_Value | None"]]:
+        changes = self.changes
+        if changes:
+            self.changes = []
+        return changes or []
 
     def __len__(self) -> int:
         return len(self._values)
@@ -115,6 +123,8 @@ class InlineValues:
         self.used_bytes += cost
         self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + cost
         self._namespaces[namespace] = self._namespaces.get(namespace, 0) + 1
+        if self.changes is not None:
+            self.changes.append((entry_key, value))
         return PUT_ALLOCATED, ""
 
     def get(self, namespace: str, key: str) -> bytes | None:
@@ -186,6 +196,8 @@ class InlineValues:
 
     def _drop(self, entry_key: _Key) -> int:
         value = self._values.pop(entry_key)
+        if self.changes is not None:
+            self.changes.append((entry_key, None))
         if not value.pinned:
             del self._lru[entry_key]
             owner_lru = self._owner_lru[value.owner]

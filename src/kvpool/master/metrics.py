@@ -41,6 +41,7 @@ class MasterCollector(Collector):
                                 value=s.inline_bytes)
         yield GaugeMetricFamily("kvpool_master_inline_capacity_bytes", "The master's room for small plain values",
                                 value=s.inline_capacity_bytes)
+        yield GaugeMetricFamily("kvpool_master_leader", "1 while this master leads its pool", value=1)
         info = GaugeMetricFamily("kvpool_master_info", "1, labelled with this incarnation's epoch", labels=["epoch"])
         info.add_metric([f"{s.epoch:016x}"], 1)
         yield info
@@ -72,6 +73,13 @@ class MasterCollector(Collector):
             ("forbidden", "Requests refused by the access policy (role, namespace or node ownership)", s.forbidden),
             ("rate_limited", "Requests refused by their identity's rate limit", s.rate_limited),
             ("refused_handshakes", "Connections refused: CURVE key not trusted", s.refused_handshakes),
+            ("commits_confirmed", "Put replies sent once their objects were in their nodes' directories",
+             s.commits_confirmed),
+            ("commits_unconfirmed", "Put replies sent at --confirm-timeout-s before their nodes confirmed",
+             s.commits_unconfirmed),
+            ("inline_copied", "Inline values copied to a node (kept across a restart)", s.inline_copied),
+            ("inline_uncopied", "Inline values stored while no node could keep a copy", s.inline_uncopied),
+            ("inline_taken_back", "Inline values a recovering node brought back", s.inline_taken_back),
             ("inline_evictions", "Small plain values the master evicted to make room", s.inline_evictions),
         ):
             yield CounterMetricFamily(f"kvpool_master_{name}", doc, value=value)

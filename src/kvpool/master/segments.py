@@ -42,7 +42,7 @@ RECOVERING = "recovering"
 
 class Segment:
     __slots__ = ("info", "allocator", "last_heartbeat_s", "num_objects", "log", "recovering", "recovered",
-                 "mounted_s", "tenant")
+                 "mounted_s", "tenant", "parks")
 
     def __init__(self, info: SegmentInfo, alignment_bytes: int, now_s: float, max_log_ops: int,
                  recovering: bool = False, tenant: str = "") -> None:
@@ -55,6 +55,7 @@ class Segment:
         self.log = DirectoryLog(max_log_ops)
         self.recovering = recovering
         self.recovered: dict[int, tuple[int, object]] = {}  # offset -> (size, record), while recovering
+        self.parks = False  # its node sends heartbeats the master may hold (durability.py)
 
     @property
     def segment_id(self) -> SegmentId:

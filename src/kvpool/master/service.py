@@ -25,6 +25,13 @@ Rules:
   only from the first PoolEventsQuery until no subscription has been seen for a while (XPUB tells,
   read at each tick): a pool nobody follows does no work for it. A query cuts the pending batch
   before its snapshot. Not with authentication: the stream would show every tenant's keys.
+- Durability (durability.py): a node's heartbeat with `wait_s` and nothing to deliver is parked
+  until its segments have directory ops; a PutEnd or PutValue reply that committed objects is held
+  until their nodes acknowledged the ops. Both are released after each wake-up, and the loop never
+  waits past the nearest deadline of either.
+- With a `fence` (leadership.py: an HA leader), a request that arrives at or past
+  `fence.serving_until_s` is not answered, and the loop ends: past it the lease may have lapsed
+  and another master lead. Nothing is sent after that, held replies included.
 - `MasterService` runs in-process too: `start()` serves from a background thread, `stop()` ends it.
 """
 
@@ -44,6 +51,7 @@ from kvpool.master.access import OPEN
 from kvpool.master.config import MasterConfig
 from kvpool.master.limits import RateLimiter
 from kvpool.master.core import MasterCore
+from kvpool.master.durability import Durability
 from kvpool.master.gc_pauses import CollectorPauses
 from kvpool.master.metrics import serve_metrics
 from kvpool.rpc.frames import ONE_WAY_BYTES
@@ -55,6 +63,7 @@ _BATCH = 256  # messages handled per poll wake-up before timed work gets a look
 _POLLIN = int(zmq.POLLIN)  # plain ints: each test of a zmq.PollEvent flag runs Python (~1 us)
 _LOGGED = (p.MountSegment, p.UnmountSegment, p.AnnounceObjects)
 _EVENTS_GRACE_S = 10.0  # recording stays on this long after a query while no subscription is seen
+_HELD_REPLIES = (p.PutEndReply, p.PutValueReply)  # replies that may wait for their commits (durability.py)
 
 
 def _log_event(request, reply) -> None:
@@ -82,10 +91,13 @@ def _unencodable(reply: p.Reply) -> p.ErrorReply:
 
 
 class MasterService:
-    def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.monotonic, epoch: int | None = None,
+                 fence=None) -> None:
         self.config = config
         self.clock = clock
-        self.core = MasterCore(config)
+        self.core = MasterCore(config, epoch)
+        self.fence = fence  # an object with serving_until_s (monotonic, as `clock`); None: always serving
+        self.fenced = False
         self.address: str | None = None
         self.metrics_port: int | None = None
         self._context = zmq.Context()
@@ -108,6 +120,8 @@ class MasterService:
         self._subscribed_topics: set[bytes] = set()
         self._last_events_query_s = 0.0
         self.limiter = RateLimiter(config.rate_limit_keys_per_s, config.rate_limit_burst_keys)
+        self._space = self.core.index.space
+        self.durability = Durability(config.confirm_timeout_s, self.core.segments.by_id)
 
     def _secure(self, sock: zmq.Socket) -> None:
         if self.config.auth_dir is None:
@@ -196,7 +210,10 @@ class MasterService:
     def _with_service_counts(self, stats: p.StatsReply) -> p.StatsReply:
         """The core's stats plus what only this shell sees (handshakes, rate limits)."""
         refused = self._auth.identities.refused_handshakes if self._auth is not None else 0
-        return msgspec.structs.replace(stats, rate_limited=self.limiter.refused, refused_handshakes=refused)
+        durability = self.durability
+        return msgspec.structs.replace(stats, rate_limited=self.limiter.refused, refused_handshakes=refused,
+                                       commits_confirmed=durability.confirmed,
+                                       commits_unconfirmed=durability.unconfirmed)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -220,19 +237,32 @@ class MasterService:
         if owns_process:
             self._gc_pauses = CollectorPauses()
         events = self._events
+        durability, space = self.durability, self._space
         try:
             while not self._stop.is_set():
                 idle = core.has_idle_work and clock() >= idle_from_s  # then only look for requests, not wait
-                timeout_ms = 0 if idle else max(0, int(1000 * (next_tick_s - clock())) + 1)
+                wake_s = next_tick_s
+                if durability.num_parked or durability.num_held:
+                    wake_s = min(wake_s, durability.next_deadline_s())
+                timeout_ms = 0 if idle else max(0, int(1000 * (wake_s - clock())) + 1)
                 if self._lane is not None:
                     served = self._serve_with_lane(min(timeout_ms, 200))
                 else:
                     served = self._receive(sock, min(timeout_ms, 200))
                     if served:
                         self._drain(sock)
+                if self.fenced:
+                    break
                 if events.changes:  # what this wake-up changed, in one batch
                     self._publish_events()
                 now_s = clock()
+                if self.fence is not None and now_s >= self.fence.serving_until_s:
+                    self._stop_fenced()
+                    break
+                grown = space.take_grown()
+                space.take_commits()  # what no held reply waits for (one-way ends, timed work)
+                if durability.num_parked or durability.num_held:
+                    durability.release(grown, now_s, core.handle)
                 if idle and not served:
                     try:
                         core.idle_work(now_s)
@@ -256,6 +286,8 @@ class MasterService:
                         gc.freeze()
                     next_tick_s = now_s + tick_s
         finally:
+            if not self.fenced:
+                self.durability.flush(clock(), core.handle)
             self._close()
 
     def _receive(self, sock: zmq.Socket, timeout_ms: int) -> bool:
@@ -346,6 +378,9 @@ class MasterService:
                 send(identity, request_id, p.ErrorReply(kind="auth", message="this key is no longer trusted"))
                 return
         now_s = self.clock()
+        if self.fence is not None and now_s >= self.fence.serving_until_s:
+            self._stop_fenced()
+            return
         caller = principal.key or identity
         if self.limiter.exhausted(caller, now_s):  # refused before the decode: a flood costs little
             send(identity, request_id, p.ErrorReply(kind="rate_limited", message=self.limiter.exhausted_message))
@@ -366,6 +401,8 @@ class MasterService:
                 reply = self._events_query(request, now_s)
             else:
                 reply = self.core.handle(request, now_s, principal)
+                if self._held(request, reply, principal, now_s, send, identity, request_id):
+                    return
             if type(reply) is p.StatsReply:
                 reply = self._with_service_counts(reply)
             if type(request) in _LOGGED:
@@ -379,6 +416,24 @@ class MasterService:
             log.exception("internal error handling %s", type(request).__name__)
             reply = p.ErrorReply(kind="internal", message=f"master failed on {type(request).__name__}; see its log")
         send(identity, request_id, reply)
+
+    def _stop_fenced(self) -> None:
+        if not self.fenced:
+            self.fenced = True
+            log.error("no longer the leader (its lease may have lapsed): answering nothing more")
+        self._stop.set()
+
+    def _held(self, request: p.Request, reply: p.Reply, principal, now_s: float, send: Callable, identity: bytes,
+              request_id: bytes) -> bool:
+        """Whether the reply waits (durability.py): a heartbeat parked, or a reply held for its commits."""
+        if type(reply) in _HELD_REPLIES:
+            commits = self._space.take_commits()
+            return bool(commits) and self.durability.hold(commits, reply, now_s, send, identity, request_id)
+        if (type(reply) is p.HeartbeatReply and request.wait_s > 0 and self.config.confirm_timeout_s > 0
+                and not reply.deltas and not reply.unknown_segment_ids):
+            self.durability.park(request, principal, now_s, send, identity, request_id, self.core.handle)
+            return True
+        return False
 
     def _send(self, identity: bytes, request_id: bytes, reply: p.Reply) -> None:
         try:

@@ -10,6 +10,9 @@ Rules:
 - A write revoked while its bytes may still land (`quarantine`) keeps its ranges until its writer
   says the transfer ended (`end_quarantine`), its segment goes, or `quarantine_max_s` passed. Only
   ranges are kept, never the record: the record left the index when it was revoked.
+- Every append is noted: `grown` holds the segments whose logs grew and `commits` the (segment,
+  sequence number) of each commit since the shell last took them (durability.py wakes parked
+  heartbeats with the first and holds replies on the second).
 - No clock: every time is passed in as `now_s`.
 """
 
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvpool.core.protocol import DIR_DISK_DROP, DIR_PROMOTE, DirEntry, Replica
+from kvpool.core.protocol import DIR_DISK_DROP, DIR_PROMOTE, DIR_VALUE, VALUE_PINNED, DirEntry, Replica
 from kvpool.core.types import SegmentId
 from kvpool.master.placement import PlacementGroup, why_nowhere
 from kvpool.master.segments import Segment, SegmentTable
@@ -37,6 +40,24 @@ class SegmentSpace:
         self.segments = segments
         self._quarantine: dict[int, _Quarantined] = {}  # write token -> its ranges
         self.quarantine_expiries = 0
+        self.grown: set[Segment] = set()  # segments whose directory logs grew since the shell took them
+        self.commits: list[tuple[Segment, int]] = []  # (segment, op sequence number) of each commit since
+
+    def take_commits(self) -> list[tuple[Segment, int]]:
+        commits = self.commits
+        if commits:
+            self.commits = []
+        return commits
+
+    def take_grown(self) -> set[Segment]:
+        grown = self.grown
+        if grown:
+            self.grown = set()
+        return grown
+
+    def _append(self, segment: Segment, op: DirEntry) -> None:
+        segment.log.append(op)
+        self.grown.add(segment)
 
     # ---- capacity ------------------------------------------------------------------------------
 
@@ -92,7 +113,7 @@ class SegmentSpace:
         """Free one range the node was asked to fill and did not (a failed or unwanted promotion)."""
         segment.allocator.free(offset, size)
         segment.num_objects -= 1
-        segment.log.append(DirEntry(offset, 0))
+        self._append(segment, DirEntry(offset, 0))
 
     def eviction_frees(self, replicas: Iterable[Replica]) -> tuple[int, bool]:
         """(bytes that freeing these replicas gives the allocators, whether one is on a recovering
@@ -117,25 +138,33 @@ class SegmentSpace:
         for replica in replicas:
             segment = by_id.get(replica.segment_id)
             if segment is not None:
-                segment.log.append(DirEntry(replica.offset, replica.size, tenant, key, parent_key, checksum))
+                self._append(segment, DirEntry(replica.offset, replica.size, tenant, key, parent_key, checksum))
+                self.commits.append((segment, segment.log.last_seq))
 
     def log_removal(self, replicas: Iterable[Replica]) -> None:
         by_id = self.segments.by_id
         for replica in replicas:
             segment = by_id.get(replica.segment_id)
             if segment is not None:
-                segment.log.append(DirEntry(replica.offset, 0))
+                self._append(segment, DirEntry(replica.offset, 0))
 
     def log_disk_drop(self, segment_id: SegmentId, tenant: str, key: str, checksum: int) -> None:
         """Tell the node to delete its disk copy of this object."""
         segment = self.segments.by_id.get(segment_id)
         if segment is not None:
-            segment.log.append(DirEntry(0, 0, tenant, key, None, checksum, DIR_DISK_DROP))
+            self._append(segment, DirEntry(0, 0, tenant, key, None, checksum, DIR_DISK_DROP))
 
     def log_promote(self, segment: Segment, offset: int, size: int, tenant: str, key: str,
                     parent_key: str | None, checksum: int) -> None:
         """Ask the node to read its disk copy into the range at `offset`."""
-        segment.log.append(DirEntry(offset, size, tenant, key, parent_key, checksum, DIR_PROMOTE))
+        self._append(segment, DirEntry(offset, size, tenant, key, parent_key, checksum, DIR_PROMOTE))
+
+    def log_value(self, segment: Segment, tenant: str, key: str, value: bytes, pinned: bool) -> None:
+        """Ask the node to keep a copy of an inline value (an empty `value`: to drop its copy)."""
+        self._append(segment, DirEntry(VALUE_PINNED if pinned else 0, len(value), tenant, key, None, 0, DIR_VALUE,
+                                       value))
+        if value:
+            self.commits.append((segment, segment.log.last_seq))
 
     # ---- quarantine ----------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "host map the segment directly; clients elsewhere reach it with NIXL one-sided transfers."
     )
     parser.add_argument("--master", required=True, metavar="ADDR",
-                        help="the master's ZMQ address, as written in its ready file (tcp://HOST:PORT); "
+                        help="the master's ZMQ address, as written in its ready file (tcp://HOST:PORT), or an HA pool's etcd://HOST:PORT[,...]/NAME; "
                              "standbys may follow, comma-separated: tried in turn when one does not answer, and "
                              "after a restart or take-over the node announces what it holds so the cache survives")
     parser.add_argument("--memory", default="1GiB", metavar="SIZE",

@@ -46,11 +46,12 @@ class NodeConfig:
     segment_lane: bool = True  # without a credential: serve small transfers over the segment lane (TCP)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.master_address, str) or not all(
+        if not isinstance(self.master_address, str) or not (re.match(r"^etcd://.+", self.master_address.strip()) or all(
             re.match(r"^(tcp|ipc|inproc)://.+", a.strip()) for a in self.master_address.split(",")
-        ):
+        )):
             raise ValueError(
-                f"master_address must look like tcp://HOST:PORT (or several, comma-separated), got {self.master_address!r}"
+                f"master_address must look like tcp://HOST:PORT (or several, comma-separated) or "
+                f"etcd://HOST:PORT[,...]/NAME, got {self.master_address!r}"
             )
         if not isinstance(self.announce_chunk, int) or self.announce_chunk < 1:
             raise ValueError(f"announce_chunk must be a positive int, got {self.announce_chunk!r}")

@@ -15,18 +15,21 @@ Rules:
   `on_ops` too and leave the directory as it is: a DIR_DISK_DROP names no DRAM range, and a
   promotion is recorded (`record`) only once it landed and the master was told, so a new master
   is never announced a range whose bytes never came.
+- It also keeps the copies of the master's inline values the master sends (DIR_VALUE ops), by
+  (tenant, key), and announces them back (master/inline_copies.py); an op of size 0 drops one.
 - Pure: no I/O, times passed in.
 """
 
 from __future__ import annotations
 
-from kvpool.core.protocol import DIR_COMMIT, DirEntry, DirectoryDelta
+from kvpool.core.protocol import DIR_COMMIT, DIR_VALUE, DirEntry, DirectoryDelta
 
 
 class NodeDirectory:
     def __init__(self) -> None:
         self._entries: dict[int, tuple[DirEntry, float]] = {}  # offset -> (entry, committed at); commit order
         self.applied_seq = 0  # last op applied from the current mount's log
+        self.values: dict[tuple[str, str], DirEntry] = {}  # (tenant, key) -> the DIR_VALUE op keeping its copy
         self.resets = 0
 
     def __len__(self) -> int:
@@ -42,12 +45,19 @@ class NodeDirectory:
         skip = 0
         if delta.reset or delta.first_seq > self.applied_seq + 1:
             self._entries.clear()
+            self.values.clear()
             self.resets += 1
         else:
             skip = self.applied_seq + 1 - delta.first_seq
         entries = self._entries
         fresh = delta.ops[skip:] if skip > 0 else delta.ops
         for op in fresh:
+            if op.op == DIR_VALUE:
+                if op.size > 0:
+                    self.values[(op.tenant, op.key)] = op
+                else:
+                    self.values.pop((op.tenant, op.key), None)
+                continue
             if op.op != DIR_COMMIT:
                 continue
             entries.pop(op.offset, None)

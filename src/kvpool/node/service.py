@@ -5,9 +5,12 @@ Rules:
   one-sidedly, so the node can live inside another process (the vLLM connector embeds one). Its
   one data-path duty: without a credential it serves small transfers over its segment lane
   (transfer/tcp_path.py), announced in the mount at the address that routes to the master.
-- Heartbeats go out every `heartbeat_interval_s` from the MountReply (at once again while the
-  master says it holds more directory ops than one reply carries). They acknowledge the directory ops applied so far; the reply
-  brings the next ones (directory.py).
+- Heartbeats acknowledge the directory ops applied so far; the reply brings the next ones
+  (directory.py). With a master that parks heartbeats (MountReply.parks_heartbeats) each one goes
+  out as soon as the last was answered, with `wait_s`: the master answers it when it has ops, so a
+  commit reaches this directory one round trip after it was made, and a writer's put is answered
+  only then (master/durability.py). With an older master they go out every `heartbeat_interval_s`
+  (at once again while the master says it holds more ops than one reply carries).
 - When the master answers that the segment is unknown (it restarted, a standby took over, or it
   declared the node dead past its TTL), the node mounts again, gets a new segment id, and announces
   its directory in chunks (AnnounceObjects) so the master serves those objects again. Until the
@@ -42,11 +45,14 @@ from kvpool.node.directory import NodeDirectory
 from kvpool.node.disk_store import DiskError, DiskStore
 from kvpool.node.tier import DiskTierWorker
 from kvpool.rpc.zmq_channel import MasterChannel, host_of, parse_addresses
-from kvpool.rpc.credentials import ENV_NODE_CREDENTIAL, resolve_credential
+from kvpool.rpc.credentials import ENV_NODE_CREDENTIAL, local_default_credential, resolve_credential
 from kvpool.transfer.segment import SegmentMemory
 from kvpool.transfer.tcp_path import reachable_address
 
 log = logging.getLogger(__name__)
+
+_VALUE_CHUNK_BYTES = 4 << 20  # inline value copies per AnnounceObjects message, at most
+_MAX_PARK_S = 0.25  # a parked heartbeat's longest wait: also how long stop() may wait for it
 
 
 class NodeMetrics:
@@ -88,6 +94,20 @@ class _LaneTags:
         yield reads
 
 
+def _value_chunks(values: list) -> list[list]:
+    """Copies of inline values in messages of about _VALUE_CHUNK_BYTES."""
+    chunks, part, size = [], [], 0
+    for op in values:
+        part.append(op)
+        size += op.size + len(op.key) + 64
+        if size >= _VALUE_CHUNK_BYTES:
+            chunks.append(part)
+            part, size = [], 0
+    if part:
+        chunks.append(part)
+    return chunks
+
+
 class StorageNode:
     def __init__(
         self,
@@ -115,6 +135,8 @@ class StorageNode:
         self._started = False
         self.directory = NodeDirectory()
         self._more_ops = False  # the last heartbeat reply carried ops: ask again soon
+        self._parks = False  # the master holds our heartbeats until it has ops (MountReply.parks_heartbeats)
+        self._failed = False  # the last heartbeat got no answer: wait an interval before the next
 
     @property
     def segment(self) -> SegmentMemory | None:
@@ -141,8 +163,10 @@ class StorageNode:
                      self._segment.lane_address)
         self.metrics.segment_bytes.set(self.config.memory_bytes)
         self.metrics.lane_tags.index = self._segment.lane_tags
+        fallback = None if credential is not None else local_default_credential(
+            host_of(parse_addresses(self.config.master_address)[0]), "node")
         self._channel = MasterChannel(self.config.master_address, timeout_s=self.config.timeout_s,
-                                      credential=credential)
+                                      credential=credential, fallback=fallback)
         try:
             if self.config.disk_path is not None:
                 self._open_disk_tier()
@@ -179,7 +203,7 @@ class StorageNode:
 
     def _mount(self) -> None:
         remaining_s = max(0.1, self.config.timeout_s)
-        recovering = len(self.directory) > 0 or (self.tier is not None and len(self.tier.store.objects) > 0)
+        recovering = len(self.directory) > 0 or bool(self.directory.values) or (self.tier is not None and len(self.tier.store.objects) > 0)
         request = self._segment.mount_request(self.node_id, recovering=recovering)
         if self.tier is not None:
             request = msgspec.structs.replace(request, disk_bytes=self.config.disk_bytes)
@@ -192,6 +216,8 @@ class StorageNode:
             self.segment_id = reply.segment_id
             self.heartbeat_interval_s = reply.heartbeat_interval_s
             self.node_ttl_s = reply.node_ttl_s
+            self._parks = reply.parks_heartbeats
+            self._failed = False
             self.directory.new_mount()
         if self.tier is not None:
             self.tier.new_mount(reply.segment_id)
@@ -212,6 +238,12 @@ class StorageNode:
         disk = self.tier.disk_entries(time.time()) if self.tier is not None else []
         chunk = self.config.announce_chunk
         accepted = rejected = 0
+        for part in _value_chunks(list(self.directory.values.values())):  # before the last chunk ends recovery
+            reply = self._channel.call(AnnounceObjects(segment_id, [], [], values=part),
+                                       timeout_s=max(self.config.timeout_s, 1.0))
+            if not isinstance(reply, AnnounceReply):
+                raise KVPoolError(f"master answered an announcement with {type(reply).__name__}")
+            accepted += reply.accepted
         total = len(entries) + len(disk)
         for start in range(0, max(total, 1), chunk):
             if self._stop.is_set():
@@ -236,36 +268,45 @@ class StorageNode:
 
     def _heartbeat_loop(self) -> None:
         while True:
-            if self._more_ops:
+            poll_s = self.heartbeat_interval_s
+            if self.tier is not None:
+                poll_s = min(poll_s, self.config.tier_poll_interval_s)
+            parked = self._parks and not self._failed
+            if parked:
+                interval_s = 0.0  # the master holds the heartbeat instead
+            elif self._more_ops:
                 interval_s = 0.01
-            elif self.tier is not None:
-                interval_s = min(self.heartbeat_interval_s, self.config.tier_poll_interval_s)
             else:
-                interval_s = self.heartbeat_interval_s
-            self._wake.wait(interval_s)
-            self._wake.clear()
+                interval_s = poll_s
+            if interval_s > 0:
+                self._wake.wait(interval_s)
+                self._wake.clear()
             if self._stop.is_set():
                 break
             if not self.mounted:
                 self._remount()
                 continue
             segment_id = self.segment_id
-            # a heartbeat unanswered for two intervals is lost (its master may have died with it): the
-            # next one goes out then, so a restarted master hears from us within ~2 intervals
-            timeout_s = min(self.config.timeout_s, max(0.1, 2 * (self.heartbeat_interval_s or 1.0)))
+            wait_s = min(poll_s, _MAX_PARK_S) if parked else 0.0
+            # a heartbeat unanswered for two intervals (past its wait) is lost (its master may have died
+            # with it): the next one goes out then, so a restarted master hears from us within ~2 intervals
+            timeout_s = wait_s + min(self.config.timeout_s, max(0.1, 2 * (self.heartbeat_interval_s or 1.0)))
             report = self.tier.take_report(segment_id) if self.tier is not None else None
             try:
                 reply = self._channel.call(
                     Heartbeat(self.node_id, [segment_id], [self.directory.applied_seq],
-                              [report] if report is not None else []), timeout_s=timeout_s
+                              [report] if report is not None else [], wait_s), timeout_s=timeout_s
                 )
+                self._failed = False
             except UnavailableError:
                 self.metrics.heartbeats.labels("unavailable").inc()
                 self._more_ops = False
+                self._failed = True
                 continue
             except KVPoolError as e:
                 self.metrics.heartbeats.labels("error").inc()
                 log.warning("heartbeat of node %s rejected: %s", self.node_id, e)
+                self._failed = True
                 continue
             if isinstance(reply, HeartbeatReply) and segment_id in reply.unknown_segment_ids:
                 self.metrics.heartbeats.labels("unknown").inc()
@@ -294,6 +335,7 @@ class StorageNode:
         try:
             self._mount()
         except KVPoolError as e:
+            self._failed = True  # the next try waits an interval
             log.warning("remount of node %s failed (will retry): %s", self.node_id, e)
 
     def request_stop(self) -> None:

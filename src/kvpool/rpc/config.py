@@ -4,8 +4,9 @@ Rules:
 - Nothing else in kvpool.rpc reads the environment: LaneChannel takes a TcpChannelConfig and the
   credential helpers a CredentialSettings (each made with `from_env()` when the caller passes
   none), so a bad value is a ValueError naming its variable when the component is made.
-- A credential is used only when named (an argument, or the one variable for that role): the auth
-  directory's files are never picked up by a client or a node on their own.
+- A credential is used when named (an argument, or the one variable for that role); the auth
+  directory's files are picked up only as the fallback for a master on the same host that asks
+  for CURVE (credentials.local_default_credential).
 """
 
 from __future__ import annotations

@@ -11,8 +11,11 @@ Rules:
   are written to a temporary name and linked into place, never half-written.
 - The default directory (`$KVPOOL_AUTH_DIR`, else `~/.config/kvpool/auth`) is where a master started
   without `--auth` or `--insecure` creates its keys and `admin.cred`, `node.cred` and
-  `tenant-default.cred`. Clients and nodes use a credential only when given one (argument,
-  `$KVPOOL_CREDENTIAL`, `$KVPOOL_NODE_CREDENTIAL`): never one found lying around.
+  `tenant-default.cred`. Clients and nodes use the credential they are given (argument,
+  `$KVPOOL_CREDENTIAL`, `$KVPOOL_NODE_CREDENTIAL`). Given none, they connect without one; only a
+  master on their own host that refuses them for want of CURVE makes them use the default
+  directory's `tenant-default.cred` / `node.cred` (`local_default_credential`): a local start is
+  two commands, and nothing is sent encrypted to a master elsewhere with a key found lying around.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import fcntl
 import json
 import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +111,34 @@ def resolve_credential(explicit: str | os.PathLike | None, env_name: str = ENV_C
         settings = CredentialSettings.from_env() if settings is None else settings
     path = explicit or settings.credential_path(env_name)
     return Credential.load(path) if path else None
+
+
+def is_local_host(host: str) -> bool:
+    """Whether `host` (a name or address) is this machine: it can be bound here."""
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind((sockaddr[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def local_default_credential(host: str, role: str, settings: CredentialSettings | None = None) -> Credential | None:
+    """The default auth directory's credential for `role` (`node`, `tenant:default`), when the
+    master at `host` runs on this machine and the file is there; else None."""
+    path = default_auth_dir(settings) / credential_file_name(role)
+    if not path.is_file() or not is_local_host(host):
+        return None
+    try:
+        return Credential.load(path)
+    except ValueError:
+        return None
 
 
 def _write_private(path: Path, text: str) -> Path:

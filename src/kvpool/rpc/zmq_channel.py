@@ -10,9 +10,15 @@ Rules:
 - Several master addresses (a list, or one string with commas) name one master and its standbys,
   started with the same config and never two at a time: a call that gets no reply moves the next
   call to the next address. A standby is a new incarnation, so the rule above applies.
+- An etcd address (`etcd://HOST:PORT[,...]/NAME`, leader.py) names whichever master leads: the
+  channel reads the leader from etcd at each (re)connect, reconnects after a call that got no
+  reply, and never takes a reply from a leader older than one it saw (epochs ordered by election).
 - Thread-safe by a lock: calls are short; batching, not concurrency, is how callers go fast.
 - A call that gets no reply within `timeout_s` raises UnavailableError and never hangs; an
   ErrorReply is raised as the matching KVPoolError class.
+- `fallback` (a credential found on the master's host, credentials.local_default_credential): a
+  channel with no credential whose handshake the master refuses for want of CURVE takes it and
+  makes the call again, once.
 - With a credential (credentials.py) the socket is a CURVE client: the control plane is encrypted
   and the master knows who calls. A refused handshake (unknown key; or the master needs CURVE and
   none was given) shows on the socket's monitor: the call raises AuthError saying so, instead of
@@ -40,6 +46,7 @@ import zmq.utils.monitor
 from kvpool.core import protocol
 from kvpool.core.errors import AuthError, ProtocolError, UnavailableError, error_from_reply
 from kvpool.rpc.credentials import Credential
+from kvpool.rpc.leader import epoch_order, find_leader, is_etcd_address, parse_etcd_address
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +69,20 @@ class BegunCall:
 
 
 def host_of(address: str) -> str:
-    """'tcp://HOST:PORT' -> HOST (brackets of an IPv6 address removed)."""
+    """'tcp://HOST:PORT' -> HOST (brackets of an IPv6 address removed); an etcd address: its first
+    endpoint's host."""
+    if is_etcd_address(address):
+        return parse_etcd_address(address).endpoints[0][0]
     host = address.split("://", 1)[1].rsplit(":", 1)[0]
     return host[1:-1] if host.startswith("[") else host
 
 
 def parse_addresses(address: str | list[str] | tuple[str, ...]) -> list[str]:
-    """'tcp://a:1,tcp://b:2' or a list of addresses -> the list; ValueError when empty or malformed."""
+    """'tcp://a:1,tcp://b:2' or a list of addresses -> the list; ValueError when empty or malformed.
+    An etcd address stands alone: [it]."""
+    if is_etcd_address(address):
+        parse_etcd_address(address)  # ValueError when malformed
+        return [address.strip()]
     items = address.split(",") if isinstance(address, str) else list(address)
     addresses = [a.strip() for a in items if a and a.strip()]
     if not addresses:
@@ -82,11 +96,12 @@ def parse_addresses(address: str | list[str] | tuple[str, ...]) -> list[str]:
 class MasterChannel:
     def __init__(
         self, address: str | list[str], timeout_s: float = 5.0, context: zmq.Context | None = None,
-        credential: Credential | None = None,
+        credential: Credential | None = None, fallback: Credential | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.addresses = parse_addresses(address)
+        self._etcd = self.addresses[0] if is_etcd_address(self.addresses[0]) else None  # then: the leader's
         self.timeout_s = timeout_s
         self.epoch: int | None = None  # the incarnation that answered last
         self._current = 0  # index into addresses
@@ -97,6 +112,7 @@ class MasterChannel:
         self._monitor: zmq.Socket | None = None
         self._listeners: list[EpochListener] = []
         self.credential = credential
+        self._fallback = fallback if credential is None else None
         self._generation = 0  # counts sockets made: a begun call's reply comes on its own socket only
         self._awaited: set[bytes] = set()  # ids of begun calls not finished yet
         self._parked: dict[bytes, list[bytes]] = {}  # their replies, read by another call
@@ -111,6 +127,8 @@ class MasterChannel:
 
     def _connect(self) -> zmq.Socket:
         if self._socket is None:
+            if self._etcd is not None:
+                self.addresses = [find_leader(self._etcd).address]  # UnavailableError: no leader now
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 1000)
@@ -151,8 +169,11 @@ class MasterChannel:
                          "credential's master_public_key this master's, and does the master use CURVE?")
 
     def _fail_over(self) -> None:
-        """No reply: the next call goes to the next address (with one address: a fresh socket)."""
-        if len(self.addresses) > 1:
+        """No reply: the next call goes to the next address (with one address: a fresh socket; with
+        etcd: to whichever master leads then)."""
+        if self._etcd is not None:
+            self._close_socket()
+        elif len(self.addresses) > 1:
             self._close_socket()
             self._current = (self._current + 1) % len(self.addresses)
             log.warning("master did not answer; trying %s next", self.address)
@@ -161,6 +182,11 @@ class MasterChannel:
         epoch = int.from_bytes(frame, "little")
         if epoch == self.epoch:
             return
+        if self._etcd is not None and self.epoch is not None and epoch_order(epoch) < epoch_order(self.epoch):
+            address = self.address
+            self._close_socket()
+            raise UnavailableError(f"master {address} answered as a leader older than one already seen: "
+                                   "it is not leading any more")
         old, self.epoch = self.epoch, epoch
         if old is not None:
             log.warning("master %s is a new incarnation (epoch %016x, was %016x): dropping what was cached",
@@ -184,6 +210,18 @@ class MasterChannel:
     def call(self, request: protocol.Request, timeout_s: float | None = None, meanwhile=None) -> protocol.Reply:
         """The master's reply, or UnavailableError / the error it answered. `meanwhile()`: run
         once the request is sent, before the reply is awaited (it must not raise)."""
+        try:
+            return self._call(request, timeout_s, meanwhile)
+        except AuthError:
+            if self._fallback is None or self.credential is not None:
+                raise
+            with self._lock:
+                self.credential, self._fallback = self._fallback, None
+            log.info("master %s asks for CURVE: using the default %s credential its host holds", self.address,
+                     self.credential.role)
+            return self._call(request, timeout_s, meanwhile)
+
+    def _call(self, request: protocol.Request, timeout_s: float | None, meanwhile) -> protocol.Reply:
         timeout_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
         payload = protocol.request_encoder.encode(request)
         with self._lock:
@@ -254,7 +292,10 @@ class MasterChannel:
         payload = protocol.request_encoder.encode(request)
         timeout = self.timeout_s if timeout_s is None else timeout_s
         with self._lock:
-            request_id = self._post(self._connect(), payload)
+            try:
+                request_id = self._post(self._connect(), payload)
+            except UnavailableError:  # no leader to send it to (etcd)
+                return None
             if request_id is None:
                 return None
             self._awaited.add(request_id)

@@ -33,7 +33,7 @@ from kvpool.core.protocol.objects import (
     PutStart, PutStartReply, PutValue, PutValueReply, ReleaseLeases, Remove, SegmentsReply, ValueReply,
 )
 from kvpool.core.protocol.records import (
-    CHECKSUM_BYTES, DIR_COMMIT, DIR_DISK_DROP, DIR_PROMOTE, MAX_REPLICAS, REPLICA_BYTES, DirectoryDelta, DirEntry,
+    CHECKSUM_BYTES, DIR_COMMIT, DIR_DISK_DROP, DIR_PROMOTE, DIR_VALUE, VALUE_PINNED, MAX_REPLICAS, REPLICA_BYTES, DirectoryDelta, DirEntry,
     DiskEntry, Replica, SegmentInfo, TierReport, pack_replicas, unpack_checksums, unpack_replicas,
 )
 from kvpool.core.protocol.sessions import (
@@ -123,7 +123,7 @@ __all__ = [
     "DEFAULT_MAX_INLINE_BYTES",
     # records
     "Replica", "pack_replicas", "unpack_replicas", "DirEntry", "DiskEntry", "TierReport", "DirectoryDelta",
-    "SegmentInfo", "MAX_REPLICAS", "REPLICA_BYTES", "DIR_COMMIT", "DIR_PROMOTE", "DIR_DISK_DROP", "CHECKSUM_BYTES",
+    "SegmentInfo", "MAX_REPLICAS", "REPLICA_BYTES", "DIR_COMMIT", "DIR_PROMOTE", "DIR_DISK_DROP", "DIR_VALUE", "VALUE_PINNED", "CHECKSUM_BYTES",
     "unpack_checksums",
     # events
     "PoolEventsQuery", "PoolEventsOffer", "PoolEventBatch", "NamespaceChanges", "NamespaceKeys", "POOL_EVENTS_TOPIC",

@@ -41,6 +41,7 @@ class AnnounceObjects(Struct, tag="announce", frozen=True):
     ages_s: list[float]
     last: bool = False
     disk_entries: list[DiskEntry] = []  # what the node's disk tier holds (sent after the DRAM entries)
+    values: list[DirEntry] = []  # copies of inline values the node keeps (DIR_VALUE ops; master/inline_copies.py)
 
 
 class UnmountSegment(Struct, tag="unmount", frozen=True):
@@ -54,6 +55,7 @@ class Heartbeat(Struct, tag="heartbeat", frozen=True):
     segment_ids: list[int]
     directory_seqs: list[int] = []
     tier_reports: list[TierReport] = []  # nodes with a disk tier: write-backs and promotions done
+    wait_s: float = 0.0  # > 0: the master may hold the reply this long until it has directory ops to send
 
 
 # ---- replies --------------------------------------------------------------------------------
@@ -63,6 +65,7 @@ class MountReply(Struct, tag="mounted", frozen=True):
     segment_id: int
     heartbeat_interval_s: float
     node_ttl_s: float
+    parks_heartbeats: bool = False  # the master holds a heartbeat with `wait_s` until it has ops (master/durability.py)
 
 
 class HeartbeatReply(Struct, tag="heartbeat_ok", frozen=True):

@@ -55,11 +55,16 @@ class DirEntry(Struct, array_like=True, frozen=True, gc=False):
     parent: str | None = None
     checksum: int = 0
     op: int = 0  # DIR_* below: what the op asks of the node beyond recording it (0: nothing more)
+    value: bytes = b""  # DIR_VALUE only: the value's bytes
 
 
 DIR_COMMIT = 0  # an object committed in DRAM at `offset` (or, with size 0, a removal there)
 DIR_PROMOTE = 1  # read the node's disk copy of (tenant, key) into `offset`, then report it (TierReport)
 DIR_DISK_DROP = 2  # forget the disk copy of (tenant, key); `offset` means nothing
+# keep a copy of the master's inline value (tenant, key) = `value` (size 0: drop it); `offset` holds
+# flags (VALUE_PINNED), names no range (master/inline_copies.py)
+DIR_VALUE = 3
+VALUE_PINNED = 1
 
 
 class DiskEntry(Struct, array_like=True, frozen=True, gc=False):

@@ -108,6 +108,11 @@ class StatsReply(Struct, tag="stats_ok", frozen=True):
     forbidden: int = 0  # requests refused by the access policy (a role's call it may not make)
     rate_limited: int = 0  # requests refused by an identity's rate limit
     refused_handshakes: int = 0  # connections whose CURVE key the master does not trust
+    commits_confirmed: int = 0  # put replies sent once their objects were in their nodes' directories
+    commits_unconfirmed: int = 0  # ... sent at --confirm-timeout-s without (a slow or dead node)
+    inline_copied: int = 0  # inline values copied to a node (master/inline_copies.py)
+    inline_uncopied: int = 0  # inline values stored while no node could keep a copy
+    inline_taken_back: int = 0  # inline values a recovering node brought back
     inline_values: int = 0  # small plain values held by the master itself (master/inline.py)
     inline_bytes: int = 0
     inline_capacity_bytes: int = 0
