@@ -57,6 +57,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     _b("connector_ttft_hybrid", "system", "connector_ttft_bench.py", "The same TTFT comparison on tiny hybrid models (--model gemma3 | nemotron_h | qwen3_next)"),
     _b("connector_overhead", "system", "connector_overhead_bench.py", "Connector overhead inside vLLM's OpenAI server: no connector vs KVPoolConnector"),
     _b("recovery", "system", "recovery_bench.py", "A SIGKILLed and restarted master: how soon its objects are served again"),
+    _b("failover", "system", "failover_bench.py", "A master crash right after puts, HA failover through etcd, what confirmed commits cost a put"),
     _b("security", "system", "security_bench.py", "What CURVE authentication costs, and what a flooding client costs the others"),
     _b("sim_calibrate_cpu", "system", "sim_calibrate_cpu.py", "vLLM-cpu step costs of the tiny model on this machine, fitted to the simulator's CPU preset"),
     _b("sim_study", "system", "sim_study.py", "The fleet simulator: validation, the reference's reproduction, scaling, eviction, routing"),

@@ -371,6 +371,9 @@ def test_vllm_uses_the_config_kvpool_connector_config_prints(objects, variant, c
     capsys.readouterr()
     assert args._run(args) == 0
     assert rendered == json.loads(capsys.readouterr().out)
+    from kvpool.connector.config import ConnectorConfig
+
+    ConnectorConfig.from_extra_config(rendered["kv_connector_extra_config"])  # what the connector will parse
     assert argv[argv.index("--port") + 1] == str(port(c, "http"))
     assert argv[len(argv) - len(values["vllm"]["extraArgs"]):] == values["vllm"]["extraArgs"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == values["vllm"]["gpus"]

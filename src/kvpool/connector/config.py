@@ -2,7 +2,8 @@
 the connector reads settings; nothing here looks at the environment).
 
 Keys (all optional except `master_address`):
-  master_address       ZMQ endpoint of `kvpool master`, e.g. "tcp://127.0.0.1:5555"
+  master_address       ZMQ endpoint of `kvpool master`, e.g. "tcp://127.0.0.1:5555", or an HA pool's
+                       "etcd://HOST:PORT[,...]/NAME" (the leader, found through etcd)
   tenant               extra namespace component: deployments with different tenants never share
   cache_salt           same effect as tenant, for operators who salt caches per security domain
   tokens_per_object    tokens per pool object, a multiple of vLLM's block size (default: one block)
@@ -97,10 +98,10 @@ class ConnectorConfig:
     node_credential: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.master_address, str) or not re.match(r"^(tcp|ipc)://.+", self.master_address):
+        if not isinstance(self.master_address, str) or not re.match(r"^(tcp|ipc|etcd)://.+", self.master_address):
             raise ValueError(
                 "kv_connector_extra_config.master_address must be the ZMQ endpoint of `kvpool master`, "
-                f"like tcp://127.0.0.1:5555; got {self.master_address!r}"
+                f"like tcp://127.0.0.1:5555, or an HA pool's etcd://HOST:PORT[,...]/NAME; got {self.master_address!r}"
             )
         for name in ("tenant", "cache_salt"):
             value = getattr(self, name)
