@@ -4,13 +4,11 @@ master itself were on a node too."""
 
 from __future__ import annotations
 
-import pytest
-
 from kvpool.bench import procs
-from kvpool.client import Client
+from kvpool.client import PUT_ALLOCATED, Client
 from kvpool.core import protocol as p
 from kvpool.rpc.zmq_channel import MasterChannel
-from pool_worker import chain_keys, pattern, wait_until
+from pool_worker import pattern, wait_until
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -92,4 +90,32 @@ def test_inline_values_survive_a_master_crash_and_a_removed_one_stays_removed(tm
         assert (served, wrong) == (45, 0)
     finally:
         for proc in [*nodes, master]:
+            proc.stop(grace_s=5.0)
+
+
+def test_objects_put_across_to_a_node_while_their_end_travels_survive_a_crash_right_after(tmp_path):
+    """A put written over the node's TCP path ends while its bytes travel (client/landing.py) and is
+    made readable by a one-way PutLanded: its end's reply already waited for the node, so a crash
+    right after the put returns loses nothing."""
+    master = procs.start_master(tmp_path, *FAST)
+    address = master.info["address"]
+    node = procs.start_node(tmp_path, address, "64MiB", name="n0")
+    size = 256 * KiB
+    try:
+        with Client(address, "land", path="lane", timeout_s=2.0) as writer:
+            keys = [f"landed/{i}" for i in range(20)]
+            for key in keys:
+                buf = pattern(key, size)
+                writer.register(buf)
+                assert writer.put_from([key], [[buf.ctypes.data]], [[size]]) == [PUT_ALLOCATED]
+            assert writer._metrics.put_ends_landing._value.get() == 20  # every end travelled with its bytes
+        master.kill()
+        master = procs.start_master(tmp_path, *FAST, "--port", address.rsplit(":", 1)[1], name="m1")
+        wait_until(lambda: _mounted(address, {"n0"}), 15, "the node remounted and announced")
+        with Client(address, "land") as reader:
+            got = [reader.get(key) for key in keys]
+        assert sum(v is not None for v in got) == 20
+        assert all(v == pattern(k, size).tobytes() for k, v in zip(keys, got))
+    finally:
+        for proc in [node, master]:
             proc.stop(grace_s=5.0)

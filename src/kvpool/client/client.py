@@ -77,6 +77,7 @@ from kvpool.client.statuses import PUT_FAILED  # noqa: F401 - kvpool.client.PUT_
 from kvpool.core import protocol
 from kvpool.core.types import MAX_TENANT_LENGTH
 from kvpool.rpc.tcp_channel import LaneChannel
+from kvpool.rpc.leader import is_etcd_address
 from kvpool.rpc.zmq_channel import MasterChannel, host_of, parse_addresses
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class Client:
         self._owns_plane = plane is None
         self.plane = DataPlane(path=path, read_only=read_only) if plane is None else plane
         resolved = resolve_credential(credential)
-        fallback = None if resolved is not None else local_default_credential(
+        fallback = None if resolved is not None or is_etcd_address(master_address) else local_default_credential(
             host_of(parse_addresses(master_address)[0]), "tenant:default")
         self._channel = MasterChannel(master_address, timeout_s=timeout_s, credential=resolved, fallback=fallback)
         if lane and resolved is None:  # the lane has no CURVE: an authenticated master offers none anyway

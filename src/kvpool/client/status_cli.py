@@ -14,6 +14,7 @@ import zmq
 
 from kvpool.core import protocol
 from kvpool.core.errors import KVPoolError
+from kvpool.rpc.leader import is_etcd_address
 from kvpool.rpc.zmq_channel import MasterChannel, host_of, parse_addresses
 from kvpool.rpc.credentials import local_default_credential, resolve_credential
 
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         credential = resolve_credential(args.credential)
-        fallback = None if credential is not None else local_default_credential(
+        fallback = None if credential is not None or is_etcd_address(args.master) else local_default_credential(
             host_of(parse_addresses(args.master)[0]), "admin")
         channel = MasterChannel(args.master, timeout_s=args.timeout_s, credential=credential, fallback=fallback)
     except ValueError as e:

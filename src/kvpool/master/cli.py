@@ -300,6 +300,9 @@ def _campaign(args: argparse.Namespace, config: MasterConfig):
         if server is not None:  # the leader's own endpoint takes the port
             server.shutdown()
             server.server_close()
+    if won and stop.is_set():  # SIGTERM came while it won: hand the lease on at once
+        leadership.resign()
+        won = False
     return (leadership, config) if won else (None, config)
 
 

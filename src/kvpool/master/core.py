@@ -90,7 +90,7 @@ class MasterCore:
         self._max_inline_reply = config.max_message_bytes // 4  # inline bytes in one lookup reply
         self.inline = InlineValues(config.inline_capacity_bytes,
                                    min(config.max_inline_bytes, config.inline_capacity_bytes, self._max_inline_reply))
-        self.copies = InlineCopies(self.space, self.inline, namespace_owner)
+        self.copies = InlineCopies(self.space, self.inline, namespace_owner, self.epoch)
         self.membership = Membership(config, self.segments, self.index, self.inline, self.copies)
         self.segments_expired = 0
         self.forbidden = 0  # requests refused by the access policy

@@ -5,8 +5,9 @@ Rules:
   ends, a removal (size 0) when a committed object goes (evicted, removed, rejected on recovery).
   Ops are numbered from 1 in append order; the node applies them in order and acknowledges the
   last one it applied in its next heartbeat, which drops them here.
-- A heartbeat reply carries at most `max_ops_per_reply` ops; the node asks again at once when the
-  reply was full.
+- A heartbeat reply carries at most `max_ops_per_reply` ops, and copies of inline values (DIR_VALUE)
+  of at most MAX_VALUE_BYTES_PER_REPLY together (one op at least); the node asks again at once when
+  the reply was full.
 - The log is bounded (`max_ops`): a node that stops acknowledging (stuck, partitioned) would grow
   it without end. Past the bound the log is dropped and the next delta says `reset`: the node
   forgets its directory and starts again from the ops after it. That node then cannot bring those
@@ -15,19 +16,24 @@ Rules:
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 from kvpool.core.protocol import DirEntry, DirectoryDelta
 
 
+MAX_VALUE_BYTES_PER_REPLY = 8 << 20
+
+
 class DirectoryLog:
-    __slots__ = ("ops", "first_seq", "reset", "max_ops")
+    __slots__ = ("ops", "first_seq", "reset", "max_ops", "value_bytes")
 
     def __init__(self, max_ops: int) -> None:
         self.ops: deque[DirEntry] = deque()
         self.first_seq = 1  # sequence number of ops[0]
         self.reset = False
         self.max_ops = max_ops
+        self.value_bytes = 0  # of the inline value copies among `ops`
 
     @property
     def last_seq(self) -> int:
@@ -37,8 +43,10 @@ class DirectoryLog:
         if len(self.ops) >= self.max_ops:
             self.first_seq += len(self.ops)
             self.ops.clear()
+            self.value_bytes = 0
             self.reset = True
         self.ops.append(op)
+        self.value_bytes += len(op.value)
 
     def ack(self, seq: int) -> None:
         """The node has applied every op up to `seq`. After a reset, only an acknowledgement at or
@@ -50,8 +58,12 @@ class DirectoryLog:
             self.reset = False
         ops = self.ops
         drop = min(seq - self.first_seq + 1, len(ops))
-        for _ in range(drop):
-            ops.popleft()
+        if self.value_bytes:
+            for _ in range(drop):
+                self.value_bytes -= len(ops.popleft().value)
+        else:
+            for _ in range(drop):
+                ops.popleft()
         if drop > 0:
             self.first_seq += drop
 
@@ -59,5 +71,12 @@ class DirectoryLog:
         if not self.ops and not self.reset:
             return None
         n = min(len(self.ops), max_ops_per_reply)
+        if self.value_bytes > MAX_VALUE_BYTES_PER_REPLY:  # a backlog of value copies: cut it by bytes too
+            size = 0
+            for i, op in enumerate(itertools.islice(self.ops, n)):
+                size += len(op.value)
+                if size > MAX_VALUE_BYTES_PER_REPLY and i > 0:
+                    n = i
+                    break
         ops = [self.ops[i] for i in range(n)] if n < len(self.ops) else list(self.ops)
         return DirectoryDelta(segment_id, self.first_seq, ops, self.reset, more=n < len(self.ops))

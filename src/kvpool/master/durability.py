@@ -10,13 +10,15 @@ Rules:
   soon as one of them has one (a commit, a removal, a tier op) or once `wait_s` passed. The node
   applies the ops and acknowledges them in its next heartbeat, sent at once: a commit is in its
   node's directory one master-node round trip after it was made.
-- A reply to a request that committed objects (PutEnd, PutValue) is held until every segment it
-  committed to has acknowledged the op, so a writer told "stored" has its objects in their nodes'
+- A reply to a request that committed or removed objects (PutEnd, PutValue, Remove) is held until
+  every segment it changed has acknowledged the ops, so a writer told "stored" has its objects in their nodes'
   directories, and a crash of the master right after loses none of them. It is sent at once when
   a segment's node does not park heartbeats (it would wait a heartbeat interval) or its log was
   reset, and after `confirm_timeout_s` in any case (a slow or dead node): counted `unconfirmed`.
 - A reply held here is the same reply, sent later: the writer's request id matches it as ever.
   Requests from one writer are matched by id, not order, so holding one never blocks another.
+- A service that stops answers parked heartbeats and confirmed replies, and "unavailable" for the
+  replies still waiting (`flush`); a leader that lost its lease sends nothing at all.
 - No sockets and no clock: `send` callables and times come in; the service calls `release` after
   each wake-up and waits no longer than `next_deadline_s`.
 """
@@ -28,6 +30,8 @@ from dataclasses import dataclass
 
 from kvpool.core import protocol as p
 from kvpool.master.segments import Segment
+
+_MAX_WAIT_S = 1.0  # a heartbeat is held at most this long, whatever its wait_s
 
 Send = Callable[[bytes, bytes, p.Reply], None]  # (identity, request id, reply)
 Handle = Callable[[p.Heartbeat, float, object], p.Reply]  # MasterCore.handle
@@ -84,7 +88,7 @@ class Durability:
         earlier = self._parked.pop(request.node_id, None)
         if earlier is not None:
             self._answer(earlier, now_s, handle)
-        wait_s = min(request.wait_s, 60.0)
+        wait_s = min(request.wait_s, _MAX_WAIT_S)
         self._parked[request.node_id] = _Parked(request, principal, now_s + wait_s, send, identity, request_id)
 
     def hold(self, commits: list[tuple[Segment, int]], reply: p.Reply, now_s: float, send: Send, identity: bytes,
@@ -140,12 +144,20 @@ class Durability:
         return min(deadlines) if deadlines else None
 
     def flush(self, now_s: float, handle: Handle) -> None:
-        """Answer everything now (the service is stopping)."""
+        """Answer everything now (the service is stopping): parked heartbeats as they stand; held
+        replies whose commits were acknowledged as they are, the others "unavailable" (the writer
+        must not hear "stored" for what no node confirmed)."""
         for waiting in self._parked.values():
             self._answer(waiting, now_s, handle)
         self._parked.clear()
+        by_id = self._by_id
         for held in self._held:
-            held.send(held.identity, held.request_id, held.reply)
+            if all(_acknowledged(s, q, by_id) for s, q in held.waits):
+                held.send(held.identity, held.request_id, held.reply)
+            else:
+                self.unconfirmed += 1
+                held.send(held.identity, held.request_id, p.ErrorReply(
+                    kind="unavailable", message="the master stopped before the node confirmed this write: retry it"))
         self._held = []
 
     @staticmethod

@@ -133,6 +133,7 @@ class ObjectIndex:
             rec.checksum = checksum.to_bytes(8, "little")
         if landing:
             move(rec, LANDING)
+            self._log_commit(rec)  # now: the end's reply waits for the node while the bytes travel
         else:
             self._complete(rec, now_s)
 
@@ -140,16 +141,21 @@ class ObjectIndex:
         """A landing record's bytes are written: complete it (the caller counts it)."""
         if checksum:
             rec.checksum = checksum.to_bytes(8, "little")
-        self._complete(rec, now_s)
+        self._complete(rec, now_s, logged=not checksum)
 
-    def _complete(self, rec: ObjectRecord, now_s: float) -> None:
-        """Readable: evictable, logged in its segments' directories."""
+    def _log_commit(self, rec: ObjectRecord) -> None:
+        parent_key = rec.parent.key if rec.parent is not None else None
+        self.space.log_commit(rec.replicas, rec.space.name, rec.key, parent_key, int.from_bytes(rec.checksum, "little"))
+
+    def _complete(self, rec: ObjectRecord, now_s: float, logged: bool = False) -> None:
+        """Readable: evictable, logged in its segments' directories (a landing one was when it ended,
+        unless its checksum came only with its landing)."""
         move(rec, COMPLETE)
         rec.last_access_s = now_s
         if not rec.num_children and not rec.flags & PINNED:
             self.evictor.push(rec)
-        parent_key = rec.parent.key if rec.parent is not None else None
-        self.space.log_commit(rec.replicas, rec.space.name, rec.key, parent_key, int.from_bytes(rec.checksum, "little"))
+        if not logged:
+            self._log_commit(rec)
         if self.events.recording:
             self.events.stored(rec.space.name, rec.key)
 
@@ -181,6 +187,8 @@ class ObjectIndex:
                 self.events.removed(space.name, rec.key)
         else:
             self.num_pending -= 1
+            if was == LANDING:  # its node was told when it ended
+                self.space.log_removal(rec.replicas)
         if rec.disk_segment is not None:
             self.tiers.forget(rec)
         tail = chains.detach(rec)

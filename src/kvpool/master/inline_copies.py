@@ -3,14 +3,18 @@
 Rules:
 - Every inline value stored (inline.py) is copied to one node: a DIR_VALUE op in the directory log
   of one mounted segment that is not recovering and may hold the value's tenant's data (shared, or
-  that tenant's own), picked by the key's hash. The PutValue reply waits for the node to have it
-  like any commit (durability.py). Every value dropped (removed, evicted, replaced) is dropped on
-  the segment that holds its copy (`kept_on`), so a copy never outlives its value.
+  that tenant's own), picked by the key's hash, stamped with this master's epoch. Every value
+  dropped (removed, evicted, replaced) is dropped on the segment that holds its copy (`kept_on`).
+  Copies and drops both count as commits (space.py): the reply to the request that made them waits
+  until the node has them (durability.py), so a value removed or replaced never comes back as the
+  old one after a crash.
 - A value stored while no segment can take it, or whose segment went (unmounted, dead), has no
   copy: a restart loses it (a miss, recomputed), never anything else.
-- On recovery a node announces its copies (AnnounceObjects.values). One the master holds no value
-  or object under is taken back as an inline value held on that segment; any other is dropped
-  from that node: two copies of one key, or a copy of a key put again since, must never come back.
+- On recovery a node announces its copies (AnnounceObjects.values). A copy is taken back as an
+  inline value kept on that segment only when it was made by an earlier master (this one knows
+  its own values: a copy of its own it does not hold was dropped while the node was away), the
+  master holds nothing under its key, the node may hold that tenant's data, and it fits; any other
+  copy is dropped from that node.
 - Pure: the core calls it with the changes InlineValues recorded; the segment space writes the logs.
 """
 
@@ -25,11 +29,12 @@ _Key = tuple[str, str]  # (namespace, key)
 
 
 class InlineCopies:
-    def __init__(self, space: SegmentSpace, inline: InlineValues, owner_of) -> None:
+    def __init__(self, space: SegmentSpace, inline: InlineValues, owner_of, epoch: int) -> None:
         self.space = space
         self.inline = inline
         self.owner_of = owner_of  # namespace -> the tenant that owns it (access.namespace_owner)
-        self.kept_on: dict[_Key, Segment] = {}
+        self.epoch = epoch
+        self.kept_on: dict[_Key, int] = {}  # the segment id holding each value's copy
         self.copied = 0
         self.uncopied = 0  # values stored while no segment could keep a copy
         self.taken_back = 0
@@ -44,25 +49,30 @@ class InlineCopies:
         `on`, is kept there as it is."""
         by_id = self.space.segments.by_id
         for entry_key, value in changes:
-            held = self.kept_on.pop(entry_key, None)
-            if held is not None and by_id.get(held.segment_id) is held:
-                self.space.log_value(held, entry_key[0], entry_key[1], b"", False)
+            held = by_id.get(self.kept_on.pop(entry_key, 0))
+            if held is not None:
+                self._drop(held, entry_key)
             if value is None:
                 continue
             if entry_key == adopted:
-                self.kept_on[entry_key] = on
+                self.kept_on[entry_key] = on.segment_id
                 continue
             segment = self._choose(entry_key, by_id)
             if segment is None:
                 self.uncopied += 1
                 continue
-            self.space.log_value(segment, entry_key[0], entry_key[1], value.data, value.pinned)
-            self.kept_on[entry_key] = segment
+            self.space.log_value(segment, entry_key[0], entry_key[1], value.data, value.pinned, self.epoch)
+            self.kept_on[entry_key] = segment.segment_id
             self.copied += 1
 
+    def _drop(self, segment: Segment, entry_key: _Key) -> None:
+        self.space.log_value(segment, entry_key[0], entry_key[1], b"", False, self.epoch)
+
+    def _may_hold(self, segment: Segment, namespace: str) -> bool:
+        return segment.tenant in ("", self.owner_of(namespace))
+
     def _choose(self, entry_key: _Key, by_id: dict) -> Segment | None:
-        owner = self.owner_of(entry_key[0])
-        fit = [s for s in by_id.values() if not s.recovering and s.tenant in ("", owner)]
+        fit = [s for s in by_id.values() if not s.recovering and self._may_hold(s, entry_key[0])]
         if not fit:
             return None
         return fit[hash(entry_key) % len(fit)]
@@ -73,20 +83,27 @@ class InlineCopies:
         self.apply()  # what was recorded before: never mixed with what is taken back
         inline, taken = self.inline, 0
         for entry in values:
-            if entry.size <= 0 or len(entry.value) != entry.size or not entry.tenant or not entry.key:
+            if entry.size <= 0 or not entry.tenant or not entry.key:
                 continue
             entry_key = (entry.tenant, entry.key)
-            if (inline.contains(entry.tenant, entry.key) or holds(entry.tenant, entry.key)
-                    or not inline.accepts(entry.size)):
-                self.space.log_value(segment, entry.tenant, entry.key, b"", False)
+            if (len(entry.value) != entry.size or entry.checksum == self.epoch
+                    or not self._may_hold(segment, entry.tenant) or inline.contains(entry.tenant, entry.key)
+                    or holds(entry.tenant, entry.key) or not inline.accepts(entry.size)):
+                self._drop(segment, entry_key)
                 continue
             owner = self.owner_of(entry.tenant)
             status, _ = inline.put(entry.tenant, owner, entry.key, entry.value, bool(entry.offset & VALUE_PINNED),
                                    quota_of(owner))
             self._send(inline.take_changes(), entry_key, segment)  # values it evicted lose their copies
             if status != PUT_ALLOCATED:  # no room: the copy goes
-                self.space.log_value(segment, entry.tenant, entry.key, b"", False)
+                self._drop(segment, entry_key)
                 continue
             taken += 1
         self.taken_back += taken
         return taken
+
+    def refused(self, segment: Segment, values: list[DirEntry]) -> None:
+        """Copies announced too late (the segment's recovery had ended): the node drops them."""
+        for entry in values:
+            if entry.tenant and entry.key:
+                self._drop(segment, (entry.tenant, entry.key))

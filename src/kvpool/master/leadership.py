@@ -83,8 +83,12 @@ class Leadership:
         if not result.get("succeeded"):
             self._revoke(lease_id)
             return False
+        try:
+            self.epoch = ha_epoch(int(result["header"]["revision"]))
+        except (KeyError, TypeError, ValueError) as e:  # the key must not outlive this attempt
+            self._revoke(lease_id)
+            raise UnavailableError(f"etcd's answer to the election gave no usable revision ({e})") from None
         self._lease_id = lease_id
-        self.epoch = ha_epoch(int(result["header"]["revision"]))
         self.serving_until_s = started + self.ttl_s - self.margin_s
         log.info("leading %s (epoch %016x, lease TTL %d s)", self.address, self.epoch, self.ttl_s)
         return True

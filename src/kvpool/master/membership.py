@@ -75,11 +75,11 @@ class Membership:
             segment = by_id.get(report.segment_id)
             if segment is not None and segment.node_id == req.node_id:
                 self.index.apply_tier_report(segment, report, now_s)
-        parks = req.wait_s > 0
+        parks = req.wait_s > 0  # once a node parks, it always may: a hiccup must not turn confirmation off
         for i, segment_id in enumerate(req.segment_ids):
             segment = by_id.get(segment_id)
             if segment is not None and segment.node_id == req.node_id:
-                segment.parks = parks
+                segment.parks = segment.parks or parks
                 if i < len(req.directory_seqs):
                     segment.log.ack(req.directory_seqs[i])
         return p.HeartbeatReply(unknown_segment_ids=unknown, deltas=self.directory_deltas(req.node_id, req.segment_ids))
@@ -104,6 +104,7 @@ class Membership:
         if not segment.recovering:
             # its recovery was ended (timeout): what was not announced by then is not taken, and the
             # node, told so, forgets it rather than mounting again (which would drop what was taken)
+            self.copies.refused(segment, req.values)
             return p.AnnounceReply(accepted=0, rejected_offsets=[e.offset for e in req.entries])
         segment.last_heartbeat_s = now_s  # a long announcement must not look like a dead node
         segment.mounted_s = now_s  # the recovery timeout counts silence, not the announcement's length

@@ -63,7 +63,7 @@ _BATCH = 256  # messages handled per poll wake-up before timed work gets a look
 _POLLIN = int(zmq.POLLIN)  # plain ints: each test of a zmq.PollEvent flag runs Python (~1 us)
 _LOGGED = (p.MountSegment, p.UnmountSegment, p.AnnounceObjects)
 _EVENTS_GRACE_S = 10.0  # recording stays on this long after a query while no subscription is seen
-_HELD_REPLIES = (p.PutEndReply, p.PutValueReply)  # replies that may wait for their commits (durability.py)
+_HELD_REQUESTS = (p.PutEnd, p.PutValue, p.Remove)  # their replies may wait for their commits (durability.py)
 
 
 def _log_event(request, reply) -> None:
@@ -262,7 +262,10 @@ class MasterService:
                 grown = space.take_grown()
                 space.take_commits()  # what no held reply waits for (one-way ends, timed work)
                 if durability.num_parked or durability.num_held:
-                    durability.release(grown, now_s, core.handle)
+                    try:
+                        durability.release(grown, now_s, core.handle)
+                    except Exception:  # as for the timed work: never the end of the loop
+                        log.exception("internal error releasing parked heartbeats and held replies")
                 if idle and not served:
                     try:
                         core.idle_work(now_s)
@@ -286,8 +289,11 @@ class MasterService:
                         gc.freeze()
                     next_tick_s = now_s + tick_s
         finally:
-            if not self.fenced:
-                self.durability.flush(clock(), core.handle)
+            if not self._past_fence():
+                try:
+                    self.durability.flush(clock(), core.handle)
+                except Exception:
+                    log.exception("internal error answering parked heartbeats and held replies at stop")
             self._close()
 
     def _receive(self, sock: zmq.Socket, timeout_ms: int) -> bool:
@@ -329,6 +335,9 @@ class MasterService:
     def _lane_send(self, key: bytes, request_id: bytes, reply: p.Reply) -> None:
         if request_id == ONE_WAY_BYTES:
             return  # the peer asked for no reply: nothing to encode
+        if self.fence is not None and self._past_fence():
+            self._stop_fenced()
+            return
         frame = bytearray(REPLY_HEAD_BYTES)  # the reply is encoded behind its head: no copy to join them
         try:
             self._encode_into(reply, frame, REPLY_HEAD_BYTES)
@@ -417,6 +426,10 @@ class MasterService:
             reply = p.ErrorReply(kind="internal", message=f"master failed on {type(request).__name__}; see its log")
         send(identity, request_id, reply)
 
+    def _past_fence(self) -> bool:
+        """Whether this leader's lease may have lapsed: then nothing more may be sent."""
+        return self.fenced or (self.fence is not None and self.clock() >= self.fence.serving_until_s)
+
     def _stop_fenced(self) -> None:
         if not self.fenced:
             self.fenced = True
@@ -426,16 +439,20 @@ class MasterService:
     def _held(self, request: p.Request, reply: p.Reply, principal, now_s: float, send: Callable, identity: bytes,
               request_id: bytes) -> bool:
         """Whether the reply waits (durability.py): a heartbeat parked, or a reply held for its commits."""
-        if type(reply) in _HELD_REPLIES:
+        if type(request) in _HELD_REQUESTS:
             commits = self._space.take_commits()
-            return bool(commits) and self.durability.hold(commits, reply, now_s, send, identity, request_id)
+            return (bool(commits) and type(reply) is not p.ErrorReply
+                    and self.durability.hold(commits, reply, now_s, send, identity, request_id))
         if (type(reply) is p.HeartbeatReply and request.wait_s > 0 and self.config.confirm_timeout_s > 0
-                and not reply.deltas and not reply.unknown_segment_ids):
+                and request.segment_ids and not reply.deltas and not reply.unknown_segment_ids):
             self.durability.park(request, principal, now_s, send, identity, request_id, self.core.handle)
             return True
         return False
 
     def _send(self, identity: bytes, request_id: bytes, reply: p.Reply) -> None:
+        if self.fence is not None and self._past_fence():  # a reply made in time, sent too late
+            self._stop_fenced()
+            return
         try:
             self._socket.send_multipart([identity, request_id, self._epoch_frame, self._encode_reply(reply)],
                                         zmq.NOBLOCK)

@@ -11,7 +11,7 @@ Rules:
   says the transfer ended (`end_quarantine`), its segment goes, or `quarantine_max_s` passed. Only
   ranges are kept, never the record: the record left the index when it was revoked.
 - Every append is noted: `grown` holds the segments whose logs grew and `commits` the (segment,
-  sequence number) of each commit since the shell last took them (durability.py wakes parked
+  sequence number) of each commit, removal and inline value copy or drop since the shell last took them (durability.py wakes parked
   heartbeats with the first and holds replies on the second).
 - No clock: every time is passed in as `now_s`.
 """
@@ -142,11 +142,14 @@ class SegmentSpace:
                 self.commits.append((segment, segment.log.last_seq))
 
     def log_removal(self, replicas: Iterable[Replica]) -> None:
+        """Counted in `commits` too: a reply to a removal waits for it like one to a put, so a key
+        removed and put again never comes back as its old object after a crash."""
         by_id = self.segments.by_id
         for replica in replicas:
             segment = by_id.get(replica.segment_id)
             if segment is not None:
                 self._append(segment, DirEntry(replica.offset, 0))
+                self.commits.append((segment, segment.log.last_seq))
 
     def log_disk_drop(self, segment_id: SegmentId, tenant: str, key: str, checksum: int) -> None:
         """Tell the node to delete its disk copy of this object."""
@@ -159,12 +162,12 @@ class SegmentSpace:
         """Ask the node to read its disk copy into the range at `offset`."""
         self._append(segment, DirEntry(offset, size, tenant, key, parent_key, checksum, DIR_PROMOTE))
 
-    def log_value(self, segment: Segment, tenant: str, key: str, value: bytes, pinned: bool) -> None:
-        """Ask the node to keep a copy of an inline value (an empty `value`: to drop its copy)."""
-        self._append(segment, DirEntry(VALUE_PINNED if pinned else 0, len(value), tenant, key, None, 0, DIR_VALUE,
+    def log_value(self, segment: Segment, tenant: str, key: str, value: bytes, pinned: bool, epoch: int) -> None:
+        """Ask the node to keep a copy of an inline value made by the master of `epoch` (an empty
+        `value`: to drop its copy). A drop counts in `commits` like a copy (see log_removal)."""
+        self._append(segment, DirEntry(VALUE_PINNED if pinned else 0, len(value), tenant, key, None, epoch, DIR_VALUE,
                                        value))
-        if value:
-            self.commits.append((segment, segment.log.last_seq))
+        self.commits.append((segment, segment.log.last_seq))
 
     # ---- quarantine ----------------------------------------------------------------------------
 

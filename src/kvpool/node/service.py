@@ -44,6 +44,7 @@ from kvpool.node.config import NodeConfig
 from kvpool.node.directory import NodeDirectory
 from kvpool.node.disk_store import DiskError, DiskStore
 from kvpool.node.tier import DiskTierWorker
+from kvpool.rpc.leader import is_etcd_address
 from kvpool.rpc.zmq_channel import MasterChannel, host_of, parse_addresses
 from kvpool.rpc.credentials import ENV_NODE_CREDENTIAL, local_default_credential, resolve_credential
 from kvpool.transfer.segment import SegmentMemory
@@ -163,8 +164,8 @@ class StorageNode:
                      self._segment.lane_address)
         self.metrics.segment_bytes.set(self.config.memory_bytes)
         self.metrics.lane_tags.index = self._segment.lane_tags
-        fallback = None if credential is not None else local_default_credential(
-            host_of(parse_addresses(self.config.master_address)[0]), "node")
+        fallback = None if credential is not None or is_etcd_address(self.config.master_address) else (
+            local_default_credential(host_of(parse_addresses(self.config.master_address)[0]), "node"))
         self._channel = MasterChannel(self.config.master_address, timeout_s=self.config.timeout_s,
                                       credential=credential, fallback=fallback)
         try:
@@ -287,7 +288,7 @@ class StorageNode:
                 self._remount()
                 continue
             segment_id = self.segment_id
-            wait_s = min(poll_s, _MAX_PARK_S) if parked else 0.0
+            wait_s = min(poll_s, _MAX_PARK_S) if self._parks else 0.0  # after a failure too: it waited above
             # a heartbeat unanswered for two intervals (past its wait) is lost (its master may have died
             # with it): the next one goes out then, so a restarted master hears from us within ~2 intervals
             timeout_s = wait_s + min(self.config.timeout_s, max(0.1, 2 * (self.heartbeat_interval_s or 1.0)))

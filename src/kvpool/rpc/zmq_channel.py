@@ -219,7 +219,7 @@ class MasterChannel:
                 self.credential, self._fallback = self._fallback, None
             log.info("master %s asks for CURVE: using the default %s credential its host holds", self.address,
                      self.credential.role)
-            return self._call(request, timeout_s, meanwhile)
+            return self._call(request, timeout_s, None)  # `meanwhile` ran with the first try
 
     def _call(self, request: protocol.Request, timeout_s: float | None, meanwhile) -> protocol.Reply:
         timeout_ms = int(1000 * (self.timeout_s if timeout_s is None else timeout_s))
