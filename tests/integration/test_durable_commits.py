@@ -6,39 +6,11 @@ from __future__ import annotations
 
 from kvpool.bench import procs
 from kvpool.client import PUT_ALLOCATED, Client
-from kvpool.core import protocol as p
-from kvpool.rpc.zmq_channel import MasterChannel
 from pool_worker import pattern, wait_until
+from test_integrity import FAST, _mounted, _read_back, _stats
 
 KiB = 1024
 MiB = 1024 * KiB
-FAST = ("--heartbeat-interval-s", "0.2", "--node-ttl-s", "2")
-
-
-def _stats(address: str) -> p.StatsReply | None:
-    channel = MasterChannel(address, timeout_s=0.5)
-    try:
-        return channel.call(p.Stats())
-    except Exception:
-        return None
-    finally:
-        channel.close()
-
-
-def _mounted(address: str, node_ids: set[str]) -> bool:
-    stats = _stats(address)
-    return stats is not None and {n.node_id for n in stats.nodes if n.state == "alive"} >= node_ids
-
-
-def _read_back(address: str, keys: list[str], size: int) -> tuple[int, int]:
-    served = wrong = 0
-    with Client(address) as fresh:
-        for key in keys:
-            value = fresh.get(key)
-            if value is not None:
-                served += 1
-                wrong += value != pattern(key, size).tobytes()
-    return served, wrong
 
 
 def test_objects_put_just_before_a_master_crash_are_served_again(tmp_path):
@@ -102,17 +74,18 @@ def test_objects_put_across_to_a_node_while_their_end_travels_survive_a_crash_ri
     node = procs.start_node(tmp_path, address, "64MiB", name="n0")
     size = 256 * KiB
     try:
-        with Client(address, "land", path="lane", timeout_s=2.0) as writer:
+        with Client(address, "durable", path="lane", timeout_s=2.0) as writer:
+            ends_before = writer._metrics.put_ends_landing._value.get()  # the counter is the process's
             keys = [f"landed/{i}" for i in range(20)]
             for key in keys:
                 buf = pattern(key, size)
                 writer.register(buf)
                 assert writer.put_from([key], [[buf.ctypes.data]], [[size]]) == [PUT_ALLOCATED]
-            assert writer._metrics.put_ends_landing._value.get() == 20  # every end travelled with its bytes
+            assert writer._metrics.put_ends_landing._value.get() - ends_before == 20  # each end travelled with its bytes
         master.kill()
         master = procs.start_master(tmp_path, *FAST, "--port", address.rsplit(":", 1)[1], name="m1")
         wait_until(lambda: _mounted(address, {"n0"}), 15, "the node remounted and announced")
-        with Client(address, "land") as reader:
+        with Client(address, "durable") as reader:
             got = [reader.get(key) for key in keys]
         assert sum(v is not None for v in got) == 20
         assert all(v == pattern(k, size).tobytes() for k, v in zip(keys, got))
