@@ -77,8 +77,7 @@ from kvpool.client.statuses import PUT_FAILED  # noqa: F401 - kvpool.client.PUT_
 from kvpool.core import protocol
 from kvpool.core.types import MAX_TENANT_LENGTH
 from kvpool.rpc.tcp_channel import LaneChannel
-from kvpool.rpc.leader import is_etcd_address
-from kvpool.rpc.zmq_channel import MasterChannel, host_of, parse_addresses
+from kvpool.rpc.zmq_channel import MasterChannel, parse_addresses
 
 log = logging.getLogger(__name__)
 
@@ -142,14 +141,13 @@ class Client:
                                             checksums, credential, lane, read_only, landing, known_places,
                                             read_by_tag)
         from kvpool.transfer import DataPlane, host_id  # lazy: NIXL loads only when a client is made
-        from kvpool.rpc.credentials import local_default_credential, resolve_credential
+        from kvpool.rpc.credentials import resolve_credential
 
         self._owns_plane = plane is None
         self.plane = DataPlane(path=path, read_only=read_only) if plane is None else plane
         resolved = resolve_credential(credential)
-        fallback = None if resolved is not None or is_etcd_address(master_address) else local_default_credential(
-            host_of(parse_addresses(master_address)[0]), "tenant:default")
-        self._channel = MasterChannel(master_address, timeout_s=timeout_s, credential=resolved, fallback=fallback)
+        self._channel = MasterChannel(master_address, timeout_s=timeout_s, credential=resolved,
+                                      fallback_role="tenant:default")
         if lane and resolved is None:  # the lane has no CURVE: an authenticated master offers none anyway
             self._channel = LaneChannel(self._channel)
         self._link = link = MasterLink(self._channel, config.tenant)

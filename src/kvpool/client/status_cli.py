@@ -14,9 +14,8 @@ import zmq
 
 from kvpool.core import protocol
 from kvpool.core.errors import KVPoolError
-from kvpool.rpc.leader import is_etcd_address
-from kvpool.rpc.zmq_channel import MasterChannel, host_of, parse_addresses
-from kvpool.rpc.credentials import local_default_credential, resolve_credential
+from kvpool.rpc.zmq_channel import MasterChannel
+from kvpool.rpc.credentials import resolve_credential
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -161,10 +160,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"--timeout-s must be > 0, got {args.timeout_s}", file=sys.stderr)
         return 2
     try:
-        credential = resolve_credential(args.credential)
-        fallback = None if credential is not None or is_etcd_address(args.master) else local_default_credential(
-            host_of(parse_addresses(args.master)[0]), "admin")
-        channel = MasterChannel(args.master, timeout_s=args.timeout_s, credential=credential, fallback=fallback)
+        channel = MasterChannel(args.master, timeout_s=args.timeout_s, credential=resolve_credential(args.credential),
+                                fallback_role="admin")
     except ValueError as e:
         print(f"kvpool status: {e}", file=sys.stderr)
         return 2

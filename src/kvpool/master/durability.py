@@ -19,8 +19,9 @@ Rules:
   Requests from one writer are matched by id, not order, so holding one never blocks another.
 - A service that stops answers parked heartbeats and confirmed replies, and "unavailable" for the
   replies still waiting (`flush`); a leader that lost its lease sends nothing at all.
-- No sockets and no clock: `send` callables and times come in; the service calls `release` after
-  each wake-up and waits no longer than `next_deadline_s`.
+- No sockets and no clock: `send` callables and times come in. The service offers every reply to
+  `wait` (True: parked or held here), calls `release` after each wake-up and waits no longer than
+  `next_deadline_s`. The segment space's `grown` and `commits` are taken here, and only here.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from dataclasses import dataclass
 
 from kvpool.core import protocol as p
 from kvpool.master.segments import Segment
+from kvpool.master.space import SegmentSpace
 
+_HELD_REQUESTS = (p.PutEnd, p.PutValue, p.Remove)  # their replies may wait for their commits
 _MAX_WAIT_S = 1.0  # a heartbeat is held at most this long, whatever its wait_s
 
 Send = Callable[[bytes, bytes, p.Reply], None]  # (identity, request id, reply)
@@ -64,9 +67,11 @@ def _acknowledged(segment: Segment, seq: int, by_id: dict) -> bool:
 
 
 class Durability:
-    def __init__(self, confirm_timeout_s: float, by_id: dict) -> None:
+    def __init__(self, confirm_timeout_s: float, space: SegmentSpace, handle: Handle) -> None:
         self.confirm_timeout_s = confirm_timeout_s
-        self._by_id = by_id  # the segment table's segment_id -> Segment
+        self._space = space
+        self._by_id = space.segments.by_id  # segment_id -> Segment
+        self._handle = handle  # MasterCore.handle: a parked heartbeat's reply is cut when it goes
         self._parked: dict[str, _Parked] = {}  # node id -> its parked heartbeat
         self._held: list[_Held] = []
         self.confirmed = 0  # replies held until their commits were acknowledged
@@ -81,18 +86,32 @@ class Durability:
     def num_held(self) -> int:
         return len(self._held)
 
-    def park(self, request: p.Heartbeat, principal: object, now_s: float, send: Send, identity: bytes,
-             request_id: bytes, handle: Handle) -> None:
+    def wait(self, request: p.Request, reply: p.Reply, principal: object, now_s: float, send: Send,
+             identity: bytes, request_id: bytes) -> bool:
+        """Whether `reply` waits here: a heartbeat with nothing to deliver is parked, a reply that
+        changed directories is held for their acknowledgement. False: the caller sends it now."""
+        if type(request) in _HELD_REQUESTS:
+            commits = self._space.take_commits()
+            return bool(commits) and type(reply) is not p.ErrorReply and self._hold(commits, reply, now_s, send,
+                                                                                   identity, request_id)
+        if (type(reply) is p.HeartbeatReply and request.wait_s > 0 and self.confirm_timeout_s > 0
+                and request.segment_ids and not reply.deltas and not reply.unknown_segment_ids):
+            self._park(request, principal, now_s, send, identity, request_id)
+            return True
+        return False
+
+    def _park(self, request: p.Heartbeat, principal: object, now_s: float, send: Send, identity: bytes,
+              request_id: bytes) -> None:
         """Hold a heartbeat whose reply had no ops. A node has one parked at most: an earlier one
         (its node gave up on it) is answered now."""
         earlier = self._parked.pop(request.node_id, None)
         if earlier is not None:
-            self._answer(earlier, now_s, handle)
+            self._answer(earlier, now_s)
         wait_s = min(request.wait_s, _MAX_WAIT_S)
         self._parked[request.node_id] = _Parked(request, principal, now_s + wait_s, send, identity, request_id)
 
-    def hold(self, commits: list[tuple[Segment, int]], reply: p.Reply, now_s: float, send: Send, identity: bytes,
-             request_id: bytes) -> bool:
+    def _hold(self, commits: list[tuple[Segment, int]], reply: p.Reply, now_s: float, send: Send, identity: bytes,
+              request_id: bytes) -> bool:
         """Hold `reply` until `commits` are acknowledged; False (the caller sends it now) when there
         is nothing to wait for."""
         if self.confirm_timeout_s <= 0:
@@ -111,19 +130,21 @@ class Durability:
         self._held.append(_Held(waits, now_s + self.confirm_timeout_s, send, identity, request_id, reply))
         return True
 
-    def release(self, grown: set[Segment], now_s: float, handle: Handle) -> None:
-        """Answer parked heartbeats whose segments have ops now (or whose wait ended), then send
-        the held replies whose commits were acknowledged (or whose wait ended)."""
+    def release(self, now_s: float) -> None:
+        """After a wake-up: answer parked heartbeats whose segments have ops now (or whose wait
+        ended), then send the held replies whose commits were acknowledged (or whose wait ended)."""
+        grown = self._space.take_grown()
+        self._space.take_commits()  # what no held reply waits for (one-way ends, timed work)
         parked = self._parked
         if parked:
             for segment in grown:
                 waiting = parked.get(segment.node_id)
                 if waiting is not None and segment.segment_id in waiting.request.segment_ids:
                     del parked[segment.node_id]
-                    self._answer(waiting, now_s, handle)
+                    self._answer(waiting, now_s)
             if parked:
                 for node_id in [n for n, w in parked.items() if w.deadline_s <= now_s]:
-                    self._answer(parked.pop(node_id), now_s, handle)
+                    self._answer(parked.pop(node_id), now_s)
         if self._held:
             by_id = self._by_id
             still = []
@@ -143,12 +164,12 @@ class Durability:
         deadlines = [w.deadline_s for w in self._parked.values()] + [h.deadline_s for h in self._held]
         return min(deadlines) if deadlines else None
 
-    def flush(self, now_s: float, handle: Handle) -> None:
+    def flush(self, now_s: float) -> None:
         """Answer everything now (the service is stopping): parked heartbeats as they stand; held
         replies whose commits were acknowledged as they are, the others "unavailable" (the writer
         must not hear "stored" for what no node confirmed)."""
         for waiting in self._parked.values():
-            self._answer(waiting, now_s, handle)
+            self._answer(waiting, now_s)
         self._parked.clear()
         by_id = self._by_id
         for held in self._held:
@@ -160,9 +181,8 @@ class Durability:
                     kind="unavailable", message="the master stopped before the node confirmed this write: retry it"))
         self._held = []
 
-    @staticmethod
-    def _answer(waiting: _Parked, now_s: float, handle: Handle) -> None:
+    def _answer(self, waiting: _Parked, now_s: float) -> None:
         """The parked heartbeat's reply as of now: ops, or an unknown segment (acks repeat harmlessly)."""
         request = p.Heartbeat(waiting.request.node_id, waiting.request.segment_ids, waiting.request.directory_seqs,
                               [], waiting.request.wait_s)
-        waiting.send(waiting.identity, waiting.request_id, handle(request, now_s, waiting.principal))
+        waiting.send(waiting.identity, waiting.request_id, self._handle(request, now_s, waiting.principal))

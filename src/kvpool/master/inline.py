@@ -69,7 +69,7 @@ class InlineValues:
         self.evicted_bytes = 0
         self.changes: list[tuple[_Key, _Value | None]] | None = None  # None: not recorded
 
-    def take_changes(self) -> list[tuple[_Key, "_Value | None"]]:
+    def take_changes(self) -> list[tuple[_Key, _Value | None]]:
         changes = self.changes
         if changes:
             self.changes = []

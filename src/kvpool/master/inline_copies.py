@@ -2,8 +2,8 @@
 
 Rules:
 - Every inline value stored (inline.py) is copied to one node: a DIR_VALUE op in the directory log
-  of one mounted segment that is not recovering and may hold the value's tenant's data (shared, or
-  that tenant's own), picked by the key's hash, stamped with this master's epoch. Every value
+  of one segment where the value's tenant places new objects (placement's rule: its dedicated
+  segments, else the shared ones) that is not recovering, picked by the key's hash, stamped with this master's epoch. Every value
   dropped (removed, evicted, replaced) is dropped on the segment that holds its copy (`kept_on`).
   Copies and drops both count as commits (space.py): the reply to the request that made them waits
   until the node has them (durability.py), so a value removed or replaced never comes back as the
@@ -57,7 +57,7 @@ class InlineCopies:
             if entry_key == adopted:
                 self.kept_on[entry_key] = on.segment_id
                 continue
-            segment = self._choose(entry_key, by_id)
+            segment = self._choose(entry_key)
             if segment is None:
                 self.uncopied += 1
                 continue
@@ -71,8 +71,10 @@ class InlineCopies:
     def _may_hold(self, segment: Segment, namespace: str) -> bool:
         return segment.tenant in ("", self.owner_of(namespace))
 
-    def _choose(self, entry_key: _Key, by_id: dict) -> Segment | None:
-        fit = [s for s in by_id.values() if not s.recovering and self._may_hold(s, entry_key[0])]
+    def _choose(self, entry_key: _Key) -> Segment | None:
+        """Where the value's tenant places new objects (segments.placeable), not recovering."""
+        group = self.space.placeable(self.owner_of(entry_key[0])).segments
+        fit = [s for s in group.values() if not s.recovering]
         if not fit:
             return None
         return fit[hash(entry_key) % len(fit)]

@@ -21,6 +21,7 @@ Rules:
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 import time
@@ -34,6 +35,11 @@ from kvpool.rpc.leader import Etcd, EtcdAddress, LeaderRecord, ha_epoch
 log = logging.getLogger("kvpool.master")
 
 MIN_TTL_S = 2  # etcd refuses leases much shorter than its election timeout
+
+
+def _b64(text: str) -> str:
+    """Keys and values travel base64-encoded through etcd's JSON gateway."""
+    return base64.b64encode(text.encode()).decode()
 
 
 class Leadership:
@@ -71,13 +77,10 @@ class Leadership:
         return False
 
     def _try_lead(self, key: str, value: str) -> bool:
-        import base64
-
         started = self.clock()
         lease_id = int(self.etcd.call(lambda c: c.post(c.get_url("/lease/grant"), json={"TTL": self.ttl_s, "ID": 0}))["ID"])
-        b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
-        txn = {"compare": [{"key": b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": 0}],
-               "success": [{"request_put": {"key": b64(key), "value": b64(value), "lease": lease_id}}],
+        txn = {"compare": [{"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": 0}],
+               "success": [{"request_put": {"key": _b64(key), "value": _b64(value), "lease": lease_id}}],
                "failure": []}
         result = self.etcd.call(lambda c: c.transaction(txn))
         if not result.get("succeeded"):

@@ -63,7 +63,6 @@ _BATCH = 256  # messages handled per poll wake-up before timed work gets a look
 _POLLIN = int(zmq.POLLIN)  # plain ints: each test of a zmq.PollEvent flag runs Python (~1 us)
 _LOGGED = (p.MountSegment, p.UnmountSegment, p.AnnounceObjects)
 _EVENTS_GRACE_S = 10.0  # recording stays on this long after a query while no subscription is seen
-_HELD_REQUESTS = (p.PutEnd, p.PutValue, p.Remove)  # their replies may wait for their commits (durability.py)
 
 
 def _log_event(request, reply) -> None:
@@ -120,8 +119,7 @@ class MasterService:
         self._subscribed_topics: set[bytes] = set()
         self._last_events_query_s = 0.0
         self.limiter = RateLimiter(config.rate_limit_keys_per_s, config.rate_limit_burst_keys)
-        self._space = self.core.index.space
-        self.durability = Durability(config.confirm_timeout_s, self.core.segments.by_id)
+        self.durability = Durability(config.confirm_timeout_s, self.core.index.space, self.core.handle)
 
     def _secure(self, sock: zmq.Socket) -> None:
         if self.config.auth_dir is None:
@@ -237,7 +235,7 @@ class MasterService:
         if owns_process:
             self._gc_pauses = CollectorPauses()
         events = self._events
-        durability, space = self.durability, self._space
+        durability = self.durability
         try:
             while not self._stop.is_set():
                 idle = core.has_idle_work and clock() >= idle_from_s  # then only look for requests, not wait
@@ -259,13 +257,10 @@ class MasterService:
                 if self.fence is not None and now_s >= self.fence.serving_until_s:
                     self._stop_fenced()
                     break
-                grown = space.take_grown()
-                space.take_commits()  # what no held reply waits for (one-way ends, timed work)
-                if durability.num_parked or durability.num_held:
-                    try:
-                        durability.release(grown, now_s, core.handle)
-                    except Exception:  # as for the timed work: never the end of the loop
-                        log.exception("internal error releasing parked heartbeats and held replies")
+                try:
+                    durability.release(now_s)
+                except Exception:  # as for the timed work: never the end of the loop
+                    log.exception("internal error releasing parked heartbeats and held replies")
                 if idle and not served:
                     try:
                         core.idle_work(now_s)
@@ -291,7 +286,7 @@ class MasterService:
         finally:
             if not self._past_fence():
                 try:
-                    self.durability.flush(clock(), core.handle)
+                    self.durability.flush(clock())
                 except Exception:
                     log.exception("internal error answering parked heartbeats and held replies at stop")
             self._close()
@@ -410,7 +405,7 @@ class MasterService:
                 reply = self._events_query(request, now_s)
             else:
                 reply = self.core.handle(request, now_s, principal)
-                if self._held(request, reply, principal, now_s, send, identity, request_id):
+                if self.durability.wait(request, reply, principal, now_s, send, identity, request_id):
                     return
             if type(reply) is p.StatsReply:
                 reply = self._with_service_counts(reply)
@@ -435,19 +430,6 @@ class MasterService:
             self.fenced = True
             log.error("no longer the leader (its lease may have lapsed): answering nothing more")
         self._stop.set()
-
-    def _held(self, request: p.Request, reply: p.Reply, principal, now_s: float, send: Callable, identity: bytes,
-              request_id: bytes) -> bool:
-        """Whether the reply waits (durability.py): a heartbeat parked, or a reply held for its commits."""
-        if type(request) in _HELD_REQUESTS:
-            commits = self._space.take_commits()
-            return (bool(commits) and type(reply) is not p.ErrorReply
-                    and self.durability.hold(commits, reply, now_s, send, identity, request_id))
-        if (type(reply) is p.HeartbeatReply and request.wait_s > 0 and self.config.confirm_timeout_s > 0
-                and request.segment_ids and not reply.deltas and not reply.unknown_segment_ids):
-            self.durability.park(request, principal, now_s, send, identity, request_id, self.core.handle)
-            return True
-        return False
 
     def _send(self, identity: bytes, request_id: bytes, reply: p.Reply) -> None:
         if self.fence is not None and self._past_fence():  # a reply made in time, sent too late

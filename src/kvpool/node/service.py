@@ -44,9 +44,8 @@ from kvpool.node.config import NodeConfig
 from kvpool.node.directory import NodeDirectory
 from kvpool.node.disk_store import DiskError, DiskStore
 from kvpool.node.tier import DiskTierWorker
-from kvpool.rpc.leader import is_etcd_address
 from kvpool.rpc.zmq_channel import MasterChannel, host_of, parse_addresses
-from kvpool.rpc.credentials import ENV_NODE_CREDENTIAL, local_default_credential, resolve_credential
+from kvpool.rpc.credentials import ENV_NODE_CREDENTIAL, resolve_credential
 from kvpool.transfer.segment import SegmentMemory
 from kvpool.transfer.tcp_path import reachable_address
 
@@ -164,10 +163,8 @@ class StorageNode:
                      self._segment.lane_address)
         self.metrics.segment_bytes.set(self.config.memory_bytes)
         self.metrics.lane_tags.index = self._segment.lane_tags
-        fallback = None if credential is not None or is_etcd_address(self.config.master_address) else (
-            local_default_credential(host_of(parse_addresses(self.config.master_address)[0]), "node"))
         self._channel = MasterChannel(self.config.master_address, timeout_s=self.config.timeout_s,
-                                      credential=credential, fallback=fallback)
+                                      credential=credential, fallback_role="node")
         try:
             if self.config.disk_path is not None:
                 self._open_disk_tier()

@@ -16,9 +16,9 @@ Rules:
 - Thread-safe by a lock: calls are short; batching, not concurrency, is how callers go fast.
 - A call that gets no reply within `timeout_s` raises UnavailableError and never hangs; an
   ErrorReply is raised as the matching KVPoolError class.
-- `fallback` (a credential found on the master's host, credentials.local_default_credential): a
-  channel with no credential whose handshake the master refuses for want of CURVE takes it and
-  makes the call again, once.
+- `fallback_role` (node, tenant:default, admin): a channel with no credential, to a master on this
+  host, whose handshake the master refuses for want of CURVE takes that role's credential from the
+  default auth directory (credentials.local_default_credential) and makes the call again, once.
 - With a credential (credentials.py) the socket is a CURVE client: the control plane is encrypted
   and the master knows who calls. A refused handshake (unknown key; or the master needs CURVE and
   none was given) shows on the socket's monitor: the call raises AuthError saying so, instead of
@@ -45,7 +45,7 @@ import zmq.utils.monitor
 
 from kvpool.core import protocol
 from kvpool.core.errors import AuthError, ProtocolError, UnavailableError, error_from_reply
-from kvpool.rpc.credentials import Credential
+from kvpool.rpc.credentials import Credential, local_default_credential
 from kvpool.rpc.leader import epoch_order, find_leader, is_etcd_address, parse_etcd_address
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def parse_addresses(address: str | list[str] | tuple[str, ...]) -> list[str]:
 class MasterChannel:
     def __init__(
         self, address: str | list[str], timeout_s: float = 5.0, context: zmq.Context | None = None,
-        credential: Credential | None = None, fallback: Credential | None = None,
+        credential: Credential | None = None, fallback_role: str | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -112,7 +112,8 @@ class MasterChannel:
         self._monitor: zmq.Socket | None = None
         self._listeners: list[EpochListener] = []
         self.credential = credential
-        self._fallback = fallback if credential is None else None
+        self._fallback = (local_default_credential(host_of(self.addresses[0]), fallback_role)
+                          if credential is None and fallback_role and self._etcd is None else None)
         self._generation = 0  # counts sockets made: a begun call's reply comes on its own socket only
         self._awaited: set[bytes] = set()  # ids of begun calls not finished yet
         self._parked: dict[bytes, list[bytes]] = {}  # their replies, read by another call
