@@ -59,7 +59,7 @@ def test_replay_sends_agent_prompts_and_measures(server):
             assert len(cur.prompt_token_ids) > len(history)
         for turn, r in zip(session.turns, recs):
             assert r.output_tokens == turn.output_tokens == len(r.output_token_ids)  # ignore_eos + min_tokens
-            assert len(r.itl_s) == r.output_tokens - 1
+            assert 0 < len(r.itl_s) <= r.output_tokens - 1  # a chunk may carry several tokens
             assert 0 < r.ttft_s <= r.e2e_s
             assert r.prompt_tokens == len(r.prompt_token_ids)
     s0, s1 = (next(r for r in result.records if r.session_id == s and r.turn_index == 0) for s in ("s0", "s1"))

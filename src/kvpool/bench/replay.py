@@ -150,8 +150,8 @@ async def stream_completion(
                     now = time.perf_counter()
                     if record.ttft_s is None:
                         record.ttft_s = now - t0
-                    else:
-                        record.itl_s.append(now - last)
+                    else:  # a chunk may carry several tokens: its gap is shared among them
+                        record.itl_s.extend([(now - last) / len(ids)] * len(ids))
                     last = now
                     output += ids
                 usage = chunk.get("usage")
