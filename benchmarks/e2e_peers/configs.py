@@ -117,6 +117,7 @@ class Peer:
                 max_model_len=setup.max_model_len, kv_transfer_config=transfer, cpu_bind=_cpu_for(i),
                 cache_root=workdir.parent / f"vllm-cache-{'lmcache' if python else 'ours'}-{i}", kv_events=True,
                 wait=False, python=python, extra_env=env,
+                worker_in_engine=False,  # the process layout the committed comparisons were measured with
             )  # fmt: skip
             started.append(server)
             servers.append(server)

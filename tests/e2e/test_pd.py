@@ -22,6 +22,7 @@ import re
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.vllm
 
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 4096
+NIXL_SITE = Path(__file__).parent / "nixl_site"  # quiets NIXL's progress thread in the servers
 GREEDY = {"model": "tiny", "temperature": 0, "ignore_eos": True, "return_token_ids": True}
 
 
@@ -91,7 +93,7 @@ def test_pd_session_matches_aggregated_and_reuses_the_pool(tmp_path, vllm_cache_
                                                  max_model_len=MAX_MODEL_LEN, kv_transfer_config=config,
                                                  cpu_bind=str(i % 2), cache_root=vllm_cache_root, wait=False,
                                                  extra_args=("--dtype", "float32", "--block-size", str(BLOCK_SIZE)),
-                                                 extra_env=procs.nixl_env())
+                                                 extra_env={**procs.nixl_env(), "PYTHONPATH": str(NIXL_SITE)})
                    for i, name in enumerate(("prefill0", "prefill1", "decode"))}  # fmt: skip
         started += servers.values()
         for s in servers.values():

@@ -234,6 +234,7 @@ def start_vllm_server(
     extra_env: dict[str, str] | None = None,
     cache_root: Path | None = None,
     enforce_eager: bool = True,
+    worker_in_engine: bool = True,
     kv_events: bool = False,
     tokenizer: Path | str | None = None,
     wait: bool = True,
@@ -257,7 +258,11 @@ def start_vllm_server(
     `cache_root` (default `workdir/vllm-cache`, shared by the servers of one workdir) keeps vLLM's
     compiled graphs, so a second server of the same model starts faster. `enforce_eager` skips
     torch.compile: for the tiny model on CPU it measured no faster (8K-token prefill 0.93 vs 0.91 s)
-    but costs 20-80 s at start-up.
+    but costs 20-80 s at start-up. `worker_in_engine` runs a one-rank server's worker inside vLLM's
+    engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0, which the CPU platform reads as "keep
+    the uniprocess executor"; the API server still runs the engine in its own process): one Python
+    process fewer to import vLLM at start-up, and no engine-worker queue that spins between steps
+    (on 2 cores, start-up 52 -> 38 s and idle CPU 0.12 -> 0.04 cores, docs/performance/tests.md).
     """
     port = free_port()  # chosen here; inside a fresh host's network namespace every port is free
     address = "127.0.0.1" if host is None else host.address
@@ -286,6 +291,7 @@ def start_vllm_server(
         "VLLM_CACHE_ROOT": str(cache_root or Path(workdir) / "vllm-cache"), "HF_HOME": str(scratch / "hf"),
         "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1",
         **({"VLLM_CPU_OMP_THREADS_BIND": cpu_bind} if cpu_bind is not None else {}),
+        **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if worker_in_engine else {}),
         **(extra_env or {}),
     }  # fmt: skip
     if host is not None:
