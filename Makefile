@@ -25,9 +25,10 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(VENV)/bin/kvpool demo
 
-# Tests run in two worker processes (TEST_WORKERS=0: in this one); vLLM's start-up is mostly one
-# core's work, so two workers on two cores take about half the wall time of one.
-TEST_WORKERS ?= 2
+# Tests run in four worker processes (TEST_WORKERS=0: in this one): two run the vLLM tests, in two
+# groups (tests/conftest.py), which keep two cores busy; two run the other tests, which mostly wait
+# on sockets and timers, beside them (docs/performance/tests.md).
+TEST_WORKERS ?= 4
 
 test: install
 	$(VENV)/bin/lint-imports

@@ -69,9 +69,20 @@ def pool(make_pool) -> Pool:
     return make_pool()
 
 
-# The longest vLLM tests start first, so that the test workers (make test runs two) finish together
-# instead of one running a long test alone at the end.
-_LONGEST_FIRST = ("tests/e2e/test_connector_hybrid.py", "tests/e2e/test_pd.py", "tests/e2e/test_demo.py",
+# The vLLM tests run in two groups, each on one test worker (make test runs four with
+# --dist loadgroup): the tests that start OpenAI servers, and those that run engines through
+# tests/e2e/connector_run.py. Two vLLM tests at a time keep the two cores busy; the other two
+# workers run the rest (mostly waiting on sockets and timers) beside them. The groups are kept by
+# the scheduler below (pytest-xdist's own xdist_group marks do not reach its scheduler under
+# pytest 9). The longest tests start first, so that the groups finish together.
+_VLLM_GROUPS = {
+    **dict.fromkeys(("tests/e2e/test_demo.py", "tests/e2e/test_pd.py", "tests/e2e/test_connector_servers.py",
+                     "tests/e2e/test_router_vllm.py", "tests/e2e/test_replay.py"), "vllm-servers"),
+    **dict.fromkeys(("tests/e2e/test_connector.py", "tests/e2e/test_connector_hybrid.py",
+                     "tests/e2e/test_connector_tp.py", "tests/e2e/test_connector_load.py",
+                     "tests/e2e/test_connector_master_restart.py"), "vllm-runs"),
+}  # fmt: skip
+_LONGEST_FIRST = ("tests/e2e/test_connector_hybrid.py", "tests/e2e/test_demo.py", "tests/e2e/test_pd.py",
                   "tests/e2e/test_connector_tp.py")
 
 
@@ -81,3 +92,20 @@ def pytest_collection_modifyitems(items):
         return _LONGEST_FIRST.index(path) if path in _LONGEST_FIRST else len(_LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: every other test keeps its place
+    unknown = {i.nodeid.split("::")[0] for i in items if i.get_closest_marker("vllm")} - set(_VLLM_GROUPS)
+    if unknown:
+        raise pytest.UsageError(f"vLLM tests outside tests/conftest.py's groups: {sorted(unknown)}")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class VllmGroups(LoadScopeScheduling):
+        """Each test its own unit of work, except the vLLM tests: one unit per group."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _VLLM_GROUPS.get(nodeid.split("::")[0], nodeid)
+
+    return VllmGroups(config, log)

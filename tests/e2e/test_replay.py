@@ -12,8 +12,9 @@ from kvpool.bench.reports import summarize
 from kvpool.bench.tiny_model import write_tiny_llama
 from kvpool.workload.model import Session, Turn, write_sessions
 
-# one worker runs the module, so its one server (a module fixture) starts once
-pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("replay-server")]
+# one worker runs the module (the vllm-servers group, tests/conftest.py), so its one server (a
+# module fixture) starts once
+pytestmark = pytest.mark.vllm
 
 BS = 64
 MAX_MODEL_LEN = 2048
