@@ -69,12 +69,12 @@ def pool(make_pool) -> Pool:
     return make_pool()
 
 
-# The vLLM tests run in two groups, each on one test worker (make test runs four with
+# The vLLM tests run in two groups, each on one test worker (make test runs two with
 # --dist loadgroup): the tests that start OpenAI servers, and those that run engines through
-# tests/e2e/connector_run.py. Two vLLM tests at a time keep the two cores busy; the other two
-# workers run the rest (mostly waiting on sockets and timers) beside them. The groups are kept by
-# the scheduler below (pytest-xdist's own xdist_group marks do not reach its scheduler under
-# pytest 9). The longest tests start first, so that the groups finish together.
+# tests/e2e/connector_run.py, so two vLLM tests at a time keep the two cores busy; each worker
+# takes the other tests when its group is done. The groups are kept by the scheduler below
+# (pytest-xdist's own xdist_group marks do not reach its scheduler under pytest 9). The longest
+# tests start first, so that the groups finish together.
 _VLLM_GROUPS = {
     **dict.fromkeys(("tests/e2e/test_demo.py", "tests/e2e/test_pd.py", "tests/e2e/test_connector_servers.py",
                      "tests/e2e/test_router_vllm.py", "tests/e2e/test_replay.py"), "vllm-servers"),
