@@ -27,7 +27,7 @@ demo: install
 
 # Tests run in two worker processes (TEST_WORKERS=0: in this one), each starting with one of the
 # two groups of vLLM tests (tests/conftest.py): two vLLM tests at a time keep the two cores busy.
-# Four workers measured slower (19:13, the vLLM tests 2.5x longer beside each other) and made
+# Four workers measured slower (19:13, the vLLM tests up to 2.7x longer beside each other) and made
 # timing-bound tests fail (docs/performance/tests.md).
 TEST_WORKERS ?= 2
 

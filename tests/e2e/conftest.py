@@ -19,16 +19,12 @@ import pytest
 from kvpool.bench.tiny_model import TinyLlamaConfig, write_tiny_llama
 
 FORK_SERVER = Path(__file__).parent / "runner_forks.py"
-BLOCK_SIZE = (
-    32  # the CPU attention backend needs a multiple of 32; tests assume this value
-)
+BLOCK_SIZE = 32  # the CPU attention backend needs a multiple of 32; tests assume this value
 
 
 @pytest.fixture(scope="session")
 def tiny_model_f32(tmp_path_factory) -> Path:
-    return write_tiny_llama(
-        tmp_path_factory.mktemp("tiny-f32"), TinyLlamaConfig(dtype="float32")
-    )
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-f32"), TinyLlamaConfig(dtype="float32"))
 
 
 def _shared_root(tmp_path_factory) -> Path:
@@ -51,9 +47,7 @@ def _inductor_cache(tmp_path_factory):
     process's environment): even eager vLLM compiles a few CPU kernels on its first request (~10 s
     here), and a server's default cache lies under its own TMPDIR, so each would compile them again."""
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(
-        _shared_root(tmp_path_factory) / "inductor-cache"
-    )
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(_shared_root(tmp_path_factory) / "inductor-cache")
     yield
     if before is None:
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR")
@@ -83,9 +77,7 @@ class ForkedRun:
 
     def wait(self, timeout_s: float | None = None) -> int:
         with self.server.changed:
-            if not self.server.changed.wait_for(
-                lambda: self.pid in self.server.returncodes, timeout_s
-            ):
+            if not self.server.changed.wait_for(lambda: self.pid in self.server.returncodes, timeout_s):
                 raise subprocess.TimeoutExpired(f"run {self.pid}", timeout_s)
             return self.server.returncodes[self.pid]
 
@@ -114,9 +106,7 @@ class RunnerForks:
         threading.Thread(target=self._read, name="runner-forks", daemon=True).start()
         ready = self.pids.get(timeout=300)
         if ready is None:
-            raise AssertionError(
-                f"the fork server did not start:\n{self.log_path.read_text()[-4000:]}"
-            )
+            raise AssertionError(f"the fork server did not start:\n{self.log_path.read_text()[-4000:]}")
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -129,25 +119,16 @@ class RunnerForks:
                 self.pids.put(message.get("pid", message.get("ready")))
         self.pids.put(None)
 
-    def run(
-        self, spec_path: Path, out_path: Path, log_path: Path, env: dict[str, str]
-    ) -> ForkedRun:
+    def run(self, spec_path: Path, out_path: Path, log_path: Path, env: dict[str, str]) -> ForkedRun:
         with self.lock:
             if self.proc is None:
                 self._start()
-            request = {
-                "spec": str(spec_path),
-                "out": str(out_path),
-                "log": str(log_path),
-                "env": env,
-            }
+            request = {"spec": str(spec_path), "out": str(out_path), "log": str(log_path), "env": env}
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
             pid = self.pids.get(timeout=60)
         if pid is None:
-            raise AssertionError(
-                f"the fork server died:\n{self.log_path.read_text()[-4000:]}"
-            )
+            raise AssertionError(f"the fork server died:\n{self.log_path.read_text()[-4000:]}")
         return ForkedRun(self, pid)
 
     def close(self) -> None:
@@ -176,9 +157,7 @@ def run_vllm(tmp_path, tiny_model_f32, vllm_cache_root, runner_forks):
 
     def start(name: str, master: str | None, phases: list[dict], **spec):
         """Start the run in the background; returns wait(timeout_s) -> the runner's JSON."""
-        spec_path, out_path, log_path = (
-            tmp_path / f"{name}.{ext}" for ext in ("spec.json", "out.json", "log")
-        )
+        spec_path, out_path, log_path = (tmp_path / f"{name}.{ext}" for ext in ("spec.json", "out.json", "log"))
         env = vllm_env(tmp_path, vllm_cache_root)
         for key in spec.pop("unset_env", ()):
             env.pop(key, None)
@@ -192,21 +171,13 @@ def run_vllm(tmp_path, tiny_model_f32, vllm_cache_root, runner_forks):
         def wait(timeout_s: float = 300.0) -> dict:
             returncode = proc.wait(timeout_s)
             if returncode != 0:
-                raise AssertionError(
-                    f"vLLM run {name} exited {returncode}:\n{log_path.read_text()[-6000:]}"
-                )
+                raise AssertionError(f"vLLM run {name} exited {returncode}:\n{log_path.read_text()[-6000:]}")
             return json.loads(out_path.read_text())
 
         wait.pid = proc.pid
         return wait
 
-    def run(
-        name: str,
-        master: str | None,
-        phases: list[dict],
-        timeout_s: float = 300.0,
-        **spec,
-    ) -> dict:
+    def run(name: str, master: str | None, phases: list[dict], timeout_s: float = 300.0, **spec) -> dict:
         return start(name, master, phases, **spec)(timeout_s)
 
     run.start = start

@@ -44,7 +44,6 @@ def preload() -> None:
 
 def child(request: dict) -> None:
     """In the forked child: become the run's process, run it, never return."""
-    code = 1
     try:
         fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)

@@ -9,10 +9,10 @@ import signal
 import time
 
 import pytest
-from test_connector import BLOCK_SIZE, assert_same_answer, counters, only, prompt
-from test_connector_master_restart import wait_until
 
 from kvpool.client import Client
+from test_connector import BLOCK_SIZE, assert_same_answer, counters, only, prompt
+from test_connector_master_restart import wait_until
 
 pytestmark = pytest.mark.vllm
 
